@@ -1,0 +1,158 @@
+//! Per-conversation configuration. It is recorded in the `Created` event and
+//! changed only by `ConfigChanged`, so replay always knows what was in force.
+//!
+//! Every field has a default and is read with `#[serde(default)]`: a field added
+//! later leaves old logs readable.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::retry::RetryPolicy;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    /// The Anthropic Messages API.
+    Anthropic,
+    /// Any OpenAI-compatible Chat Completions server.
+    #[serde(rename = "openai")]
+    OpenAi,
+    /// keel's own fake provider server.
+    Mock,
+}
+
+impl fmt::Display for ProviderKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ProviderKind::Anthropic => "anthropic",
+            ProviderKind::OpenAi => "openai",
+            ProviderKind::Mock => "mock",
+        })
+    }
+}
+
+/// A provider and the model to ask there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelRef {
+    pub provider: ProviderKind,
+    pub model: String,
+}
+
+impl fmt::Display for ModelRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.provider, self.model)
+    }
+}
+
+/// What a user message does when a turn is already running (DESIGN.md,
+/// "Settled disagreements").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BusyPolicy {
+    /// Refuse with "agent is busy; cancel to interrupt" (seed 000).
+    #[default]
+    Reject,
+    /// Interrupt the running turn and start a new one after a 100 ms debounce (seed 002).
+    Interrupt,
+    /// Keep the message (durably) and start a turn for it when this one ends.
+    Queue,
+}
+
+/// What to do with a turn that was in flight when the process died.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecoveryPolicy {
+    /// Re-run a turn that ended in a user message; re-dispatch dangling tool
+    /// calls with their same `tool_call_id` (seed 004).
+    #[default]
+    Resume,
+    /// Rest in idle; dangling tool calls get synthetic "interrupted by restart"
+    /// results (seed 000).
+    Idle,
+}
+
+/// How a tool call is carried out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolPolicy {
+    /// Runs as soon as its turn in the queue comes.
+    #[default]
+    Auto,
+    /// Waits for a human to approve or deny it (pending kind `approval`).
+    Approve,
+    /// The client runs it and sends the result back (pending kind `client_exec`).
+    Client,
+}
+
+/// Limits that apply only to sub-agent conversations (REQ-BED-008/009).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SubAgentLimits {
+    /// LLM requests a sub-agent may make before its one grace request.
+    pub max_turns: u32,
+    /// Mandatory wall-clock limit from creation to a submitted result.
+    pub timeout_ms: u64,
+}
+
+impl Default for SubAgentLimits {
+    fn default() -> Self {
+        SubAgentLimits {
+            max_turns: 20,
+            timeout_ms: 10 * 60 * 1000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ConversationConfig {
+    /// The system prompt.
+    pub system: Option<String>,
+    pub primary: ModelRef,
+    /// Asked with the same request once the primary's retries are exhausted.
+    pub fallback: Option<ModelRef>,
+    /// Longest a single LLM request may take before it counts as a (retryable) timeout.
+    pub request_timeout_ms: u64,
+    pub busy_policy: BusyPolicy,
+    pub recovery: RecoveryPolicy,
+    pub retry: RetryPolicy,
+    /// Policy per tool name; tools not listed run with [`ToolPolicy::Auto`].
+    pub tools: BTreeMap<String, ToolPolicy>,
+    /// The model's context window in tokens; warnings go out at 80% and 95%.
+    pub context_window: u64,
+    /// Most LLM requests one user turn may make; stops runaway tool loops.
+    pub max_requests_per_turn: u32,
+    /// Largest generation the model may produce per request.
+    pub max_tokens: u32,
+    pub sub_agent: SubAgentLimits,
+}
+
+impl Default for ConversationConfig {
+    fn default() -> Self {
+        ConversationConfig {
+            system: None,
+            primary: ModelRef {
+                provider: ProviderKind::Mock,
+                model: "mock".to_owned(),
+            },
+            fallback: None,
+            request_timeout_ms: 120_000,
+            busy_policy: BusyPolicy::default(),
+            recovery: RecoveryPolicy::default(),
+            retry: RetryPolicy::default(),
+            tools: BTreeMap::new(),
+            context_window: 200_000,
+            max_requests_per_turn: 50,
+            max_tokens: 8192,
+            sub_agent: SubAgentLimits::default(),
+        }
+    }
+}
+
+impl ConversationConfig {
+    pub fn tool_policy(&self, tool_name: &str) -> ToolPolicy {
+        self.tools.get(tool_name).copied().unwrap_or_default()
+    }
+}

@@ -1,0 +1,43 @@
+//! Effects: what the shell must do after a transition, in order. `Append` is
+//! always first, and nothing else may happen until it is durable.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::ModelRef;
+use crate::event::Event;
+use crate::ids::ToolCallId;
+use crate::input::Timer;
+use crate::live::LiveEvent;
+use crate::message::ToolCall;
+use crate::state::Generation;
+use crate::time::Timestamp;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Effect {
+    /// Append to the log and wait for durability; then publish each event live.
+    Append { events: Vec<Event> },
+    /// Broadcast a live-only event.
+    Publish { event: LiveEvent },
+    /// Send the working set's messages to `model`; report back tagged `generation`.
+    StartStream {
+        generation: Generation,
+        model: ModelRef,
+        timeout_ms: u64,
+    },
+    /// Drop the stream of `generation` and close its connection now.
+    AbortStream { generation: Generation },
+    /// Run a tool in the conversation's working directory.
+    StartTool { call: ToolCall },
+    /// Run `spawn_agents`: start sub-agent conversations in parallel and report
+    /// their aggregated results as this call's result.
+    SpawnSubAgents { call: ToolCall },
+    /// Kill a running tool (its whole process group) or its sub-agents.
+    AbortTool { tool_call_id: ToolCallId },
+    /// Feed `Input::TimerFired { timer }` back at `at`.
+    SetTimer { timer: Timer, at: Timestamp },
+    /// Persist the small fsm_state (seed 004); only ever in idle or awaiting input.
+    SaveSnapshot,
+    /// Stop the actor.
+    Stop,
+}

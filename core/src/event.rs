@@ -1,0 +1,183 @@
+//! Canonical events: the only truth about a conversation. They are appended to
+//! the log before anything else happens, folded by the reducer
+//! (`working.rs`) into the working set, and never change meaning once written
+//! (`codec.rs` versions their encoding).
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{ConversationConfig, ProviderKind};
+use crate::ids::{ConversationId, Seq, ToolCallId};
+use crate::message::{AssistantBlock, ImageRef, StopReason, ToolCall, Usage};
+use crate::time::Timestamp;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Position in the conversation's log, from 1, without gaps.
+    pub seq: Seq,
+    pub at: Timestamp,
+    /// The seq of the causal parent (seed 002): events inside a turn link to
+    /// its `TurnStarted`, a `TurnStarted` links to the message that triggered
+    /// it, and events outside any turn have none.
+    pub parent: Option<Seq>,
+    /// Whether this event asks for an LLM turn (user messages do).
+    pub triggers_turn: bool,
+    pub kind: EventKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventKind {
+    /// Always seq 1: who the conversation is and how it is configured.
+    Created {
+        conversation: ConversationId,
+        /// Fixed working directory for every tool call (REQ-BED-010).
+        cwd: String,
+        config: ConversationConfig,
+        /// Set for sub-agents: the conversation that spawned this one.
+        #[serde(default)]
+        parent_conversation: Option<ConversationId>,
+        /// False for sub-agents, which normal listings leave out (REQ-BED-009).
+        user_initiated: bool,
+    },
+    /// An actor started serving this conversation.
+    SessionStarted,
+    /// The actor serving this conversation stopped cleanly (eviction, shutdown).
+    SessionEnded,
+    UserMessage {
+        text: String,
+        #[serde(default)]
+        images: Vec<ImageRef>,
+    },
+    TurnStarted {
+        turn: u32,
+    },
+    /// A complete response; partial responses are never recorded here.
+    AssistantMessage {
+        blocks: Vec<AssistantBlock>,
+        stop_reason: StopReason,
+        usage: Usage,
+        /// Which provider answered: fallback is never silent.
+        provider: ProviderKind,
+        model: String,
+    },
+    ToolResult {
+        tool_call_id: ToolCallId,
+        content: String,
+        is_error: bool,
+        /// Made by keel (cancel, restart, a rule), not by the tool.
+        synthetic: bool,
+    },
+    /// Tool calls now wait for a human or a client.
+    Suspended {
+        pending: Vec<PendingCall>,
+    },
+    Resolved {
+        tool_call_id: ToolCallId,
+        decision: Decision,
+    },
+    TurnCompleted {
+        turn: u32,
+        duration_ms: u64,
+    },
+    TurnInterrupted {
+        turn: u32,
+        reason: InterruptReason,
+        /// Text streamed before the interruption, for display and audit. The
+        /// reducer never sends it to the LLM.
+        #[serde(default)]
+        partial_text: Option<String>,
+    },
+    TurnFailed {
+        turn: u32,
+        error: String,
+    },
+    ConfigChanged {
+        config: ConversationConfig,
+    },
+    /// Recovery after a restart resumed the turn in flight; counted so that
+    /// resumption cannot loop.
+    Recovered {
+        action: RecoveryAction,
+    },
+    /// A note keel adds to the prompt as user text (a sub-agent's last call
+    /// to submit its result, for instance).
+    Nudge {
+        reason: NudgeReason,
+        text: String,
+    },
+    /// A sub-agent reached its terminal state.
+    Finished {
+        outcome: Outcome,
+    },
+}
+
+/// A tool call that waits on someone outside keel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingCall {
+    pub call: ToolCall,
+    pub kind: PendingKind,
+    /// What to show the human: the question of an elicitation.
+    #[serde(default)]
+    pub prompt: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PendingKind {
+    /// A gated tool that runs on the server once a human approves it.
+    Approval,
+    /// A question to the user (`ask_user`).
+    Elicitation,
+    /// A tool the client runs and answers.
+    ClientExec,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum Decision {
+    Approve,
+    Deny,
+    Answer { text: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum InterruptReason {
+    /// The user cancelled.
+    Cancelled,
+    /// A new message interrupted the turn (`busy_policy = interrupt`).
+    Superseded,
+    /// The process died mid-turn and `recovery = idle`.
+    Restart,
+    /// The process died mid-turn again after two automatic resumes.
+    ResumeLimit,
+    /// The turn reached its cap of LLM requests.
+    RequestLimit { limit: u32 },
+    /// A sub-agent's deadline passed.
+    Timeout,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecoveryAction {
+    /// The log ended in a user message or tool results: the request is sent again.
+    RerunRequest,
+    /// The log ended in tool calls without results: they run again, same ids.
+    Redispatch,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NudgeReason {
+    /// A sub-agent reached its turn cap: this is its one grace turn.
+    TurnCap,
+    /// A sub-agent answered in text without calling `submit_result`.
+    MissingSubmit,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Outcome {
+    Completed { result: String },
+    Failed { reason: String },
+}

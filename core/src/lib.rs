@@ -1,0 +1,38 @@
+//! keel-core: the pure heart of keel. Ids, canonical and live events, the
+//! message model, configuration, the conversation state machine
+//! (`transition`), the reducer that folds a log into a working set, and
+//! recovery planning.
+//!
+//! Nothing here does I/O, reads a clock or draws randomness: time and jitter
+//! come in as inputs, and every decision comes out as data (`Effect`s) for
+//! the shell in keel-actors to carry out.
+
+pub mod codec;
+pub mod config;
+pub mod effect;
+pub mod event;
+pub mod ids;
+pub mod input;
+pub mod live;
+pub mod message;
+pub mod recovery;
+pub mod rejection;
+pub mod retry;
+pub mod state;
+pub mod time;
+pub mod transition;
+pub mod working;
+
+pub use config::{
+    BusyPolicy, ConversationConfig, ModelRef, ProviderKind, RecoveryPolicy, ToolPolicy,
+};
+pub use effect::Effect;
+pub use event::{Decision, Event, EventKind, InterruptReason, Outcome, PendingCall, PendingKind};
+pub use ids::{ConversationId, EventId, Seq, ToolCallId};
+pub use input::{AssistantResponse, Input, LlmFailure, Timer};
+pub use live::{LiveEvent, StreamDelta};
+pub use rejection::Rejection;
+pub use state::{Conversation, Generation, Phase, StateName};
+pub use time::Timestamp;
+pub use transition::{create, transition, NewConversation, Step};
+pub use working::{Status, WorkingSet};

@@ -1,0 +1,95 @@
+//! Live events: broadcast to subscribers, never logged. Losing one loses
+//! nothing durable; a client that missed some re-reads the log.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::ModelRef;
+use crate::ids::ToolCallId;
+use crate::state::{Generation, StateName};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum LiveEvent {
+    StateChanged {
+        state: StateName,
+    },
+    /// A piece of the response being streamed by request `generation`.
+    Delta {
+        generation: Generation,
+        delta: StreamDelta,
+    },
+    ToolOutput {
+        tool_call_id: ToolCallId,
+        chunk: String,
+    },
+    /// The request failed and will be sent again after `delay_ms`.
+    Retrying {
+        /// Which retry this will be (1-based), of `max_retries`.
+        retry: u32,
+        max_retries: u32,
+        delay_ms: u64,
+        error: String,
+        model: ModelRef,
+    },
+    /// Forget every delta of this request: it failed and is retried whole.
+    AttemptDiscarded {
+        generation: Generation,
+    },
+    /// The primary's retries are exhausted; the fallback answers from now on.
+    FallbackUsed {
+        from: ModelRef,
+        to: ModelRef,
+        error: String,
+    },
+    ContextUsage {
+        used: u64,
+        limit: u64,
+        /// Set when this response crossed 80% or 95% of the window.
+        warning: Option<ContextWarning>,
+    },
+}
+
+/// A fragment of a streamed response, as the provider decoders produce it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum StreamDelta {
+    Text {
+        text: String,
+    },
+    Thinking {
+        text: String,
+    },
+    ToolUseStarted {
+        id: ToolCallId,
+        name: String,
+    },
+    ToolInput {
+        id: ToolCallId,
+        partial_json: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContextWarning {
+    /// At least 80% of the context window is used.
+    Approaching,
+    /// At least 95% of the context window is used.
+    Critical,
+}
+
+impl ContextWarning {
+    pub fn level(used: u64, limit: u64) -> Option<ContextWarning> {
+        if limit == 0 {
+            return None;
+        }
+        let permille = used.saturating_mul(1000) / limit;
+        if permille >= 950 {
+            Some(ContextWarning::Critical)
+        } else if permille >= 800 {
+            Some(ContextWarning::Approaching)
+        } else {
+            None
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! Recovery planning: what a conversation rebuilt from its log must do after
+//! a crash or restart, under its recovery policy (DESIGN.md, "Settled
+//! disagreements"; seed 004's two dangling log shapes).
+
+use crate::config::RecoveryPolicy;
+use crate::event::InterruptReason;
+use crate::working::{Status, WorkingSet};
+
+/// Automatic resumes allowed in a row without new user input.
+pub const MAX_CONSECUTIVE_RESUMES: u32 = 2;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecoveryPlan {
+    /// Idle, failed, finished, or parked on a human (pending calls survive).
+    Nothing,
+    /// The log ends in a user message or tool results: nothing was
+    /// dispatched, so the request is simply sent again.
+    RerunRequest,
+    /// The log ends in tool calls without results: run them again with the
+    /// same `tool_call_id`, never re-rolling the model (that would mint new
+    /// calls and repeat side effects).
+    Redispatch,
+    /// End the turn with synthetic results for open calls.
+    Interrupt { reason: InterruptReason },
+    /// No turn is in flight yet calls lack results (a damaged log): answer
+    /// them so the history is valid again.
+    RepairOrphans,
+}
+
+pub fn plan_recovery(working: &WorkingSet) -> RecoveryPlan {
+    match working.status() {
+        Status::Idle | Status::Error if !working.open_calls.is_empty() => {
+            RecoveryPlan::RepairOrphans
+        }
+        Status::Idle
+        | Status::Error
+        | Status::AwaitingInput
+        | Status::Completed
+        | Status::Failed => RecoveryPlan::Nothing,
+        Status::TurnInFlight => match working.config.recovery {
+            RecoveryPolicy::Idle => RecoveryPlan::Interrupt {
+                reason: InterruptReason::Restart,
+            },
+            RecoveryPolicy::Resume if working.consecutive_resumes >= MAX_CONSECUTIVE_RESUMES => {
+                RecoveryPlan::Interrupt {
+                    reason: InterruptReason::ResumeLimit,
+                }
+            }
+            RecoveryPolicy::Resume if working.open_calls.is_empty() => RecoveryPlan::RerunRequest,
+            RecoveryPolicy::Resume => RecoveryPlan::Redispatch,
+        },
+    }
+}

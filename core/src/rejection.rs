@@ -1,0 +1,72 @@
+//! Why an input was refused. keel-core never fails; it answers a bad or
+//! ill-timed input with a `Rejection` and leaves the conversation as it was.
+//! The Display text is safe and useful to show a user.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::{Decision, PendingKind};
+use crate::ids::ToolCallId;
+use crate::state::StateName;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "code", rename_all = "snake_case")]
+pub enum Rejection {
+    /// A message arrived mid-turn under `busy_policy = reject` (REQ-BED-002).
+    Busy { state: StateName },
+    /// `busy_policy = queue` and the queue is full.
+    QueueFull { limit: usize },
+    /// A message with neither text nor images.
+    EmptyMessage,
+    /// A sub-agent reached `Completed` or `Failed` and takes nothing more.
+    Finished,
+    /// The actor is stopping.
+    ShuttingDown,
+    /// No pending call has this id.
+    UnknownCall { tool_call_id: ToolCallId },
+    /// The decision does not fit the pending call (approving a question, say).
+    InvalidDecision {
+        tool_call_id: ToolCallId,
+        kind: PendingKind,
+        decision: Decision,
+    },
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rejection::Busy { state } => write!(
+                f,
+                "agent is busy ({state}); cancel to interrupt the current turn, then send again"
+            ),
+            Rejection::QueueFull { limit } => write!(
+                f,
+                "agent is busy and {limit} messages are already queued; wait, or cancel to interrupt"
+            ),
+            Rejection::EmptyMessage => write!(f, "message has no text and no images"),
+            Rejection::Finished => write!(f, "conversation has finished and takes no more input"),
+            Rejection::ShuttingDown => write!(f, "conversation is shutting down; try again"),
+            Rejection::UnknownCall { tool_call_id } => {
+                write!(f, "no pending tool call has id {tool_call_id}")
+            }
+            Rejection::InvalidDecision {
+                tool_call_id,
+                kind,
+                decision,
+            } => {
+                let wanted = match kind {
+                    PendingKind::Approval => "approve or deny",
+                    PendingKind::Elicitation => "answer or deny",
+                    PendingKind::ClientExec => "answer (with the tool's output) or deny",
+                };
+                let got = match decision {
+                    Decision::Approve => "approve",
+                    Decision::Deny => "deny",
+                    Decision::Answer { .. } => "answer",
+                };
+                write!(f, "tool call {tool_call_id} takes {wanted}, not {got}")
+            }
+        }
+    }
+}

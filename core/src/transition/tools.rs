@@ -1,0 +1,221 @@
+//! Tool calls: run serially in request order (REQ-BED-004), wait for a human
+//! or a client where the policy says so (seed 003's approval state, seed
+//! 004's pending kinds), and feed every result, errors included, back to
+//! the model.
+
+use super::stream::{self, ASK_USER, SUBMIT_RESULT};
+use super::Ctx;
+use crate::config::ToolPolicy;
+use crate::effect::Effect;
+use crate::event::{Decision, EventKind, Outcome, PendingCall, PendingKind};
+use crate::ids::ToolCallId;
+use crate::live::LiveEvent;
+use crate::message::ToolCall;
+use crate::rejection::Rejection;
+use crate::state::Phase;
+
+/// The tool that starts sub-agents; the shell runs it, not a ToolActor.
+pub const SPAWN_AGENTS: &str = "spawn_agents";
+
+/// How much of a running tool's output the core keeps for a cancelled result.
+pub const OUTPUT_TAIL_BYTES: usize = 8 * 1024;
+
+/// Move to the first open call: run it, suspend on it, or (with none left)
+/// ask the model again.
+pub(super) fn advance(ctx: &mut Ctx) {
+    loop {
+        let Some(call) = ctx.conv.working.open_calls.first().cloned() else {
+            return stream::next_request(ctx);
+        };
+        let sub_agent = ctx.conv.working.is_sub_agent();
+        if call.name == ASK_USER {
+            let prompt = question(&call);
+            return suspend(ctx, call, PendingKind::Elicitation, Some(prompt));
+        }
+        if call.name == SUBMIT_RESULT {
+            if sub_agent {
+                return submit(ctx, call);
+            }
+            refuse(ctx, call, "submit_result is only available to sub-agents");
+            continue;
+        }
+        if call.name == SPAWN_AGENTS {
+            if sub_agent {
+                // REQ-BED-009: sub-agents never spawn sub-agents.
+                refuse(ctx, call, "sub-agents cannot spawn sub-agents");
+                continue;
+            }
+            return run(ctx, call, true);
+        }
+        let approved = ctx.conv.working.approved.contains(&call.id);
+        match ctx.conv.working.config.tool_policy(&call.name) {
+            ToolPolicy::Approve if !approved => {
+                return suspend(ctx, call, PendingKind::Approval, None);
+            }
+            ToolPolicy::Client => return suspend(ctx, call, PendingKind::ClientExec, None),
+            ToolPolicy::Approve | ToolPolicy::Auto => return run(ctx, call, false),
+        }
+    }
+}
+
+fn run(ctx: &mut Ctx, call: ToolCall, spawn: bool) {
+    ctx.set_phase(Phase::ExecutingTools {
+        current: call.id.clone(),
+        output_tail: String::new(),
+    });
+    ctx.effect(if spawn {
+        Effect::SpawnSubAgents { call }
+    } else {
+        Effect::StartTool { call }
+    });
+}
+
+fn suspend(ctx: &mut Ctx, call: ToolCall, kind: PendingKind, prompt: Option<String>) {
+    ctx.emit(EventKind::Suspended {
+        pending: vec![PendingCall { call, kind, prompt }],
+    });
+    ctx.set_phase(Phase::AwaitingInput);
+}
+
+fn refuse(ctx: &mut Ctx, call: ToolCall, why: &str) {
+    ctx.emit(EventKind::ToolResult {
+        tool_call_id: call.id,
+        content: why.to_owned(),
+        is_error: true,
+        synthetic: true,
+    });
+}
+
+/// A sub-agent's `submit_result`: answer it, end the turn, and finish.
+fn submit(ctx: &mut Ctx, call: ToolCall) {
+    let result = match call.input.get("result") {
+        Some(serde_json::Value::String(text)) => text.clone(),
+        Some(other) => other.to_string(),
+        None => call.input.to_string(),
+    };
+    ctx.emit(EventKind::ToolResult {
+        tool_call_id: call.id,
+        content: "result submitted".to_owned(),
+        is_error: false,
+        synthetic: false,
+    });
+    if let Some(turn) = ctx.conv.working.current_turn.clone() {
+        ctx.emit(EventKind::TurnCompleted {
+            turn: turn.turn,
+            duration_ms: ctx.now.millis_since(turn.started_at),
+        });
+    }
+    ctx.emit(EventKind::Finished {
+        outcome: Outcome::Completed {
+            result: result.clone(),
+        },
+    });
+    ctx.set_phase(Phase::Completed { result });
+}
+
+fn question(call: &ToolCall) -> String {
+    match call.input.get("question") {
+        Some(serde_json::Value::String(text)) => text.clone(),
+        _ => call.input.to_string(),
+    }
+}
+
+pub(super) fn output(ctx: &mut Ctx, tool_call_id: ToolCallId, chunk: String) {
+    let Phase::ExecutingTools {
+        current,
+        output_tail,
+    } = &mut ctx.conv.phase
+    else {
+        return;
+    };
+    if *current != tool_call_id {
+        return;
+    }
+    output_tail.push_str(&chunk);
+    if output_tail.len() > OUTPUT_TAIL_BYTES {
+        let mut cut = output_tail.len() - OUTPUT_TAIL_BYTES;
+        while !output_tail.is_char_boundary(cut) {
+            cut += 1;
+        }
+        output_tail.drain(..cut);
+    }
+    ctx.publish(LiveEvent::ToolOutput {
+        tool_call_id,
+        chunk,
+    });
+}
+
+pub(super) fn finished(ctx: &mut Ctx, tool_call_id: ToolCallId, content: String, is_error: bool) {
+    match &ctx.conv.phase {
+        Phase::ExecutingTools { current, .. } if *current == tool_call_id => {}
+        // A result for a tool that is no longer running (cancelled, or from a
+        // previous life of the actor) changes nothing.
+        _ => return,
+    }
+    // REQ-BED-004: a failed tool's error goes to the model like any result.
+    ctx.emit(EventKind::ToolResult {
+        tool_call_id,
+        content,
+        is_error,
+        synthetic: false,
+    });
+    advance(ctx);
+}
+
+pub(super) fn resolve(ctx: &mut Ctx, tool_call_id: ToolCallId, decision: Decision) {
+    if ctx.conv.phase.is_terminal() {
+        return ctx.reject(Rejection::Finished);
+    }
+    if ctx.conv.phase == Phase::Terminating {
+        return ctx.reject(Rejection::ShuttingDown);
+    }
+    let Some(pending) = ctx
+        .conv
+        .working
+        .pending
+        .iter()
+        .find(|pending| pending.call.id == tool_call_id)
+        .cloned()
+    else {
+        return ctx.reject(Rejection::UnknownCall { tool_call_id });
+    };
+    let answer: Option<(String, bool)> = match (pending.kind, &decision) {
+        (PendingKind::Approval, Decision::Approve) => None,
+        (PendingKind::Approval, Decision::Deny) => {
+            Some(("the user denied this tool call".to_owned(), true))
+        }
+        // Declining a question is an answer: the model learns and goes on.
+        (PendingKind::Elicitation, Decision::Deny) => {
+            Some(("the user declined to answer".to_owned(), false))
+        }
+        (PendingKind::ClientExec, Decision::Deny) => {
+            Some(("the client declined to run this tool".to_owned(), true))
+        }
+        (PendingKind::Elicitation | PendingKind::ClientExec, Decision::Answer { text }) => {
+            Some((text.clone(), false))
+        }
+        (PendingKind::Approval, Decision::Answer { .. })
+        | (PendingKind::Elicitation | PendingKind::ClientExec, Decision::Approve) => {
+            return ctx.reject(Rejection::InvalidDecision {
+                tool_call_id,
+                kind: pending.kind,
+                decision,
+            });
+        }
+    };
+    ctx.emit(EventKind::Resolved {
+        tool_call_id: tool_call_id.clone(),
+        decision,
+    });
+    if let Some((content, is_error)) = answer {
+        ctx.emit(EventKind::ToolResult {
+            tool_call_id,
+            content,
+            is_error,
+            synthetic: false,
+        });
+    }
+    if ctx.conv.working.pending.is_empty() {
+        advance(ctx);
+    }
+}

@@ -1,0 +1,1 @@
+//! End-to-end tests: the real `keel` binary, run as a user would.
