@@ -1,0 +1,1490 @@
+//! Requirement tests for keel-core: one or more per clause of the seeds the
+//! core owns, named after the clause (REQ-BED-… of seed 000, and the
+//! lifecycle, approval and recovery rules of seeds 002, 003 and 004 and
+//! DESIGN.md). Each drives the real `transition()` through a small harness
+//! that plays the shell: it keeps the log and the state and answers effects.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use keel_core::config::{ModelRef, SubAgentLimits};
+use keel_core::event::{NudgeReason, RecoveryAction};
+use keel_core::live::ContextWarning;
+use keel_core::message::{
+    AssistantBlock, ContentBlock, ImageRef, Role, StopReason, ToolCall, Usage,
+};
+use keel_core::recovery::MAX_CONSECUTIVE_RESUMES;
+use keel_core::state::{Request, Slot};
+use keel_core::*;
+use serde_json::json;
+
+const T0: u64 = 1_700_000_000_000;
+
+struct Harness {
+    conv: Option<Conversation>,
+    now: u64,
+    log: Vec<Event>,
+}
+
+impl Harness {
+    fn new(config: ConversationConfig) -> Harness {
+        Harness::make(config, None)
+    }
+
+    fn sub_agent(config: ConversationConfig) -> Harness {
+        Harness::make(config, Some(ConversationId::new("parent").unwrap()))
+    }
+
+    fn make(config: ConversationConfig, parent: Option<ConversationId>) -> Harness {
+        let step = create(
+            NewConversation {
+                id: ConversationId::new("c1").unwrap(),
+                cwd: "/work/project".to_owned(),
+                config,
+                parent_conversation: parent,
+            },
+            Timestamp(T0),
+        );
+        let mut harness = Harness {
+            conv: None,
+            now: T0,
+            log: Vec::new(),
+        };
+        harness.absorb(step);
+        harness
+    }
+
+    fn conv(&self) -> &Conversation {
+        self.conv.as_ref().unwrap()
+    }
+
+    fn phase(&self) -> &Phase {
+        &self.conv().phase
+    }
+
+    fn working(&self) -> &WorkingSet {
+        &self.conv().working
+    }
+
+    fn absorb(&mut self, step: Step) -> Step {
+        self.log.extend(step.appended().iter().cloned());
+        self.conv = Some(step.state.clone());
+        step
+    }
+
+    fn step(&mut self, input: Input) -> Step {
+        let step = transition(self.conv.take().unwrap(), input, Timestamp(self.now));
+        self.absorb(step)
+    }
+
+    fn advance(&mut self, millis: u64) {
+        self.now += millis;
+    }
+
+    fn send(&mut self, text: &str) -> Step {
+        self.step(Input::UserMessage {
+            text: text.to_owned(),
+            images: vec![],
+        })
+    }
+
+    fn generation(&self) -> Generation {
+        match self.phase() {
+            Phase::Streaming { request, .. } => request.generation,
+            other => panic!("not streaming: {other:?}"),
+        }
+    }
+
+    fn delta(&mut self, text: &str) -> Step {
+        let generation = self.generation();
+        self.step(Input::StreamDelta {
+            generation,
+            delta: StreamDelta::Text {
+                text: text.to_owned(),
+            },
+        })
+    }
+
+    fn respond(&mut self, blocks: Vec<AssistantBlock>, usage: Usage) -> Step {
+        let generation = self.generation();
+        let stop_reason = if blocks.iter().any(|block| block.tool_call().is_some()) {
+            StopReason::ToolUse
+        } else {
+            StopReason::EndTurn
+        };
+        self.step(Input::StreamFinished {
+            generation,
+            response: AssistantResponse {
+                blocks,
+                stop_reason,
+                usage,
+                provider: ProviderKind::Mock,
+                model: "mock".to_owned(),
+            },
+        })
+    }
+
+    fn reply(&mut self, text: &str) -> Step {
+        self.respond(vec![text_block(text)], Usage::default())
+    }
+
+    fn call_tools(&mut self, calls: &[(&str, &str)]) -> Step {
+        let blocks = calls
+            .iter()
+            .map(|(id, name)| tool_block(id, name, json!({"command": "true"})))
+            .collect();
+        self.respond(blocks, Usage::default())
+    }
+
+    fn fail(&mut self, retryable: bool, retry_after_ms: Option<u64>) -> Step {
+        let generation = self.generation();
+        self.step(Input::StreamFailed {
+            generation,
+            failure: LlmFailure {
+                retryable,
+                retry_after_ms,
+                message: "provider said no".to_owned(),
+            },
+            jitter: 1000,
+        })
+    }
+
+    fn tool_done(&mut self, id: &str, content: &str, is_error: bool) -> Step {
+        self.step(Input::ToolFinished {
+            tool_call_id: ToolCallId::new(id),
+            content: content.to_owned(),
+            is_error,
+        })
+    }
+
+    fn fire(&mut self, step_with_timer: &Step) -> Step {
+        let (timer, at) = timer_of(step_with_timer).expect("a timer was set");
+        self.now = self.now.max(at.as_millis());
+        self.step(Input::TimerFired { timer })
+    }
+
+    fn resolve(&mut self, id: &str, decision: Decision) -> Step {
+        self.step(Input::Resolve {
+            tool_call_id: ToolCallId::new(id),
+            decision,
+        })
+    }
+
+    /// Simulate a crash: rebuild from the log alone, then start an actor.
+    fn restart(&mut self) -> Step {
+        let conv = Conversation::replay(&self.log).unwrap();
+        self.conv = Some(conv);
+        self.step(Input::Started)
+    }
+
+    fn kinds(&self) -> Vec<&EventKind> {
+        self.log.iter().map(|event| &event.kind).collect()
+    }
+
+    fn last_kind(&self) -> &EventKind {
+        &self.log.last().unwrap().kind
+    }
+}
+
+fn text_block(text: &str) -> AssistantBlock {
+    AssistantBlock::Text {
+        text: text.to_owned(),
+    }
+}
+
+fn tool_block(id: &str, name: &str, input: serde_json::Value) -> AssistantBlock {
+    AssistantBlock::ToolUse {
+        call: ToolCall {
+            id: ToolCallId::new(id),
+            name: name.to_owned(),
+            input,
+        },
+    }
+}
+
+fn timer_of(step: &Step) -> Option<(Timer, Timestamp)> {
+    step.effects.iter().find_map(|effect| match effect {
+        Effect::SetTimer { timer, at } => Some((*timer, *at)),
+        _ => None,
+    })
+}
+
+fn started_streams(step: &Step) -> Vec<(Generation, ModelRef)> {
+    step.effects
+        .iter()
+        .filter_map(|effect| match effect {
+            Effect::StartStream {
+                generation, model, ..
+            } => Some((*generation, model.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn started_tools(step: &Step) -> Vec<String> {
+    step.effects
+        .iter()
+        .filter_map(|effect| match effect {
+            Effect::StartTool { call } => Some(call.id.0.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn published(step: &Step) -> Vec<&LiveEvent> {
+    step.effects
+        .iter()
+        .filter_map(|effect| match effect {
+            Effect::Publish { event } => Some(event),
+            _ => None,
+        })
+        .collect()
+}
+
+fn tool_results(step: &Step) -> Vec<(String, String, bool, bool)> {
+    step.appended()
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::ToolResult {
+                tool_call_id,
+                content,
+                is_error,
+                synthetic,
+            } => Some((
+                tool_call_id.0.clone(),
+                content.clone(),
+                *is_error,
+                *synthetic,
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+fn with_policy(policy: BusyPolicy) -> ConversationConfig {
+    ConversationConfig {
+        busy_policy: policy,
+        ..ConversationConfig::default()
+    }
+}
+
+fn fallback_config() -> ConversationConfig {
+    ConversationConfig {
+        fallback: Some(ModelRef {
+            provider: ProviderKind::OpenAi,
+            model: "backup".to_owned(),
+        }),
+        ..ConversationConfig::default()
+    }
+}
+
+fn assert_idle_and_paired(harness: &Harness) {
+    assert_eq!(harness.phase(), &Phase::Idle);
+    assert!(harness.working().open_calls.is_empty());
+    assert!(harness.working().pending.is_empty());
+    assert!(harness.working().tool_uses_paired());
+}
+
+// --- REQ-BED-001: pure transitions -------------------------------------------------
+
+#[test]
+fn req_bed_001_identical_inputs_give_identical_outputs() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    let state = harness.conv().clone();
+    let input = Input::StreamDelta {
+        generation: harness.generation(),
+        delta: StreamDelta::Text {
+            text: "hello".to_owned(),
+        },
+    };
+    let first = transition(state.clone(), input.clone(), Timestamp(T0 + 5));
+    let second = transition(state, input, Timestamp(T0 + 5));
+    assert_eq!(first, second);
+}
+
+// --- REQ-BED-002: user message handling ---------------------------------------------
+
+#[test]
+fn req_bed_002_message_while_idle_starts_an_llm_request() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    let step = harness.send("hello");
+    assert!(step.rejection.is_none());
+    let kinds: Vec<_> = step.appended().iter().map(|event| &event.kind).collect();
+    assert!(matches!(kinds[0], EventKind::UserMessage { text, .. } if text == "hello"));
+    assert!(matches!(kinds[1], EventKind::TurnStarted { turn: 1 }));
+    assert_eq!(started_streams(&step).len(), 1);
+    assert!(matches!(harness.phase(), Phase::Streaming { .. }));
+    let last = harness.working().messages.last().unwrap();
+    assert_eq!(last.role, Role::User);
+}
+
+#[test]
+fn req_bed_002_message_while_busy_is_rejected_with_a_hint_to_cancel() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("first");
+    let before = harness.conv().clone();
+    let step = harness.send("second");
+    let rejection = step.rejection.clone().expect("busy");
+    assert_eq!(
+        rejection,
+        Rejection::Busy {
+            state: StateName::Streaming
+        }
+    );
+    let message = rejection.to_string();
+    assert!(message.contains("agent is busy"), "{message}");
+    assert!(message.contains("cancel"), "{message}");
+    assert!(step.effects.is_empty());
+    assert_eq!(harness.conv(), &before);
+}
+
+#[test]
+fn req_bed_002_busy_rejection_applies_in_every_busy_state() {
+    let mut harness = Harness::new(ConversationConfig {
+        tools: [("gated".to_owned(), ToolPolicy::Approve)].into(),
+        ..ConversationConfig::default()
+    });
+    harness.send("go");
+    harness.call_tools(&[("t1", "bash"), ("t2", "gated")]);
+    assert_eq!(
+        harness.send("x").rejection,
+        Some(Rejection::Busy {
+            state: StateName::ExecutingTools
+        })
+    );
+    harness.tool_done("t1", "ok", false);
+    assert_eq!(
+        harness.send("x").rejection,
+        Some(Rejection::Busy {
+            state: StateName::AwaitingInput
+        })
+    );
+}
+
+#[test]
+fn empty_message_is_rejected_and_changes_nothing() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    let before = harness.conv().clone();
+    let step = harness.send("   ");
+    assert_eq!(step.rejection, Some(Rejection::EmptyMessage));
+    assert_eq!(harness.conv(), &before);
+}
+
+// --- REQ-BED-003: LLM response processing -------------------------------------------
+
+#[test]
+fn req_bed_003_text_with_end_turn_goes_idle_and_is_persisted() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    let step = harness.reply("hello there");
+    assert_eq!(harness.phase(), &Phase::Idle);
+    let kinds: Vec<_> = step.appended().iter().map(|event| &event.kind).collect();
+    assert!(matches!(kinds[0], EventKind::AssistantMessage { .. }));
+    assert!(matches!(kinds[1], EventKind::TurnCompleted { turn: 1, .. }));
+    let last = harness.working().messages.last().unwrap();
+    assert_eq!(last.role, Role::Assistant);
+    assert_eq!(
+        last.content,
+        vec![ContentBlock::Text {
+            text: "hello there".to_owned()
+        }]
+    );
+}
+
+#[test]
+fn req_bed_003_tool_use_goes_to_executing_tools_with_the_first_call() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    let step = harness.call_tools(&[("t1", "bash"), ("t2", "bash")]);
+    assert_eq!(started_tools(&step), vec!["t1"]);
+    assert!(matches!(harness.phase(), Phase::ExecutingTools { current, .. } if current.0 == "t1"));
+    let queued: Vec<_> = harness
+        .working()
+        .open_calls
+        .iter()
+        .map(|call| call.id.0.as_str())
+        .collect();
+    assert_eq!(queued, vec!["t1", "t2"]);
+}
+
+#[test]
+fn req_bed_003_text_without_end_keeps_streaming() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    let step = harness.delta("par");
+    harness.delta("tial");
+    assert!(step.appended().is_empty(), "deltas are live only");
+    match harness.phase() {
+        Phase::Streaming { partial, .. } => assert_eq!(partial, "partial"),
+        other => panic!("expected streaming, got {other:?}"),
+    }
+    assert!(published(&step)
+        .iter()
+        .any(|event| matches!(event, LiveEvent::Delta { .. })));
+}
+
+// --- REQ-BED-004: tool execution coordination --------------------------------------
+
+#[test]
+fn req_bed_004_tools_run_serially_in_request_order() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    let first = harness.call_tools(&[("t1", "bash"), ("t2", "bash"), ("t3", "bash")]);
+    assert_eq!(started_tools(&first), vec!["t1"]);
+    let second = harness.tool_done("t1", "one", false);
+    assert_eq!(started_tools(&second), vec!["t2"]);
+    assert!(started_streams(&second).is_empty());
+    let third = harness.tool_done("t2", "two", false);
+    assert_eq!(started_tools(&third), vec!["t3"]);
+}
+
+#[test]
+fn req_bed_004_when_all_tools_complete_all_results_go_to_the_llm() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    harness.call_tools(&[("t1", "bash"), ("t2", "bash")]);
+    harness.tool_done("t1", "one", false);
+    let step = harness.tool_done("t2", "two", false);
+    assert_eq!(started_streams(&step).len(), 1);
+    let last = harness.working().messages.last().unwrap();
+    assert_eq!(last.role, Role::User);
+    let ids: Vec<_> = last
+        .content
+        .iter()
+        .filter_map(|block| match block {
+            ContentBlock::ToolResult { result } => Some(result.tool_call_id.0.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids, vec!["t1", "t2"]);
+}
+
+#[test]
+fn req_bed_004_a_failed_tool_reaches_the_llm_as_an_error_result() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    harness.call_tools(&[("t1", "bash")]);
+    let step = harness.tool_done("t1", "command not found", true);
+    assert_eq!(
+        tool_results(&step),
+        vec![("t1".to_owned(), "command not found".to_owned(), true, false)]
+    );
+    assert_eq!(
+        started_streams(&step).len(),
+        1,
+        "the model handles the error"
+    );
+}
+
+// --- REQ-BED-005: cancellation ------------------------------------------------------
+
+#[test]
+fn req_bed_005_cancel_while_streaming_aborts_and_keeps_no_partial_response() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    let generation = harness.generation();
+    harness.delta("half an ans");
+    let step = harness.step(Input::Cancel);
+    assert!(step.effects.contains(&Effect::AbortStream { generation }));
+    assert_idle_and_paired(&harness);
+    assert!(matches!(
+        harness.last_kind(),
+        EventKind::TurnInterrupted { reason: InterruptReason::Cancelled, partial_text: Some(text), .. } if text == "half an ans"
+    ));
+    // The partial text is for display only; the LLM never sees it.
+    assert!(harness
+        .working()
+        .messages
+        .iter()
+        .all(|message| message.role == Role::User));
+}
+
+#[test]
+fn req_bed_005_cancel_during_tools_kills_the_tool_and_answers_every_call() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    harness.call_tools(&[("t1", "bash"), ("t2", "bash"), ("t3", "bash")]);
+    harness.tool_done("t1", "done", false);
+    harness.step(Input::ToolOutput {
+        tool_call_id: ToolCallId::new("t2"),
+        chunk: "progress 40%".to_owned(),
+    });
+    let step = harness.step(Input::Cancel);
+    assert!(step.effects.contains(&Effect::AbortTool {
+        tool_call_id: ToolCallId::new("t2")
+    }));
+    let results = tool_results(&step);
+    assert_eq!(results.len(), 2);
+    assert_eq!(results[0].0, "t2");
+    assert!(results[0].1.contains("cancelled by the user"));
+    assert!(
+        results[0].1.contains("progress 40%"),
+        "the output so far reaches the model"
+    );
+    assert_eq!(results[1].0, "t3");
+    assert!(results.iter().all(|result| result.2 && result.3));
+    assert_idle_and_paired(&harness);
+}
+
+#[test]
+fn req_bed_005_cancel_is_not_queued_behind_the_operation() {
+    // The abort is an effect of the cancel itself, not of the tool finishing:
+    // a late result from the killed tool is stale and changes nothing.
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    harness.call_tools(&[("t1", "bash")]);
+    harness.step(Input::Cancel);
+    let after_cancel = harness.conv().clone();
+    let late = harness.tool_done("t1", "finished anyway", false);
+    assert!(late.effects.is_empty());
+    assert_eq!(harness.conv(), &after_cancel);
+}
+
+#[test]
+fn req_bed_005_cancel_preserves_history_including_synthetic_results() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    harness.call_tools(&[("t1", "bash")]);
+    harness.step(Input::Cancel);
+    let replayed = Conversation::replay(&harness.log).unwrap();
+    assert_eq!(&replayed.working, harness.working());
+    assert!(replayed.working.tool_uses_paired());
+    assert_eq!(replayed.working.messages.len(), 3);
+}
+
+#[test]
+fn req_bed_005_cancel_from_retry_wait_and_awaiting_input() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    harness.fail(true, None);
+    assert!(matches!(harness.phase(), Phase::RetryWait { .. }));
+    harness.step(Input::Cancel);
+    assert_idle_and_paired(&harness);
+
+    harness.send("ask me");
+    harness.respond(
+        vec![tool_block("q1", "ask_user", json!({"question": "which?"}))],
+        Usage::default(),
+    );
+    assert_eq!(harness.phase(), &Phase::AwaitingInput);
+    let step = harness.step(Input::Cancel);
+    let results = tool_results(&step);
+    assert_eq!(results.len(), 1);
+    assert!(results[0].1.contains("cancelled by the user"));
+    assert_idle_and_paired(&harness);
+}
+
+// --- REQ-BED-006: error recovery -----------------------------------------------------
+
+#[test]
+fn req_bed_006_retryable_failures_retry_three_times_with_exponential_backoff() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    let mut delays = Vec::new();
+    for retry in 1..=3 {
+        let step = harness.fail(true, None);
+        let retrying = published(&step)
+            .into_iter()
+            .find_map(|event| match event {
+                LiveEvent::Retrying {
+                    retry,
+                    delay_ms,
+                    max_retries,
+                    ..
+                } => Some((*retry, *delay_ms, *max_retries)),
+                _ => None,
+            })
+            .expect("a retry notice for the user");
+        assert_eq!(retrying.0, retry);
+        assert_eq!(retrying.2, 3);
+        delays.push(retrying.1);
+        assert!(matches!(harness.phase(), Phase::RetryWait { .. }));
+        let resent = harness.fire(&step);
+        assert_eq!(started_streams(&resent).len(), 1);
+    }
+    assert_eq!(delays, vec![1_000, 2_000, 4_000]);
+    let step = harness.fail(true, None);
+    assert!(
+        matches!(harness.phase(), Phase::Error { message } if message.contains("failed 4 times"))
+    );
+    assert!(matches!(
+        step.appended().last().map(|event| &event.kind),
+        Some(EventKind::TurnFailed { .. })
+    ));
+}
+
+#[test]
+fn req_bed_006_retry_after_is_honoured() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    let step = harness.fail(true, Some(7_500));
+    let (_, at) = timer_of(&step).unwrap();
+    assert_eq!(at.as_millis() - harness.now, 7_500);
+}
+
+#[test]
+fn req_bed_006_non_retryable_error_goes_straight_to_error_with_the_message() {
+    let mut harness = Harness::new(fallback_config());
+    harness.send("hi");
+    let step = harness.fail(false, None);
+    assert!(timer_of(&step).is_none());
+    assert!(
+        started_streams(&step).is_empty(),
+        "no fallback for a fatal error"
+    );
+    assert!(
+        matches!(harness.phase(), Phase::Error { message } if message.contains("provider said no"))
+    );
+}
+
+#[test]
+fn req_bed_006_message_in_error_state_continues_the_conversation() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    harness.fail(false, None);
+    let step = harness.send("try again");
+    assert!(step.rejection.is_none());
+    assert_eq!(started_streams(&step).len(), 1);
+    assert!(harness.working().last_error.is_none());
+    // Both user messages are in the prompt, merged into one user turn.
+    let last = harness.working().messages.last().unwrap();
+    assert_eq!(last.content.len(), 2);
+}
+
+#[test]
+fn retries_exhausted_fall_back_to_the_fallback_provider_and_say_so() {
+    let mut harness = Harness::new(fallback_config());
+    harness.send("hi");
+    let mut step = harness.fail(true, None);
+    for _ in 0..3 {
+        harness.fire(&step);
+        step = harness.fail(true, None);
+    }
+    // The fourth failure exhausted the primary's three retries.
+    let streams = started_streams(&step);
+    assert_eq!(streams.len(), 1);
+    assert_eq!(streams[0].1.model, "backup");
+    assert!(published(&step)
+        .iter()
+        .any(|event| matches!(event, LiveEvent::FallbackUsed { to, .. } if to.model == "backup")));
+    assert!(matches!(
+        harness.phase(),
+        Phase::Streaming {
+            request: Request {
+                slot: Slot::Fallback,
+                retries: 0,
+                ..
+            },
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_stream_that_fails_midway_is_retried_whole_and_clients_discard_its_deltas() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    let generation = harness.generation();
+    harness.delta("some text");
+    let step = harness.fail(true, None);
+    assert!(published(&step).contains(&&LiveEvent::AttemptDiscarded { generation }));
+    assert!(step.appended().is_empty(), "nothing partial is persisted");
+    let resent = harness.fire(&step);
+    assert_ne!(started_streams(&resent)[0].0, generation);
+    match harness.phase() {
+        Phase::Streaming { partial, .. } => assert!(partial.is_empty()),
+        other => panic!("{other:?}"),
+    }
+}
+
+// --- REQ-BED-007: persistence ----------------------------------------------------------
+
+#[test]
+fn req_bed_007_state_is_persisted_before_any_other_effect() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    let step = harness.send("hi");
+    assert!(matches!(step.effects[0], Effect::Append { .. }));
+    let step = harness.call_tools(&[("t1", "bash")]);
+    assert!(matches!(step.effects[0], Effect::Append { .. }));
+}
+
+#[test]
+fn req_bed_007_restart_under_idle_policy_restores_idle_with_history() {
+    let mut harness = Harness::new(ConversationConfig {
+        recovery: RecoveryPolicy::Idle,
+        ..ConversationConfig::default()
+    });
+    harness.send("hi");
+    harness.call_tools(&[("t1", "bash"), ("t2", "bash")]);
+    let step = harness.restart();
+    let results = tool_results(&step);
+    assert_eq!(results.len(), 2);
+    assert!(results
+        .iter()
+        .all(|result| result.1.contains("interrupted by restart")));
+    assert_idle_and_paired(&harness);
+    assert!(matches!(
+        harness.last_kind(),
+        EventKind::TurnInterrupted {
+            reason: InterruptReason::Restart,
+            ..
+        }
+    ));
+    assert_eq!(harness.working().messages.len(), 3);
+}
+
+// --- Seed 004 recovery under `resume` ----------------------------------------------------
+
+#[test]
+fn resume_reruns_a_turn_whose_log_ends_in_a_user_message() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    harness.delta("lost on crash");
+    let step = harness.restart();
+    assert!(step
+        .appended()
+        .iter()
+        .any(|event| matches!(event.kind, EventKind::SessionStarted)));
+    assert!(step.appended().iter().any(|event| matches!(
+        event.kind,
+        EventKind::Recovered {
+            action: RecoveryAction::RerunRequest
+        }
+    )));
+    assert_eq!(started_streams(&step).len(), 1);
+}
+
+#[test]
+fn resume_redispatches_a_dangling_tool_call_with_the_same_id() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    harness.call_tools(&[("t1", "bash"), ("t2", "bash")]);
+    harness.tool_done("t1", "one", false);
+    let step = harness.restart();
+    assert_eq!(started_tools(&step), vec!["t2"]);
+    assert!(
+        started_streams(&step).is_empty(),
+        "the model is not re-rolled"
+    );
+}
+
+#[test]
+fn resume_gives_up_after_two_automatic_resumes_without_user_input() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    for _ in 0..MAX_CONSECUTIVE_RESUMES {
+        let step = harness.restart();
+        assert_eq!(started_streams(&step).len(), 1);
+    }
+    harness.restart();
+    assert_idle_and_paired(&harness);
+    assert!(matches!(
+        harness.last_kind(),
+        EventKind::TurnInterrupted {
+            reason: InterruptReason::ResumeLimit,
+            ..
+        }
+    ));
+    // New user input resets the count.
+    harness.send("again");
+    let step = harness.restart();
+    assert_eq!(started_streams(&step).len(), 1);
+}
+
+#[test]
+fn pending_approvals_survive_a_restart() {
+    let mut harness = Harness::new(ConversationConfig {
+        tools: [("deploy".to_owned(), ToolPolicy::Approve)].into(),
+        ..ConversationConfig::default()
+    });
+    harness.send("ship it");
+    harness.call_tools(&[("d1", "deploy")]);
+    assert_eq!(harness.phase(), &Phase::AwaitingInput);
+    let step = harness.restart();
+    assert_eq!(harness.phase(), &Phase::AwaitingInput);
+    assert!(started_tools(&step).is_empty());
+    let step = harness.resolve("d1", Decision::Approve);
+    assert_eq!(started_tools(&step), vec!["d1"]);
+}
+
+#[test]
+fn an_approved_call_interrupted_by_a_crash_is_redispatched_not_re_asked() {
+    let mut harness = Harness::new(ConversationConfig {
+        tools: [("deploy".to_owned(), ToolPolicy::Approve)].into(),
+        ..ConversationConfig::default()
+    });
+    harness.send("ship it");
+    harness.call_tools(&[("d1", "deploy")]);
+    harness.resolve("d1", Decision::Approve);
+    let step = harness.restart();
+    assert_eq!(started_tools(&step), vec!["d1"]);
+}
+
+// --- REQ-BED-008 / 009: sub-agents ---------------------------------------------------------
+
+fn sub_agent_config(max_turns: u32) -> ConversationConfig {
+    ConversationConfig {
+        sub_agent: SubAgentLimits {
+            max_turns,
+            timeout_ms: 60_000,
+        },
+        ..ConversationConfig::default()
+    }
+}
+
+#[test]
+fn req_bed_008_sub_agent_completes_by_submitting_its_result() {
+    let mut harness = Harness::sub_agent(sub_agent_config(5));
+    harness.send("find the bug");
+    let step = harness.respond(
+        vec![tool_block(
+            "s1",
+            "submit_result",
+            json!({"result": "it is in parse()"}),
+        )],
+        Usage::default(),
+    );
+    assert_eq!(
+        harness.phase(),
+        &Phase::Completed {
+            result: "it is in parse()".to_owned()
+        }
+    );
+    assert!(started_tools(&step).is_empty());
+    assert!(harness.working().tool_uses_paired());
+    assert!(matches!(
+        harness.last_kind(),
+        EventKind::Finished {
+            outcome: Outcome::Completed { .. }
+        }
+    ));
+}
+
+#[test]
+fn req_bed_008_parent_spawns_sub_agents_through_a_dedicated_effect() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("split the work");
+    let step = harness.call_tools(&[("sp1", "spawn_agents")]);
+    assert!(step
+        .effects
+        .iter()
+        .any(|effect| matches!(effect, Effect::SpawnSubAgents { call } if call.id.0 == "sp1")));
+    // The aggregated results come back as the call's result.
+    let step = harness.tool_done("sp1", "[{\"task\":1,\"result\":\"ok\"}]", false);
+    assert_eq!(started_streams(&step).len(), 1);
+}
+
+#[test]
+fn req_bed_008_sub_agent_failure_is_terminal_and_reported() {
+    let mut harness = Harness::sub_agent(sub_agent_config(5));
+    harness.send("task");
+    harness.fail(false, None);
+    assert!(
+        matches!(harness.phase(), Phase::Failed { reason } if reason.contains("provider said no"))
+    );
+    assert!(matches!(
+        harness.last_kind(),
+        EventKind::Finished {
+            outcome: Outcome::Failed { .. }
+        }
+    ));
+}
+
+#[test]
+fn req_bed_008_sub_agent_times_out_at_its_deadline() {
+    let mut harness = Harness::sub_agent(sub_agent_config(5));
+    harness.send("task");
+    harness.call_tools(&[("t1", "bash")]);
+    harness.advance(60_000);
+    let step = harness.step(Input::TimerFired {
+        timer: Timer::Deadline,
+    });
+    assert!(step.effects.contains(&Effect::AbortTool {
+        tool_call_id: ToolCallId::new("t1")
+    }));
+    assert!(matches!(harness.phase(), Phase::Failed { reason } if reason.contains("timed out")));
+    assert!(harness.working().tool_uses_paired());
+}
+
+#[test]
+fn sub_agent_creation_arms_its_mandatory_deadline() {
+    let step = create(
+        NewConversation {
+            id: ConversationId::new("child").unwrap(),
+            cwd: "/tmp".to_owned(),
+            config: sub_agent_config(5),
+            parent_conversation: Some(ConversationId::new("parent").unwrap()),
+        },
+        Timestamp(T0),
+    );
+    assert_eq!(
+        timer_of(&step),
+        Some((Timer::Deadline, Timestamp(T0 + 60_000)))
+    );
+}
+
+#[test]
+fn sub_agent_gets_one_grace_turn_at_its_turn_cap_then_fails() {
+    let mut harness = Harness::sub_agent(sub_agent_config(2));
+    harness.send("task");
+    harness.call_tools(&[("t1", "bash")]);
+    harness.tool_done("t1", "x", false);
+    harness.call_tools(&[("t2", "bash")]);
+    let step = harness.tool_done("t2", "x", false);
+    // Cap of 2 reached: one grace request, with a note telling it to submit.
+    assert_eq!(started_streams(&step).len(), 1);
+    assert!(step.appended().iter().any(|event| matches!(
+        event.kind,
+        EventKind::Nudge {
+            reason: NudgeReason::TurnCap,
+            ..
+        }
+    )));
+    harness.call_tools(&[("t3", "bash")]);
+    harness.tool_done("t3", "x", false);
+    assert!(matches!(harness.phase(), Phase::Failed { reason } if reason.contains("turn cap")));
+    assert!(harness.working().tool_uses_paired());
+}
+
+#[test]
+fn sub_agent_answering_in_text_is_reminded_to_submit() {
+    let mut harness = Harness::sub_agent(sub_agent_config(5));
+    harness.send("task");
+    let step = harness.reply("I think I am done");
+    assert_eq!(started_streams(&step).len(), 1);
+    assert!(step.appended().iter().any(|event| matches!(
+        event.kind,
+        EventKind::Nudge {
+            reason: NudgeReason::MissingSubmit,
+            ..
+        }
+    )));
+}
+
+#[test]
+fn req_bed_009_sub_agents_cannot_spawn_and_are_not_user_initiated() {
+    let mut harness = Harness::sub_agent(sub_agent_config(5));
+    assert!(!harness.working().user_initiated);
+    harness.send("task");
+    let step = harness.call_tools(&[("sp", "spawn_agents")]);
+    let results = tool_results(&step);
+    assert_eq!(results.len(), 1);
+    assert!(results[0].1.contains("cannot spawn"));
+    assert!(!step
+        .effects
+        .iter()
+        .any(|effect| matches!(effect, Effect::SpawnSubAgents { .. })));
+}
+
+#[test]
+fn submit_result_outside_a_sub_agent_is_an_error_result() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    let step = harness.call_tools(&[("s1", "submit_result")]);
+    assert!(tool_results(&step)[0]
+        .1
+        .contains("only available to sub-agents"));
+    assert_eq!(started_streams(&step).len(), 1);
+}
+
+#[test]
+fn terminal_states_absorb_every_later_input() {
+    let mut harness = Harness::sub_agent(sub_agent_config(5));
+    harness.send("task");
+    harness.respond(
+        vec![tool_block("s1", "submit_result", json!({"result": "done"}))],
+        Usage::default(),
+    );
+    let before = harness.conv().clone();
+    for input in [
+        Input::Cancel,
+        Input::Started,
+        Input::TimerFired {
+            timer: Timer::Deadline,
+        },
+        Input::ChangeConfig {
+            config: ConversationConfig::default(),
+        },
+    ] {
+        let step = harness.step(input);
+        assert!(step.appended().is_empty());
+        assert_eq!(harness.conv(), &before);
+    }
+    assert_eq!(harness.send("more").rejection, Some(Rejection::Finished));
+}
+
+// --- REQ-BED-010: fixed working directory -------------------------------------------------
+
+#[test]
+fn req_bed_010_the_working_directory_is_fixed_at_creation() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    assert_eq!(harness.working().cwd, "/work/project");
+    assert!(
+        matches!(&harness.log[0].kind, EventKind::Created { cwd, .. } if cwd == "/work/project")
+    );
+    harness.send("hi");
+    harness.reply("ok");
+    assert_eq!(
+        Conversation::replay(&harness.log).unwrap().working.cwd,
+        "/work/project"
+    );
+}
+
+// --- REQ-BED-011: real-time events --------------------------------------------------------
+
+#[test]
+fn req_bed_011_every_state_change_is_published() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    let step = harness.send("hi");
+    assert!(published(&step).contains(&&LiveEvent::StateChanged {
+        state: StateName::Streaming
+    }));
+    let step = harness.reply("ok");
+    assert!(published(&step).contains(&&LiveEvent::StateChanged {
+        state: StateName::Idle
+    }));
+    // A delta changes no state, so it announces none.
+    harness.send("again");
+    let step = harness.delta("x");
+    assert!(!published(&step)
+        .iter()
+        .any(|event| matches!(event, LiveEvent::StateChanged { .. })));
+}
+
+// --- REQ-BED-012: context window tracking ---------------------------------------------------
+
+#[test]
+fn req_bed_012_usage_is_tracked_and_warnings_go_out_at_80_and_95_percent() {
+    let mut harness = Harness::new(ConversationConfig {
+        context_window: 1_000,
+        ..ConversationConfig::default()
+    });
+    let mut warnings = Vec::new();
+    for input_tokens in [500, 810, 820, 960, 970] {
+        harness.send("more");
+        let step = harness.respond(
+            vec![text_block("ok")],
+            Usage {
+                input_tokens,
+                ..Usage::default()
+            },
+        );
+        let usage = published(&step)
+            .into_iter()
+            .find_map(|event| match event {
+                LiveEvent::ContextUsage {
+                    used,
+                    limit,
+                    warning,
+                } => Some((*used, *limit, *warning)),
+                _ => None,
+            })
+            .expect("usage is published with every response");
+        assert_eq!(usage.0, input_tokens);
+        assert_eq!(usage.1, 1_000);
+        warnings.push(usage.2);
+    }
+    assert_eq!(
+        warnings,
+        vec![
+            None,
+            Some(ContextWarning::Approaching),
+            None,
+            Some(ContextWarning::Critical),
+            None
+        ]
+    );
+    assert_eq!(harness.working().usage.input_tokens, 970);
+}
+
+// --- REQ-BED-013: images ----------------------------------------------------------------------
+
+#[test]
+fn req_bed_013_image_references_flow_into_the_prompt_and_the_log() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    let image = ImageRef {
+        hash: "ab".repeat(32),
+        media_type: "image/png".to_owned(),
+        width: 800,
+        height: 600,
+        size: 12_345,
+    };
+    let step = harness.step(Input::UserMessage {
+        text: "what is this?".to_owned(),
+        images: vec![image.clone()],
+    });
+    assert!(
+        matches!(&step.appended()[0].kind, EventKind::UserMessage { images, .. } if images == &vec![image.clone()])
+    );
+    let prompt = &harness.working().messages[0];
+    assert!(prompt.content.contains(&ContentBlock::Image {
+        image: image.clone()
+    }));
+    // An image alone is a valid message.
+    harness.step(Input::Cancel);
+    let step = harness.step(Input::UserMessage {
+        text: String::new(),
+        images: vec![image],
+    });
+    assert!(step.rejection.is_none());
+}
+
+// --- Seed 002: events, ids, lifecycle -----------------------------------------------------------
+
+#[test]
+fn seed_002_event_ids_are_conversation_and_seq_from_one() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    harness.reply("ok");
+    let seqs: Vec<_> = harness.log.iter().map(|event| event.seq).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    assert_eq!(harness.working().id.event_id(3).to_string(), "c1:3");
+}
+
+#[test]
+fn seed_002_events_in_a_turn_link_to_its_turn_started() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    harness.call_tools(&[("t1", "bash")]);
+    harness.tool_done("t1", "x", false);
+    harness.reply("done");
+    let user = harness
+        .log
+        .iter()
+        .find(|e| matches!(e.kind, EventKind::UserMessage { .. }))
+        .unwrap();
+    assert!(user.triggers_turn);
+    let started = harness
+        .log
+        .iter()
+        .find(|e| matches!(e.kind, EventKind::TurnStarted { .. }))
+        .unwrap();
+    assert_eq!(started.parent, Some(user.seq));
+    for event in harness.log.iter().filter(|event| event.seq > started.seq) {
+        assert_eq!(event.parent, Some(started.seq), "{event:?}");
+        assert!(!event.triggers_turn);
+    }
+    assert_eq!(harness.log[0].parent, None);
+}
+
+#[test]
+fn seed_002_session_started_on_create_and_start_session_ended_on_stop() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    assert!(matches!(harness.kinds()[1], EventKind::SessionStarted));
+    let step = harness.step(Input::Stop);
+    assert!(matches!(step.appended()[0].kind, EventKind::SessionEnded));
+    assert!(step.effects.contains(&Effect::SaveSnapshot));
+    assert!(step.effects.contains(&Effect::Stop));
+    let step = harness.restart();
+    assert!(matches!(step.appended()[0].kind, EventKind::SessionStarted));
+    assert_eq!(harness.phase(), &Phase::Idle);
+}
+
+#[test]
+fn seed_002_turns_are_numbered_and_completed_with_their_duration() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("one");
+    harness.advance(250);
+    harness.reply("ok");
+    harness.send("two");
+    harness.reply("ok");
+    let turns: Vec<_> = harness
+        .log
+        .iter()
+        .filter_map(|event| match event.kind {
+            EventKind::TurnCompleted { turn, duration_ms } => Some((turn, duration_ms)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(turns, vec![(1, 250), (2, 0)]);
+}
+
+#[test]
+fn seed_002_interrupt_policy_interrupts_the_turn_and_debounces_100ms() {
+    let mut harness = Harness::new(with_policy(BusyPolicy::Interrupt));
+    let step = harness.send("first");
+    assert!(started_streams(&step).is_empty(), "debounced");
+    let step = harness.fire(&step);
+    assert_eq!(started_streams(&step).len(), 1);
+    let generation = harness.generation();
+    harness.delta("working on fir");
+
+    let step = harness.send("actually, second");
+    assert!(step.rejection.is_none());
+    assert!(step.effects.contains(&Effect::AbortStream { generation }));
+    assert!(step.appended().iter().any(|event| matches!(
+        event.kind,
+        EventKind::TurnInterrupted {
+            reason: InterruptReason::Superseded,
+            ..
+        }
+    )));
+    let (first_timer, at) = timer_of(&step).unwrap();
+    assert_eq!(at.as_millis(), harness.now + 100);
+    harness.advance(50);
+    let third = harness.send("and third");
+    // The earlier debounce is now stale: only the latest message's timer starts the turn.
+    let stale = harness.step(Input::TimerFired { timer: first_timer });
+    assert!(stale.effects.is_empty());
+    let step = harness.fire(&third);
+    assert_eq!(started_streams(&step).len(), 1);
+    let last_user = harness.working().messages.last().unwrap();
+    // The interrupted turn produced no response, so all three messages form
+    // one user turn of the prompt.
+    assert_eq!(last_user.content.len(), 3);
+}
+
+#[test]
+fn queue_policy_holds_messages_until_the_turn_ends_then_runs_them() {
+    let mut harness = Harness::new(with_policy(BusyPolicy::Queue));
+    harness.send("first");
+    let step = harness.send("second");
+    assert!(step.rejection.is_none());
+    assert!(started_streams(&step).is_empty());
+    assert_eq!(harness.working().queued.len(), 1);
+    // The queued message is not in the prompt of the running turn.
+    assert_eq!(harness.working().messages.len(), 1);
+    let step = harness.reply("answer to first");
+    assert_eq!(
+        started_streams(&step).len(),
+        1,
+        "the queued message starts a turn"
+    );
+    assert!(harness.working().queued.is_empty());
+    assert_eq!(harness.working().turn, 2);
+    let last = harness.working().messages.last().unwrap();
+    assert_eq!(last.role, Role::User);
+}
+
+#[test]
+fn queue_policy_is_bounded() {
+    let mut harness = Harness::new(with_policy(BusyPolicy::Queue));
+    harness.send("first");
+    for n in 0..32 {
+        assert!(harness.send(&format!("queued {n}")).rejection.is_none());
+    }
+    assert_eq!(
+        harness.send("one too many").rejection,
+        Some(Rejection::QueueFull { limit: 32 })
+    );
+}
+
+// --- Seed 003: approvals, transient and terminal failure ----------------------------------
+
+#[test]
+fn seed_003_gated_tool_waits_for_approval_then_runs() {
+    let mut harness = Harness::new(ConversationConfig {
+        tools: [("deploy".to_owned(), ToolPolicy::Approve)].into(),
+        ..ConversationConfig::default()
+    });
+    harness.send("ship");
+    let step = harness.call_tools(&[("d1", "deploy")]);
+    assert!(started_tools(&step).is_empty());
+    assert_eq!(harness.phase(), &Phase::AwaitingInput);
+    assert_eq!(harness.working().pending[0].kind, PendingKind::Approval);
+    let step = harness.resolve("d1", Decision::Approve);
+    assert_eq!(started_tools(&step), vec!["d1"]);
+}
+
+#[test]
+fn seed_003_denied_tool_tells_the_model_and_goes_on() {
+    let mut harness = Harness::new(ConversationConfig {
+        tools: [("deploy".to_owned(), ToolPolicy::Approve)].into(),
+        ..ConversationConfig::default()
+    });
+    harness.send("ship");
+    harness.call_tools(&[("d1", "deploy"), ("t2", "bash")]);
+    let step = harness.resolve("d1", Decision::Deny);
+    assert_eq!(tool_results(&step)[0].1, "the user denied this tool call");
+    assert_eq!(started_tools(&step), vec!["t2"], "the next call runs");
+}
+
+#[test]
+fn resolving_an_unknown_call_or_with_the_wrong_decision_is_rejected() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("ask");
+    harness.respond(
+        vec![tool_block("q1", "ask_user", json!({"question": "?"}))],
+        Usage::default(),
+    );
+    let before = harness.conv().clone();
+    assert!(matches!(
+        harness.resolve("nope", Decision::Approve).rejection,
+        Some(Rejection::UnknownCall { .. })
+    ));
+    assert!(matches!(
+        harness.resolve("q1", Decision::Approve).rejection,
+        Some(Rejection::InvalidDecision { .. })
+    ));
+    assert_eq!(harness.conv(), &before);
+}
+
+#[test]
+fn client_exec_tools_wait_for_the_client_answer() {
+    let mut harness = Harness::new(ConversationConfig {
+        tools: [("browser".to_owned(), ToolPolicy::Client)].into(),
+        ..ConversationConfig::default()
+    });
+    harness.send("open it");
+    harness.call_tools(&[("b1", "browser")]);
+    assert_eq!(harness.working().pending[0].kind, PendingKind::ClientExec);
+    let step = harness.resolve(
+        "b1",
+        Decision::Answer {
+            text: "page title: keel".to_owned(),
+        },
+    );
+    assert_eq!(tool_results(&step)[0].1, "page title: keel");
+    assert_eq!(started_streams(&step).len(), 1);
+}
+
+// --- Lessons ------------------------------------------------------------------------------
+
+#[test]
+fn ask_user_must_be_the_only_tool_in_its_response() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    let step = harness.respond(
+        vec![
+            tool_block("t1", "bash", json!({})),
+            tool_block("q1", "ask_user", json!({"question": "ok?"})),
+        ],
+        Usage::default(),
+    );
+    let results = tool_results(&step);
+    assert_eq!(results.len(), 2);
+    assert!(results
+        .iter()
+        .all(|result| result.2 && result.1.contains("only tool call")));
+    assert!(started_tools(&step).is_empty(), "none of them ran");
+    assert_eq!(started_streams(&step).len(), 1);
+}
+
+#[test]
+fn declining_a_question_answers_declined_and_the_model_goes_on() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    harness.respond(
+        vec![tool_block("q1", "ask_user", json!({"question": "color?"}))],
+        Usage::default(),
+    );
+    assert_eq!(
+        harness.working().pending[0].prompt.as_deref(),
+        Some("color?")
+    );
+    assert_eq!(harness.working().pending[0].kind, PendingKind::Elicitation);
+    let step = harness.resolve("q1", Decision::Deny);
+    assert_eq!(
+        tool_results(&step),
+        vec![(
+            "q1".to_owned(),
+            "the user declined to answer".to_owned(),
+            false,
+            false
+        )]
+    );
+    assert_eq!(started_streams(&step).len(), 1);
+}
+
+#[test]
+fn the_cap_on_requests_per_turn_stops_a_runaway_tool_loop() {
+    let mut harness = Harness::new(ConversationConfig {
+        max_requests_per_turn: 2,
+        ..ConversationConfig::default()
+    });
+    harness.send("loop");
+    harness.call_tools(&[("t1", "bash")]);
+    harness.tool_done("t1", "x", false);
+    harness.call_tools(&[("t2", "bash")]);
+    let step = harness.tool_done("t2", "x", false);
+    assert!(started_streams(&step).is_empty());
+    assert_idle_and_paired(&harness);
+    assert!(matches!(
+        harness.last_kind(),
+        EventKind::TurnInterrupted {
+            reason: InterruptReason::RequestLimit { limit: 2 },
+            ..
+        }
+    ));
+}
+
+#[test]
+fn stale_stream_messages_from_an_earlier_attempt_are_ignored() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    let old = harness.generation();
+    let step = harness.fail(true, None);
+    harness.fire(&step);
+    let before = harness.conv().clone();
+    let stale = harness.step(Input::StreamFinished {
+        generation: old,
+        response: AssistantResponse {
+            blocks: vec![text_block("late")],
+            stop_reason: StopReason::EndTurn,
+            usage: Usage::default(),
+            provider: ProviderKind::Mock,
+            model: "mock".to_owned(),
+        },
+    });
+    assert!(stale.effects.is_empty());
+    assert_eq!(harness.conv(), &before);
+}
+
+#[test]
+fn config_changes_are_logged_and_survive_replay() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    let step = harness.step(Input::ChangeConfig {
+        config: with_policy(BusyPolicy::Queue),
+    });
+    assert!(matches!(
+        step.appended()[0].kind,
+        EventKind::ConfigChanged { .. }
+    ));
+    let replayed = Conversation::replay(&harness.log).unwrap();
+    assert_eq!(replayed.working.config.busy_policy, BusyPolicy::Queue);
+}
+
+#[test]
+fn stop_mid_turn_is_refused() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    let step = harness.step(Input::Stop);
+    assert!(matches!(step.rejection, Some(Rejection::Busy { .. })));
+}
+
+// --- Encoding ------------------------------------------------------------------------------
+
+#[test]
+fn events_round_trip_through_the_versioned_encoding() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    harness.call_tools(&[("t1", "bash")]);
+    harness.tool_done("t1", "x", false);
+    harness.reply("ok");
+    for event in &harness.log {
+        let bytes = keel_core::codec::encode(event);
+        assert_eq!(&keel_core::codec::decode(&bytes).unwrap(), event);
+    }
+}
+
+#[test]
+fn an_unknown_future_encoding_version_is_a_clear_error() {
+    let error = keel_core::codec::decode(br#"{"v":99,"event":{}}"#).unwrap_err();
+    assert!(error.to_string().contains("version 99"), "{error}");
+    let error = keel_core::codec::decode(b"not json").unwrap_err();
+    assert!(error.to_string().contains("malformed"), "{error}");
+}
+
+#[test]
+fn a_log_written_before_optional_fields_existed_is_still_readable() {
+    // A v1 record as an older keel wrote it: no images, no partial_text, a
+    // config with only some fields.
+    let old = br#"{"v":1,"event":{"seq":1,"at":5,"parent":null,"triggers_turn":false,
+        "kind":{"type":"created","conversation":"old","cwd":"/","config":{"busy_policy":"queue"},"user_initiated":true}}}"#;
+    let event = keel_core::codec::decode(old).unwrap();
+    let working = WorkingSet::from_created(&event).unwrap();
+    assert_eq!(working.config.busy_policy, BusyPolicy::Queue);
+    assert_eq!(working.config.retry.max_retries, 3);
+    let message = br#"{"v":1,"event":{"seq":2,"at":6,"parent":null,"triggers_turn":true,"kind":{"type":"user_message","text":"hi"}}}"#;
+    assert!(keel_core::codec::decode(message).is_ok());
+}
