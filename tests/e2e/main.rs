@@ -1,1 +1,6 @@
-//! End-to-end tests: the real `keel` binary, run as a user would.
+//! End-to-end tests: the real `keel` binary, run as a user would. One test
+//! binary for the whole package; each module is one area, and `harness`
+//! holds the helpers they share.
+
+mod demo;
+mod harness;

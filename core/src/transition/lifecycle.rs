@@ -74,8 +74,17 @@ fn arm_deadline(ctx: &mut Ctx) {
 /// An actor took over the conversation: record the session, then carry out
 /// the recovery plan for whatever the log left in flight.
 pub(super) fn started(ctx: &mut Ctx) {
-    if ctx.conv.phase.is_terminal() {
-        return;
+    match ctx.conv.phase {
+        // What a conversation rebuilt from its log can be in.
+        Phase::Idle | Phase::Error { .. } | Phase::AwaitingInput | Phase::Recovering => {}
+        // Already running (a duplicate Started), stopping, or finished.
+        Phase::Debouncing { .. }
+        | Phase::Streaming { .. }
+        | Phase::RetryWait { .. }
+        | Phase::ExecutingTools { .. }
+        | Phase::Terminating
+        | Phase::Completed { .. }
+        | Phase::Failed { .. } => return,
     }
     ctx.emit(EventKind::SessionStarted);
     arm_deadline(ctx);
