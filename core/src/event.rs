@@ -105,6 +105,9 @@ pub enum EventKind {
         reason: NudgeReason,
         text: String,
     },
+    /// The user cancelled while a debounce was waiting to start a turn: the
+    /// messages stay in history, and no turn is owed for them.
+    DebounceCancelled,
     /// A sub-agent reached its terminal state.
     Finished {
         outcome: Outcome,

@@ -44,6 +44,8 @@ impl fmt::Display for IdError {
     }
 }
 
+impl std::error::Error for IdError {}
+
 fn validate(raw: &str) -> Result<(), IdError> {
     if raw.is_empty() {
         return Err(IdError::Empty);

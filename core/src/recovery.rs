@@ -4,6 +4,7 @@
 
 use crate::config::RecoveryPolicy;
 use crate::event::InterruptReason;
+use crate::ids::Seq;
 use crate::working::{Status, WorkingSet};
 
 /// Automatic resumes allowed in a row without new user input.
@@ -25,6 +26,9 @@ pub enum RecoveryPlan {
     /// No turn is in flight yet calls lack results (a damaged log): answer
     /// them so the history is valid again.
     RepairOrphans,
+    /// A user message was acknowledged but its debounce had not yet started
+    /// the turn (`recovery = resume` only): start it now.
+    StartTurn { trigger: Seq },
 }
 
 pub fn plan_recovery(working: &WorkingSet) -> RecoveryPlan {
@@ -32,11 +36,11 @@ pub fn plan_recovery(working: &WorkingSet) -> RecoveryPlan {
         Status::Idle | Status::Error if !working.open_calls.is_empty() => {
             RecoveryPlan::RepairOrphans
         }
-        Status::Idle
-        | Status::Error
-        | Status::AwaitingInput
-        | Status::Completed
-        | Status::Failed => RecoveryPlan::Nothing,
+        Status::Idle | Status::Error => match (working.config.recovery, working.untriggered) {
+            (RecoveryPolicy::Resume, Some(trigger)) => RecoveryPlan::StartTurn { trigger },
+            (RecoveryPolicy::Resume | RecoveryPolicy::Idle, _) => RecoveryPlan::Nothing,
+        },
+        Status::AwaitingInput | Status::Completed | Status::Failed => RecoveryPlan::Nothing,
         Status::TurnInFlight => match working.config.recovery {
             RecoveryPolicy::Idle => RecoveryPlan::Interrupt {
                 reason: InterruptReason::Restart,

@@ -14,8 +14,10 @@ use crate::working::{Status, WorkingSet};
 pub struct Conversation {
     pub working: WorkingSet,
     pub phase: Phase,
-    /// Attempt number of the next LLM request. Monotonic for the actor's
-    /// life, so a late message from any earlier request is recognisably stale.
+    /// Attempt number of the next LLM request. Monotonic within one actor's
+    /// life, so a late message from any earlier request of that life is
+    /// recognisably stale. A rebuilt conversation starts again at 1: the
+    /// workers of a previous life died with its actor and cannot report here.
     pub(crate) next_attempt: u32,
 }
 

@@ -49,6 +49,10 @@ pub struct WorkingSet {
     pub last_error: Option<String>,
     /// Automatic resumes since the last user message (at most two in a row).
     pub consecutive_resumes: u32,
+    /// Seq of a turn-triggering user message that no turn has picked up yet
+    /// (`busy_policy = interrupt` waits 100 ms before starting the turn). A
+    /// restart under `recovery = resume` starts the turn for it.
+    pub untriggered: Option<Seq>,
     /// Set when a sub-agent reached its terminal state.
     pub outcome: Option<Outcome>,
 }
@@ -155,6 +159,7 @@ impl WorkingSet {
             usage: Usage::default(),
             last_error: None,
             consecutive_resumes: 0,
+            untriggered: None,
             outcome: None,
         })
     }
@@ -231,6 +236,9 @@ impl WorkingSet {
                     });
                 } else {
                     self.push_user_text(text, images);
+                    if event.triggers_turn {
+                        self.untriggered = Some(event.seq);
+                    }
                 }
             }
             EventKind::TurnStarted { turn } => {
@@ -243,6 +251,7 @@ impl WorkingSet {
                     grace_used: false,
                 });
                 self.last_error = None;
+                self.untriggered = None;
             }
             EventKind::AssistantMessage { blocks, usage, .. } => {
                 self.messages.push(Message {
@@ -307,6 +316,7 @@ impl WorkingSet {
                 self.push_user_block(ContentBlock::Text { text: text.clone() });
             }
             EventKind::Finished { outcome } => self.outcome = Some(outcome.clone()),
+            EventKind::DebounceCancelled => self.untriggered = None,
         }
     }
 

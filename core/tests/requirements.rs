@@ -1488,3 +1488,41 @@ fn a_log_written_before_optional_fields_existed_is_still_readable() {
     let message = br#"{"v":1,"event":{"seq":2,"at":6,"parent":null,"triggers_turn":true,"kind":{"type":"user_message","text":"hi"}}}"#;
     assert!(keel_core::codec::decode(message).is_ok());
 }
+
+#[test]
+fn a_message_acknowledged_during_its_debounce_gets_its_turn_after_a_crash() {
+    let mut harness = Harness::new(with_policy(BusyPolicy::Interrupt));
+    harness.send("hello");
+    // Crash before the 100 ms debounce fired: the message is durable, so
+    // recovery owes it a turn.
+    let step = harness.restart();
+    assert_eq!(started_streams(&step).len(), 1);
+    assert!(matches!(harness.phase(), Phase::Streaming { .. }));
+}
+
+#[test]
+fn a_debounce_the_user_cancelled_is_not_started_by_a_restart() {
+    let mut harness = Harness::new(with_policy(BusyPolicy::Interrupt));
+    harness.send("hello");
+    let step = harness.step(Input::Cancel);
+    assert!(matches!(
+        step.appended()[0].kind,
+        EventKind::DebounceCancelled
+    ));
+    let step = harness.restart();
+    assert!(started_streams(&step).is_empty());
+    assert_eq!(harness.phase(), &Phase::Idle);
+}
+
+#[test]
+fn under_idle_recovery_a_debounced_message_waits_for_the_user() {
+    let mut harness = Harness::new(ConversationConfig {
+        busy_policy: BusyPolicy::Interrupt,
+        recovery: RecoveryPolicy::Idle,
+        ..ConversationConfig::default()
+    });
+    harness.send("hello");
+    let step = harness.restart();
+    assert!(started_streams(&step).is_empty());
+    assert_eq!(harness.phase(), &Phase::Idle);
+}

@@ -293,6 +293,7 @@ pub fn event_summary(kind: &EventKind) -> String {
         EventKind::ConfigChanged { .. } => "config_changed".to_owned(),
         EventKind::Recovered { action } => format!("recovered  {action:?}"),
         EventKind::Nudge { text, .. } => format!("nudge  {}", quote(text)),
+        EventKind::DebounceCancelled => "debounce_cancelled".to_owned(),
         EventKind::Finished { outcome } => match outcome {
             Outcome::Completed { result } => format!("finished  completed {}", quote(result)),
             Outcome::Failed { reason } => format!("finished  failed {}", quote(reason)),

@@ -26,10 +26,14 @@ pub(super) fn cancel(ctx: &mut Ctx) {
         | Phase::Terminating
         | Phase::Completed { .. }
         | Phase::Failed { .. } => {}
-        // The messages are already durable; only the turn is called off. No
-        // turn started, so the log still says what it said before the first
-        // message: Idle, or Error if the last turn failed.
-        Phase::Debouncing { .. } => ctx.set_phase(Phase::from_status(&ctx.conv.working)),
+        // The messages are already durable; only the turn is called off, and
+        // durably so, or a restart would start it. No turn started, so the
+        // log still says what it said before the first message: Idle, or
+        // Error if the last turn failed.
+        Phase::Debouncing { .. } => {
+            ctx.emit(EventKind::DebounceCancelled);
+            ctx.set_phase(Phase::from_status(&ctx.conv.working));
+        }
         Phase::Streaming { .. }
         | Phase::RetryWait { .. }
         | Phase::ExecutingTools { .. }

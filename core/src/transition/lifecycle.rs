@@ -109,6 +109,7 @@ pub(super) fn started(ctx: &mut Ctx) {
         RecoveryPlan::Interrupt { reason } => {
             cancel::end_interrupted(ctx, reason, cancel::Stopped::default());
         }
+        RecoveryPlan::StartTurn { trigger } => stream::begin_turn(ctx, trigger),
         RecoveryPlan::RepairOrphans => {
             cancel::close_open_calls(ctx, "interrupted by restart");
         }
