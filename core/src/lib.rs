@@ -18,6 +18,7 @@ pub mod message;
 pub mod recovery;
 pub mod rejection;
 pub mod retry;
+pub mod snapshot;
 pub mod state;
 pub mod time;
 pub mod transition;

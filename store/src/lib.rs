@@ -1,8 +1,92 @@
 //! keel-store: where the log lives. The event log is the only truth about a
-//! conversation; snapshots are a cache over it.
+//! conversation; snapshots are a cache over it; blobs hold image bytes once
+//! by content hash; the index lists conversations and says which were mid-turn.
 //!
-//! For now this crate holds only the codec re-export the store will write
-//! with; the `EventLog` trait and its sled, redb and in-memory backends come
-//! next (see ARCHITECTURE.md).
+//! [`EventLog`] is what the actors use. [`Store`] implements it over any
+//! [`Backend`]: sled (the default), redb, or memory (tests). `open` picks one
+//! by [`BackendKind`].
 
+pub mod backend;
+pub mod error;
+pub mod index;
+pub mod keys;
+pub mod lock;
+pub mod log;
+pub mod rehydrate;
+pub mod store;
+
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+
+pub use backend::{Backend, MemoryBackend, RedbBackend, SledBackend};
+pub use error::{Error, Result};
+pub use index::IndexEntry;
 pub use keel_core::codec::{decode, encode, DecodeError, CURRENT_VERSION};
+pub use log::EventLog;
+pub use rehydrate::{rehydrate, Rehydrated, SnapshotCheck};
+pub use store::{blob_hash, Store};
+
+use lock::DirLock;
+
+pub type MemoryLog = Store<MemoryBackend>;
+pub type SledLog = Store<SledBackend>;
+pub type RedbLog = Store<RedbBackend>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendKind {
+    #[default]
+    Sled,
+    Redb,
+    Memory,
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BackendKind::Sled => "sled",
+            BackendKind::Redb => "redb",
+            BackendKind::Memory => "memory",
+        })
+    }
+}
+
+impl FromStr for BackendKind {
+    type Err = String;
+    fn from_str(raw: &str) -> std::result::Result<Self, String> {
+        match raw {
+            "sled" => Ok(BackendKind::Sled),
+            "redb" => Ok(BackendKind::Redb),
+            "memory" => Ok(BackendKind::Memory),
+            other => Err(format!(
+                "unknown store backend {other:?}; use sled, redb or memory"
+            )),
+        }
+    }
+}
+
+pub fn open_memory() -> Result<MemoryLog> {
+    Store::new(MemoryBackend::new(), None)
+}
+
+/// sled under `dir/sled`, `dir` locked to this process.
+pub fn open_sled(dir: &Path) -> Result<SledLog> {
+    let lock = DirLock::acquire(dir)?;
+    Store::new(SledBackend::open(&dir.join("sled"))?, Some(lock))
+}
+
+/// redb in `dir/keel.redb`, `dir` locked to this process.
+pub fn open_redb(dir: &Path) -> Result<RedbLog> {
+    let lock = DirLock::acquire(dir)?;
+    Store::new(RedbBackend::open(&dir.join("keel.redb"))?, Some(lock))
+}
+
+/// Open the store a runtime uses. `dir` is ignored for memory.
+pub fn open(kind: BackendKind, dir: &Path) -> Result<Arc<dyn EventLog>> {
+    Ok(match kind {
+        BackendKind::Sled => Arc::new(open_sled(dir)?),
+        BackendKind::Redb => Arc::new(open_redb(dir)?),
+        BackendKind::Memory => Arc::new(open_memory()?),
+    })
+}

@@ -1,0 +1,80 @@
+//! The in-memory backend, for tests and embedders that want no disk. It
+//! keeps the same contract as the others except durability across processes.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+use std::sync::{Mutex, MutexGuard};
+
+use super::{Backend, Entry};
+use crate::error::{Error, Result};
+
+#[derive(Default)]
+pub struct MemoryBackend {
+    map: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
+}
+
+impl MemoryBackend {
+    pub fn new() -> MemoryBackend {
+        MemoryBackend::default()
+    }
+
+    fn map(&self) -> Result<MutexGuard<'_, BTreeMap<Vec<u8>, Vec<u8>>>> {
+        self.map.lock().map_err(|_| Error::Backend {
+            backend: "memory",
+            reason: "lock poisoned by a panic".to_owned(),
+        })
+    }
+}
+
+fn bounds<'a>(start: &'a [u8], end: &'a [u8]) -> (Bound<&'a [u8]>, Bound<&'a [u8]>) {
+    (Bound::Included(start), Bound::Excluded(end))
+}
+
+impl Backend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn commit(&self, writes: &[Entry]) -> Result<()> {
+        let mut map = self.map()?;
+        for (key, value) in writes {
+            map.insert(key.clone(), value.clone());
+        }
+        Ok(())
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.map()?.get(key).cloned())
+    }
+
+    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Entry>> {
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        let map = self.map()?;
+        Ok(map
+            .range::<[u8], _>(bounds(start, end))
+            .take(limit)
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect())
+    }
+
+    fn last(&self, start: &[u8], end: &[u8]) -> Result<Option<Entry>> {
+        Ok(self.tail(start, end, 1)?.pop())
+    }
+
+    fn tail(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Entry>> {
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        let map = self.map()?;
+        let mut entries: Vec<Entry> = map
+            .range::<[u8], _>(bounds(start, end))
+            .rev()
+            .take(limit)
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect();
+        entries.reverse();
+        Ok(entries)
+    }
+}

@@ -1,0 +1,108 @@
+//! redb: a maintained embedded store whose commits are crash-safe by default
+//! (`Durability::Immediate`: the commit returns after fsync, and a torn
+//! commit is rolled back on open).
+
+use std::path::Path;
+
+use redb::{Database, TableDefinition};
+
+use super::{Backend, Entry};
+use crate::error::{Error, Result};
+
+const NAME: &str = "redb";
+const TABLE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("keel");
+
+pub struct RedbBackend {
+    db: Database,
+}
+
+fn backend_error(error: impl Into<redb::Error>) -> Error {
+    match error.into() {
+        redb::Error::Io(io) => Error::from_io(NAME, io),
+        redb::Error::Corrupted(reason) => Error::CorruptMeta {
+            what: "redb database".to_owned(),
+            reason,
+        },
+        other => Error::Backend {
+            backend: NAME,
+            reason: other.to_string(),
+        },
+    }
+}
+
+type Item<'a> = std::result::Result<
+    (redb::AccessGuard<'a, &'static [u8]>, redb::AccessGuard<'a, &'static [u8]>),
+    redb::StorageError,
+>;
+
+fn owned(item: Item<'_>) -> Result<Entry> {
+    item.map(|(key, value)| (key.value().to_vec(), value.value().to_vec()))
+        .map_err(backend_error)
+}
+
+impl RedbBackend {
+    pub fn open(path: &Path) -> Result<RedbBackend> {
+        let db = Database::create(path).map_err(backend_error)?;
+        // Create the table up front so readers never meet a missing table.
+        let txn = db.begin_write().map_err(backend_error)?;
+        txn.open_table(TABLE).map_err(backend_error)?;
+        txn.commit().map_err(backend_error)?;
+        Ok(RedbBackend { db })
+    }
+
+    fn scan(&self, start: &[u8], end: &[u8], limit: usize, reverse: bool) -> Result<Vec<Entry>> {
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        let txn = self.db.begin_read().map_err(backend_error)?;
+        let table = txn.open_table(TABLE).map_err(backend_error)?;
+        let range = table.range(start..end).map_err(backend_error)?;
+        let mut entries: Vec<Entry> = if reverse {
+            range.rev().take(limit).map(owned).collect::<Result<_>>()?
+        } else {
+            range.take(limit).map(owned).collect::<Result<_>>()?
+        };
+        if reverse {
+            entries.reverse();
+        }
+        Ok(entries)
+    }
+}
+
+impl Backend for RedbBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn commit(&self, writes: &[Entry]) -> Result<()> {
+        let txn = self.db.begin_write().map_err(backend_error)?;
+        {
+            let mut table = txn.open_table(TABLE).map_err(backend_error)?;
+            for (key, value) in writes {
+                table
+                    .insert(key.as_slice(), value.as_slice())
+                    .map_err(backend_error)?;
+            }
+        }
+        txn.commit().map_err(backend_error)
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let txn = self.db.begin_read().map_err(backend_error)?;
+        let table = txn.open_table(TABLE).map_err(backend_error)?;
+        let value = table.get(key).map_err(backend_error)?;
+        Ok(value.map(|guard| guard.value().to_vec()))
+    }
+
+    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Entry>> {
+        self.scan(start, end, limit, false)
+    }
+
+    fn last(&self, start: &[u8], end: &[u8]) -> Result<Option<Entry>> {
+        Ok(self.scan(start, end, 1, true)?.pop())
+    }
+
+    fn tail(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Entry>> {
+        self.scan(start, end, limit, true)
+    }
+}

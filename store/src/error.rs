@@ -1,0 +1,79 @@
+//! keel-store's one error type. Messages are lowercase and name what a user
+//! can act on: which conversation and seq, which directory, which process.
+
+use std::path::PathBuf;
+
+use keel_core::ids::{ConversationId, Seq};
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("data directory {dir} is in use by {}", match .pid { Some(pid) => format!("pid {pid}"), None => "another process".to_owned() })]
+    InUse { dir: PathBuf, pid: Option<u32> },
+
+    #[error("append to {conversation} must continue at seq {expected}, got seq {found}")]
+    NonContiguous {
+        conversation: ConversationId,
+        expected: Seq,
+        found: Seq,
+    },
+
+    #[error("invalid append to {conversation}: {reason}")]
+    InvalidAppend {
+        conversation: ConversationId,
+        reason: String,
+    },
+
+    #[error("record {conversation}:{seq} is corrupted: {reason}")]
+    Corrupt {
+        conversation: ConversationId,
+        seq: Seq,
+        reason: String,
+    },
+
+    #[error("stored {what} is corrupted: {reason}")]
+    CorruptMeta { what: String, reason: String },
+
+    #[error("disk is full")]
+    DiskFull {
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A flush or fsync failed. It is never retried (the kernel may already
+    /// have dropped the dirty pages), so the store takes no more writes; the
+    /// runtime must restart and recover from the log.
+    #[error("store stopped after a failed flush; restart to recover from the log: {reason}")]
+    Fatal { reason: String },
+
+    #[error("store is closed")]
+    Closed,
+
+    #[error("{backend} error: {reason}")]
+    Backend {
+        backend: &'static str,
+        reason: String,
+    },
+
+    #[error("i/o error on {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// Classify an I/O error from a backend: a full disk is worth naming.
+    pub(crate) fn from_io(backend: &'static str, error: std::io::Error) -> Error {
+        if error.kind() == std::io::ErrorKind::StorageFull {
+            Error::DiskFull { source: error }
+        } else {
+            Error::Backend {
+                backend,
+                reason: error.to_string(),
+            }
+        }
+    }
+}

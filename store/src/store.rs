@@ -1,0 +1,424 @@
+//! `Store<B>`: the event log, snapshots, blobs and the index over any
+//! [`Backend`], with group commit.
+//!
+//! All writes go through one committer thread. It takes every request that
+//! is waiting, checks each append (contiguous seqs, `Created` first),
+//! stages its events and index entry, writes the lot as one atomic batch,
+//! makes it durable once, and only then answers each caller. Many
+//! conversations appending at once therefore share a flush, while each
+//! caller still waits for its own durability. Reads go straight to the
+//! backend.
+//!
+//! A failed commit is never retried: the store records the failure and
+//! refuses every later write (`Error::Fatal`); the runtime restarts and
+//! recovers from the log.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
+
+use keel_core::codec;
+use keel_core::event::Event;
+use keel_core::ids::{ConversationId, Seq};
+use keel_core::snapshot::FsmSnapshot;
+
+use crate::backend::{Backend, Entry};
+use crate::error::{Error, Result};
+use crate::index::IndexEntry;
+use crate::keys;
+use crate::lock::DirLock;
+use crate::log::EventLog;
+
+/// Most requests one commit takes, so a flood of writers cannot make one
+/// batch (and its callers' wait) unbounded.
+const MAX_BATCH: usize = 4096;
+
+type Reply = oneshot::Sender<Result<()>>;
+
+enum Request {
+    Append {
+        conversation: ConversationId,
+        events: Vec<Event>,
+        reply: Reply,
+    },
+    /// Snapshots and blobs: plain writes that ride along with the next batch.
+    Put { writes: Vec<Entry>, reply: Reply },
+}
+
+pub struct Store<B: Backend> {
+    backend: Arc<B>,
+    /// `None` only while dropping.
+    requests: Option<Sender<Request>>,
+    committer: Option<JoinHandle<()>>,
+    /// Set once, by the first failed commit.
+    fatal: Arc<OnceLock<String>>,
+    /// Released last, after the committer has finished.
+    _lock: Option<DirLock>,
+}
+
+impl<B: Backend> Store<B> {
+    /// Serve `backend`; `lock` is the data directory's lock, if it has one.
+    pub fn new(backend: B, lock: Option<DirLock>) -> Result<Store<B>> {
+        let backend = Arc::new(backend);
+        let fatal = Arc::new(OnceLock::new());
+        let (requests, receiver) = mpsc::channel();
+        let committer = {
+            let backend = Arc::clone(&backend);
+            let fatal = Arc::clone(&fatal);
+            std::thread::Builder::new()
+                .name(format!("keel-{}-commit", backend.name()))
+                .spawn(move || Committer::new(backend, fatal).run(receiver))
+                .map_err(|source| Error::Io {
+                    path: "committer thread".into(),
+                    source,
+                })?
+        };
+        Ok(Store {
+            backend,
+            requests: Some(requests),
+            committer: Some(committer),
+            fatal,
+            _lock: lock,
+        })
+    }
+
+    /// The engine underneath, for tests that need to reach past the log.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    async fn submit(&self, make: impl FnOnce(Reply) -> Request) -> Result<()> {
+        if let Some(reason) = self.fatal.get() {
+            return Err(Error::Fatal {
+                reason: reason.clone(),
+            });
+        }
+        let (reply, answer) = oneshot::channel();
+        let requests = self.requests.as_ref().ok_or(Error::Closed)?;
+        requests.send(make(reply)).map_err(|_| Error::Closed)?;
+        answer.await.map_err(|_| Error::Closed)?
+    }
+
+    fn decode_entry(conversation: &ConversationId, (key, value): &Entry) -> Result<Event> {
+        let seq = keys::seq_of(key).unwrap_or(0);
+        let corrupt = |reason: String| Error::Corrupt {
+            conversation: conversation.clone(),
+            seq,
+            reason,
+        };
+        let event = codec::decode(value).map_err(|error| corrupt(error.to_string()))?;
+        if event.seq != seq {
+            return Err(corrupt(format!("record holds seq {}", event.seq)));
+        }
+        Ok(event)
+    }
+}
+
+impl<B: Backend> Drop for Store<B> {
+    fn drop(&mut self) {
+        // Closing the channel ends the committer once it has answered
+        // everything already sent; every answered append is durable.
+        self.requests = None;
+        if let Some(committer) = self.committer.take() {
+            let _ = committer.join();
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct SnapshotRecord {
+    v: u32,
+    snapshot: FsmSnapshot,
+}
+
+pub fn blob_hash(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let digest = Sha256::digest(bytes);
+    let mut hex = String::with_capacity(64);
+    for byte in digest.iter() {
+        let _ = write!(hex, "{byte:02x}");
+    }
+    hex
+}
+
+#[async_trait]
+impl<B: Backend> EventLog for Store<B> {
+    fn backend(&self) -> &'static str {
+        self.backend.name()
+    }
+
+    async fn append(&self, conversation: &ConversationId, events: Vec<Event>) -> Result<()> {
+        let conversation = conversation.clone();
+        self.submit(|reply| Request::Append {
+            conversation,
+            events,
+            reply,
+        })
+        .await
+    }
+
+    fn read(&self, conversation: &ConversationId, from: Seq, limit: usize) -> Result<Vec<Event>> {
+        let (start, end) = keys::events_from(conversation, from.max(1));
+        self.backend
+            .range(&start, &end, limit)?
+            .iter()
+            .map(|entry| Self::decode_entry(conversation, entry))
+            .collect()
+    }
+
+    fn read_tail(&self, conversation: &ConversationId, n: usize) -> Result<Vec<Event>> {
+        let (start, end) = keys::events_from(conversation, 1);
+        self.backend
+            .tail(&start, &end, n)?
+            .iter()
+            .map(|entry| Self::decode_entry(conversation, entry))
+            .collect()
+    }
+
+    fn last_seq(&self, conversation: &ConversationId) -> Result<Seq> {
+        let (start, end) = keys::events_from(conversation, 1);
+        Ok(self
+            .backend
+            .last(&start, &end)?
+            .and_then(|(key, _)| keys::seq_of(&key))
+            .unwrap_or(0))
+    }
+
+    async fn save_snapshot(
+        &self,
+        conversation: &ConversationId,
+        snapshot: &FsmSnapshot,
+    ) -> Result<()> {
+        let record = SnapshotRecord {
+            v: 1,
+            snapshot: snapshot.clone(),
+        };
+        let bytes = serde_json::to_vec(&record).map_err(|error| Error::CorruptMeta {
+            what: format!("snapshot of {conversation}"),
+            reason: error.to_string(),
+        })?;
+        let writes = vec![(keys::snapshot(conversation), bytes)];
+        self.submit(|reply| Request::Put { writes, reply }).await
+    }
+
+    fn load_snapshot(&self, conversation: &ConversationId) -> Result<Option<FsmSnapshot>> {
+        // A snapshot is only a cache: one that cannot be read counts as missing.
+        Ok(self
+            .backend
+            .get(&keys::snapshot(conversation))?
+            .and_then(|bytes| serde_json::from_slice::<SnapshotRecord>(&bytes).ok())
+            .filter(|record| record.v == 1)
+            .map(|record| record.snapshot))
+    }
+
+    async fn put_blob(&self, bytes: Vec<u8>) -> Result<String> {
+        let hash = blob_hash(&bytes);
+        let key = keys::blob(&hash);
+        if self.backend.get(&key)?.is_none() {
+            let writes = vec![(key, bytes)];
+            self.submit(|reply| Request::Put { writes, reply }).await?;
+        }
+        Ok(hash)
+    }
+
+    fn get_blob(&self, hash: &str) -> Result<Option<Vec<u8>>> {
+        self.backend.get(&keys::blob(hash))
+    }
+
+    fn index_entry(&self, conversation: &ConversationId) -> Result<Option<IndexEntry>> {
+        self.backend
+            .get(&keys::index(conversation))?
+            .map(|bytes| decode_index(conversation.as_str(), &bytes))
+            .transpose()
+    }
+
+    fn list(&self, include_sub_agents: bool) -> Result<Vec<IndexEntry>> {
+        let (start, end) = keys::index_range();
+        let mut entries = Vec::new();
+        for (key, value) in self.backend.range(&start, &end, usize::MAX)? {
+            let entry = decode_index(&String::from_utf8_lossy(&key[1..]), &value)?;
+            if include_sub_agents || entry.user_initiated {
+                entries.push(entry);
+            }
+        }
+        entries.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(entries)
+    }
+}
+
+fn decode_index(conversation: &str, bytes: &[u8]) -> Result<IndexEntry> {
+    serde_json::from_slice(bytes).map_err(|error| Error::CorruptMeta {
+        what: format!("index entry of {conversation}"),
+        reason: error.to_string(),
+    })
+}
+
+/// The committer thread's state: what it knows of each conversation's log
+/// end and index entry, so checking an append costs no read.
+struct Committer<B: Backend> {
+    backend: Arc<B>,
+    fatal: Arc<OnceLock<String>>,
+    last_seqs: HashMap<ConversationId, Seq>,
+    index: HashMap<ConversationId, IndexEntry>,
+}
+
+impl<B: Backend> Committer<B> {
+    fn new(backend: Arc<B>, fatal: Arc<OnceLock<String>>) -> Self {
+        Committer {
+            backend,
+            fatal,
+            last_seqs: HashMap::new(),
+            index: HashMap::new(),
+        }
+    }
+
+    fn run(mut self, requests: Receiver<Request>) {
+        while let Ok(first) = requests.recv() {
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match requests.try_recv() {
+                    Ok(request) => batch.push(request),
+                    Err(_) => break,
+                }
+            }
+            self.commit(batch);
+        }
+    }
+
+    fn commit(&mut self, batch: Vec<Request>) {
+        let mut writes = Vec::new();
+        let mut waiting = Vec::with_capacity(batch.len());
+        for request in batch {
+            if let Some(reason) = self.fatal.get() {
+                let reply = match request {
+                    Request::Append { reply, .. } | Request::Put { reply, .. } => reply,
+                };
+                let _ = reply.send(Err(Error::Fatal {
+                    reason: reason.clone(),
+                }));
+                continue;
+            }
+            match request {
+                Request::Append {
+                    conversation,
+                    events,
+                    reply,
+                } => match self.stage(&conversation, &events, &mut writes) {
+                    Ok(()) => waiting.push(reply),
+                    Err(error) => {
+                        let _ = reply.send(Err(error));
+                    }
+                },
+                Request::Put {
+                    writes: puts,
+                    reply,
+                } => {
+                    writes.extend(puts);
+                    waiting.push(reply);
+                }
+            }
+        }
+        if waiting.is_empty() {
+            return;
+        }
+        let outcome = if writes.is_empty() {
+            Ok(())
+        } else {
+            self.backend.commit(&writes)
+        };
+        match outcome {
+            Ok(()) => {
+                for reply in waiting {
+                    let _ = reply.send(Ok(()));
+                }
+            }
+            Err(error) => {
+                let reason = error.to_string();
+                let _ = self.fatal.set(reason.clone());
+                self.last_seqs.clear();
+                self.index.clear();
+                for reply in waiting {
+                    let _ = reply.send(Err(Error::Fatal {
+                        reason: reason.clone(),
+                    }));
+                }
+            }
+        }
+    }
+
+    /// Check one append and add its writes; changes nothing if it is refused.
+    fn stage(
+        &mut self,
+        conversation: &ConversationId,
+        events: &[Event],
+        writes: &mut Vec<Entry>,
+    ) -> Result<()> {
+        let invalid = |reason: &str| Error::InvalidAppend {
+            conversation: conversation.clone(),
+            reason: reason.to_owned(),
+        };
+        let first = events.first().ok_or_else(|| invalid("no events"))?;
+        let last_seq = match self.last_seqs.get(conversation) {
+            Some(seq) => *seq,
+            None => {
+                let (start, end) = keys::events_from(conversation, 1);
+                self.backend
+                    .last(&start, &end)?
+                    .and_then(|(key, _)| keys::seq_of(&key))
+                    .unwrap_or(0)
+            }
+        };
+        for (offset, event) in events.iter().enumerate() {
+            let expected = last_seq + 1 + offset as Seq;
+            if event.seq != expected {
+                return Err(Error::NonContiguous {
+                    conversation: conversation.clone(),
+                    expected,
+                    found: event.seq,
+                });
+            }
+        }
+        let mut entry = if last_seq == 0 {
+            let entry = IndexEntry::created(first)
+                .ok_or_else(|| invalid("a new conversation's log must start with Created"))?;
+            if entry.id != *conversation {
+                return Err(invalid("Created names another conversation"));
+            }
+            entry
+        } else {
+            match self.index.get(conversation) {
+                Some(entry) => entry.clone(),
+                None => match self.backend.get(&keys::index(conversation))? {
+                    Some(bytes) => decode_index(conversation.as_str(), &bytes)?,
+                    None => {
+                        return Err(Error::CorruptMeta {
+                            what: format!("index of {conversation}"),
+                            reason: "entry missing for a conversation with events".to_owned(),
+                        })
+                    }
+                },
+            }
+        };
+        for event in events {
+            if last_seq > 0 || event.seq > 1 {
+                entry.apply(event);
+            }
+            writes.push((keys::event(conversation, event.seq), codec::encode(event)));
+        }
+        let index_bytes = serde_json::to_vec(&entry).map_err(|error| Error::CorruptMeta {
+            what: format!("index entry of {conversation}"),
+            reason: error.to_string(),
+        })?;
+        writes.push((keys::index(conversation), index_bytes));
+        self.last_seqs
+            .insert(conversation.clone(), last_seq + events.len() as Seq);
+        self.index.insert(conversation.clone(), entry);
+        Ok(())
+    }
+}
