@@ -1,0 +1,553 @@
+//! The conformance suite: the same behaviour asked of every `EventLog`
+//! (sled, redb, memory). Each check is a function over `&dyn EventLog`; the
+//! macro at the bottom runs all of them against each backend, so a backend
+//! cannot pass by being tested less.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use keel_core::config::ConversationConfig;
+use keel_core::event::{Event, EventKind};
+use keel_core::ids::{ConversationId, Seq};
+use keel_core::input::Input;
+use keel_core::snapshot::{FsmSnapshot, SnapshotState};
+use keel_core::state::Phase;
+use keel_core::time::Timestamp;
+use keel_core::transition::{create, transition, NewConversation, Step};
+use keel_core::ToolPolicy;
+use keel_store::{rehydrate, Backend, Error, EventLog, SnapshotCheck};
+
+fn id(raw: &str) -> ConversationId {
+    ConversationId::new(raw).unwrap()
+}
+
+fn new_conversation(raw: &str, parent: Option<&str>) -> Step {
+    create(
+        NewConversation {
+            id: id(raw),
+            cwd: "/tmp".to_owned(),
+            config: ConversationConfig {
+                tools: [("deploy".to_owned(), ToolPolicy::Approve)].into(),
+                ..ConversationConfig::default()
+            },
+            parent_conversation: parent.map(id),
+        },
+        Timestamp(1_000),
+    )
+}
+
+/// `Created` and `SessionStarted` (seqs 1, 2).
+fn created(raw: &str) -> Vec<Event> {
+    new_conversation(raw, None).appended().to_vec()
+}
+
+/// `n` user messages continuing after `after`.
+fn messages(after: Seq, n: u64) -> Vec<Event> {
+    (1..=n)
+        .map(|offset| Event {
+            seq: after + offset,
+            at: Timestamp(2_000 + after + offset),
+            parent: None,
+            triggers_turn: false,
+            kind: EventKind::UserMessage {
+                text: format!("message {}", after + offset),
+                images: vec![],
+            },
+        })
+        .collect()
+}
+
+async fn seed(log: &dyn EventLog, raw: &str, n_messages: u64) {
+    log.append(&id(raw), created(raw)).await.unwrap();
+    log.append(&id(raw), messages(2, n_messages)).await.unwrap();
+}
+
+fn seqs(events: &[Event]) -> Vec<Seq> {
+    events.iter().map(|event| event.seq).collect()
+}
+
+pub async fn appends_are_read_back_in_order(log: &dyn EventLog) {
+    seed(log, "a", 10).await;
+    let events = log.read_all(&id("a")).unwrap();
+    assert_eq!(seqs(&events), (1..=12).collect::<Vec<_>>());
+    assert!(matches!(events[0].kind, EventKind::Created { .. }));
+    assert_eq!(events[5], messages(2, 10)[3]);
+    assert_eq!(log.last_seq(&id("a")).unwrap(), 12);
+}
+
+pub async fn gaps_and_duplicates_are_refused_and_change_nothing(log: &dyn EventLog) {
+    seed(log, "a", 3).await;
+    let gap = log.append(&id("a"), messages(6, 1)).await.unwrap_err();
+    assert!(
+        matches!(
+            gap,
+            Error::NonContiguous {
+                expected: 6,
+                found: 7,
+                ..
+            }
+        ),
+        "{gap}"
+    );
+    let duplicate = log.append(&id("a"), messages(4, 1)).await.unwrap_err();
+    assert!(matches!(
+        duplicate,
+        Error::NonContiguous {
+            expected: 6,
+            found: 5,
+            ..
+        }
+    ));
+    // A batch that goes wrong halfway writes none of itself.
+    let mut torn = messages(5, 2);
+    torn[1].seq = 9;
+    assert!(log.append(&id("a"), torn).await.is_err());
+    assert_eq!(log.last_seq(&id("a")).unwrap(), 5);
+    assert!(log.append(&id("a"), vec![]).await.is_err());
+    // The conversation carries on where it was.
+    log.append(&id("a"), messages(5, 1)).await.unwrap();
+    assert_eq!(log.last_seq(&id("a")).unwrap(), 6);
+}
+
+pub async fn a_log_must_start_with_its_own_created(log: &dyn EventLog) {
+    let error = log.append(&id("b"), messages(0, 1)).await.unwrap_err();
+    assert!(
+        error.to_string().contains("must start with Created"),
+        "{error}"
+    );
+    let error = log.append(&id("b"), created("other")).await.unwrap_err();
+    assert!(
+        error.to_string().contains("another conversation"),
+        "{error}"
+    );
+    assert_eq!(log.last_seq(&id("b")).unwrap(), 0);
+    assert!(log.index_entry(&id("b")).unwrap().is_none());
+}
+
+pub async fn range_and_tail_reads(log: &dyn EventLog) {
+    seed(log, "a", 20).await;
+    seed(log, "a-b", 3).await;
+    assert_eq!(seqs(&log.read(&id("a"), 5, 3).unwrap()), vec![5, 6, 7]);
+    assert_eq!(seqs(&log.read(&id("a"), 21, 100).unwrap()), vec![21, 22]);
+    assert!(log.read(&id("a"), 23, 100).unwrap().is_empty());
+    assert_eq!(seqs(&log.read(&id("a"), 0, 2).unwrap()), vec![1, 2]);
+    assert_eq!(seqs(&log.read_tail(&id("a"), 3).unwrap()), vec![20, 21, 22]);
+    assert_eq!(
+        seqs(&log.read_tail(&id("a-b"), 100).unwrap()),
+        vec![1, 2, 3, 4, 5]
+    );
+    assert!(log.read_all(&id("nobody")).unwrap().is_empty());
+    assert_eq!(log.last_seq(&id("nobody")).unwrap(), 0);
+}
+
+pub async fn concurrent_writers_each_get_a_contiguous_log(log: Arc<dyn EventLog>) {
+    let mut tasks = Vec::new();
+    for writer in 0..32 {
+        let log = Arc::clone(&log);
+        tasks.push(tokio::spawn(async move {
+            let raw = format!("w{writer}");
+            log.append(&id(&raw), created(&raw)).await.unwrap();
+            for round in 0..10 {
+                log.append(&id(&raw), messages(2 + round * 2, 2))
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    for writer in 0..32 {
+        let events = log.read_all(&id(&format!("w{writer}"))).unwrap();
+        assert_eq!(seqs(&events), (1..=22).collect::<Vec<_>>());
+    }
+}
+
+pub async fn snapshots_are_a_cache_the_log_overrules(log: &dyn EventLog) {
+    // A conversation parked on an approval.
+    let mut step = new_conversation("s", None);
+    let mut all: Vec<Event> = step.appended().to_vec();
+    for input in [Input::UserMessage {
+        text: "deploy".to_owned(),
+        images: vec![],
+    }] {
+        step = transition(step.state, input, Timestamp(2_000));
+        all.extend(step.appended().iter().cloned());
+    }
+    let generation = match &step.state.phase {
+        Phase::Streaming { request, .. } => request.generation,
+        other => panic!("{other:?}"),
+    };
+    step = transition(
+        step.state,
+        Input::StreamFinished {
+            generation,
+            response: keel_core::AssistantResponse {
+                blocks: vec![keel_core::message::AssistantBlock::ToolUse {
+                    call: keel_core::message::ToolCall {
+                        id: keel_core::ToolCallId::new("d1"),
+                        name: "deploy".to_owned(),
+                        input: serde_json::json!({}),
+                    },
+                }],
+                stop_reason: keel_core::message::StopReason::ToolUse,
+                usage: Default::default(),
+                provider: keel_core::ProviderKind::Mock,
+                model: "mock".to_owned(),
+            },
+        },
+        Timestamp(3_000),
+    );
+    all.extend(step.appended().iter().cloned());
+    assert_eq!(step.state.phase, Phase::AwaitingInput);
+    log.append(&id("s"), all.clone()).await.unwrap();
+
+    // No snapshot yet: rebuilt from the log and saved.
+    let first = rehydrate(log, &id("s")).await.unwrap().unwrap();
+    assert_eq!(first.snapshot, SnapshotCheck::Missing);
+    assert_eq!(first.conversation.working, step.state.working);
+    assert_eq!(first.conversation.phase, Phase::AwaitingInput);
+    let saved = log.load_snapshot(&id("s")).unwrap().unwrap();
+    assert_eq!(saved.state, SnapshotState::AwaitingInput);
+    assert_eq!(saved.pending.len(), 1);
+    assert_eq!(saved.last_seq, all.len() as Seq);
+    assert_eq!(
+        rehydrate(log, &id("s")).await.unwrap().unwrap().snapshot,
+        SnapshotCheck::Valid
+    );
+
+    // A snapshot that disagrees (stale, or plain wrong) loses to the log.
+    let wrong = FsmSnapshot {
+        state: SnapshotState::Idle,
+        pending: vec![],
+        last_seq: 3,
+    };
+    log.save_snapshot(&id("s"), &wrong).await.unwrap();
+    let again = rehydrate(log, &id("s")).await.unwrap().unwrap();
+    assert_eq!(again.snapshot, SnapshotCheck::Rebuilt);
+    assert_eq!(again.conversation.phase, Phase::AwaitingInput);
+    assert_eq!(log.load_snapshot(&id("s")).unwrap(), Some(saved));
+    assert!(rehydrate(log, &id("nobody")).await.unwrap().is_none());
+}
+
+pub async fn blobs_are_stored_once_by_content_hash(log: &dyn EventLog) {
+    let hash = log.put_blob(b"abc".to_vec()).await.unwrap();
+    assert_eq!(
+        hash,
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    );
+    assert_eq!(log.put_blob(b"abc".to_vec()).await.unwrap(), hash);
+    assert_eq!(log.get_blob(&hash).unwrap().as_deref(), Some(&b"abc"[..]));
+    assert!(log.get_blob(&"0".repeat(64)).unwrap().is_none());
+}
+
+pub async fn the_index_lists_conversations_and_marks_turns_in_flight(log: &dyn EventLog) {
+    seed(log, "first", 1).await;
+    let child = new_conversation("child", Some("first"));
+    log.append(&id("child"), child.appended().to_vec())
+        .await
+        .unwrap();
+    // A user turn left in flight: user message + TurnStarted, no end.
+    let step = new_conversation("busy", None);
+    let busy = step.appended().to_vec();
+    let step = transition(
+        step.state,
+        Input::UserMessage {
+            text: "hi".to_owned(),
+            images: vec![],
+        },
+        Timestamp(5_000),
+    );
+    log.append(&id("busy"), busy).await.unwrap();
+    log.append(&id("busy"), step.appended().to_vec())
+        .await
+        .unwrap();
+
+    let listed: Vec<String> = log
+        .list(false)
+        .unwrap()
+        .iter()
+        .map(|entry| entry.id.to_string())
+        .collect();
+    assert_eq!(listed, vec!["busy", "first"]);
+    let all = log.list(true).unwrap();
+    assert_eq!(all.len(), 3);
+    let child = log.index_entry(&id("child")).unwrap().unwrap();
+    assert_eq!(child.parent, Some(id("first")));
+    assert!(!child.user_initiated);
+    let busy = log.index_entry(&id("busy")).unwrap().unwrap();
+    assert!(busy.turn_in_flight);
+    assert_eq!(busy.last_seq, 4);
+    assert_eq!(busy.last_activity, Timestamp(5_000));
+    assert!(
+        !log.index_entry(&id("first"))
+            .unwrap()
+            .unwrap()
+            .turn_in_flight
+    );
+}
+
+/// Write a record that does not decode at `seq`, straight into the backend.
+fn corrupt<B: Backend>(backend: &B, conversation: &str, seq: Seq) {
+    backend
+        .commit(&[(
+            keel_store::keys::event(&id(conversation), seq),
+            b"{not json".to_vec(),
+        )])
+        .unwrap();
+}
+
+async fn a_corrupted_record_is_named_and_the_rest_stays_readable<B: Backend>(
+    store: &keel_store::Store<B>,
+) {
+    seed(store, "a", 8).await;
+    seed(store, "b", 2).await;
+    corrupt(store.backend(), "a", 6);
+    let error = store.read_all(&id("a")).unwrap_err();
+    assert!(
+        matches!(&error, Error::Corrupt { conversation, seq: 6, .. } if conversation.as_str() == "a"),
+        "{error}"
+    );
+    assert!(error.to_string().contains("a:6"), "{error}");
+    assert_eq!(
+        seqs(&store.read(&id("a"), 1, 5).unwrap()),
+        vec![1, 2, 3, 4, 5]
+    );
+    assert_eq!(
+        seqs(&store.read(&id("a"), 7, 10).unwrap()),
+        vec![7, 8, 9, 10]
+    );
+    assert_eq!(store.read_all(&id("b")).unwrap().len(), 4);
+}
+
+macro_rules! conformance {
+    ($backend:ident, $open:expr) => {
+        mod $backend {
+            use super::*;
+
+            #[allow(clippy::redundant_closure_call)]
+            fn open() -> (tempfile::TempDir, Arc<dyn EventLog>) {
+                let dir = tempfile::tempdir().unwrap();
+                let log: Arc<dyn EventLog> = ($open)(dir.path());
+                (dir, log)
+            }
+
+            #[tokio::test]
+            async fn appends_are_read_back_in_order() {
+                let (_dir, log) = open();
+                super::appends_are_read_back_in_order(&*log).await;
+            }
+
+            #[tokio::test]
+            async fn gaps_and_duplicates_are_refused_and_change_nothing() {
+                let (_dir, log) = open();
+                super::gaps_and_duplicates_are_refused_and_change_nothing(&*log).await;
+            }
+
+            #[tokio::test]
+            async fn a_log_must_start_with_its_own_created() {
+                let (_dir, log) = open();
+                super::a_log_must_start_with_its_own_created(&*log).await;
+            }
+
+            #[tokio::test]
+            async fn range_and_tail_reads() {
+                let (_dir, log) = open();
+                super::range_and_tail_reads(&*log).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn concurrent_writers_each_get_a_contiguous_log() {
+                let (_dir, log) = open();
+                super::concurrent_writers_each_get_a_contiguous_log(log).await;
+            }
+
+            #[tokio::test]
+            async fn snapshots_are_a_cache_the_log_overrules() {
+                let (_dir, log) = open();
+                super::snapshots_are_a_cache_the_log_overrules(&*log).await;
+            }
+
+            #[tokio::test]
+            async fn blobs_are_stored_once_by_content_hash() {
+                let (_dir, log) = open();
+                super::blobs_are_stored_once_by_content_hash(&*log).await;
+            }
+
+            #[tokio::test]
+            async fn the_index_lists_conversations_and_marks_turns_in_flight() {
+                let (_dir, log) = open();
+                super::the_index_lists_conversations_and_marks_turns_in_flight(&*log).await;
+            }
+        }
+    };
+}
+
+conformance!(memory, |_dir: &std::path::Path| Arc::new(
+    keel_store::open_memory().unwrap()
+));
+conformance!(sled, |dir: &std::path::Path| Arc::new(
+    keel_store::open_sled(dir).unwrap()
+));
+conformance!(redb, |dir: &std::path::Path| Arc::new(
+    keel_store::open_redb(dir).unwrap()
+));
+
+// --- What only some backends can show ------------------------------------------------
+
+#[tokio::test]
+async fn memory_a_corrupted_record_is_named_and_the_rest_stays_readable() {
+    let store = keel_store::open_memory().unwrap();
+    a_corrupted_record_is_named_and_the_rest_stays_readable(&store).await;
+}
+
+#[tokio::test]
+async fn sled_a_corrupted_record_is_named_and_the_rest_stays_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = keel_store::open_sled(dir.path()).unwrap();
+    a_corrupted_record_is_named_and_the_rest_stays_readable(&store).await;
+}
+
+#[tokio::test]
+async fn redb_a_corrupted_record_is_named_and_the_rest_stays_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = keel_store::open_redb(dir.path()).unwrap();
+    a_corrupted_record_is_named_and_the_rest_stays_readable(&store).await;
+}
+
+async fn survives_reopen_and_refuses_a_second_opener(
+    open: impl Fn(&std::path::Path) -> keel_store::Result<Arc<dyn EventLog>>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let log = open(dir.path()).unwrap();
+        seed(&*log, "a", 5).await;
+        log.put_blob(b"image".to_vec()).await.unwrap();
+        let error = match open(dir.path()) {
+            Ok(_) => panic!("a second store opened a locked data dir"),
+            Err(error) => error,
+        };
+        assert!(
+            matches!(&error, Error::InUse { pid: Some(pid), .. } if *pid == std::process::id()),
+            "{error}"
+        );
+        assert!(
+            error
+                .to_string()
+                .contains(&format!("in use by pid {}", std::process::id())),
+            "{error}"
+        );
+    }
+    let log = open(dir.path()).unwrap();
+    assert_eq!(log.last_seq(&id("a")).unwrap(), 7);
+    assert!(log
+        .get_blob(&keel_store::blob_hash(b"image"))
+        .unwrap()
+        .is_some());
+    // Appends carry on after a reopen, still checked for contiguity.
+    assert!(log.append(&id("a"), messages(8, 1)).await.is_err());
+    log.append(&id("a"), messages(7, 1)).await.unwrap();
+    assert_eq!(log.list(false).unwrap()[0].last_seq, 8);
+}
+
+#[tokio::test]
+async fn sled_survives_reopen_and_refuses_a_second_opener() {
+    survives_reopen_and_refuses_a_second_opener(|dir| {
+        keel_store::open_sled(dir).map(|log| Arc::new(log) as Arc<dyn EventLog>)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn redb_survives_reopen_and_refuses_a_second_opener() {
+    survives_reopen_and_refuses_a_second_opener(|dir| {
+        keel_store::open_redb(dir).map(|log| Arc::new(log) as Arc<dyn EventLog>)
+    })
+    .await;
+}
+
+/// A backend whose commits fail from a given moment, like a disk whose
+/// fsync reports EIO.
+struct FailingBackend {
+    inner: keel_store::MemoryBackend,
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl Backend for FailingBackend {
+    fn name(&self) -> &'static str {
+        "failing"
+    }
+    fn commit(&self, writes: &[keel_store::backend::Entry]) -> keel_store::Result<()> {
+        if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::DiskFull {
+                source: std::io::Error::from(std::io::ErrorKind::StorageFull),
+            });
+        }
+        self.inner.commit(writes)
+    }
+    fn get(&self, key: &[u8]) -> keel_store::Result<Option<Vec<u8>>> {
+        self.inner.get(key)
+    }
+    fn range(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+    ) -> keel_store::Result<Vec<keel_store::backend::Entry>> {
+        self.inner.range(start, end, limit)
+    }
+    fn last(
+        &self,
+        start: &[u8],
+        end: &[u8],
+    ) -> keel_store::Result<Option<keel_store::backend::Entry>> {
+        self.inner.last(start, end)
+    }
+    fn tail(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+    ) -> keel_store::Result<Vec<keel_store::backend::Entry>> {
+        self.inner.tail(start, end, limit)
+    }
+}
+
+#[tokio::test]
+async fn a_failed_flush_is_fatal_and_never_retried() {
+    let store = keel_store::Store::new(
+        FailingBackend {
+            inner: keel_store::MemoryBackend::new(),
+            fail: false.into(),
+        },
+        None,
+    )
+    .unwrap();
+    seed(&store, "a", 2).await;
+    store
+        .backend()
+        .fail
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let error = store.append(&id("a"), messages(4, 1)).await.unwrap_err();
+    assert!(
+        matches!(&error, Error::Fatal { reason } if reason.contains("disk is full")),
+        "{error}"
+    );
+    // Even once the disk "recovers", the store takes no more writes: the
+    // runtime must restart and recover from the log.
+    store
+        .backend()
+        .fail
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(matches!(
+        store.append(&id("a"), messages(4, 1)).await,
+        Err(Error::Fatal { .. })
+    ));
+    assert!(matches!(
+        store.put_blob(b"x".to_vec()).await,
+        Err(Error::Fatal { .. })
+    ));
+    // What was durable stays readable.
+    assert_eq!(store.last_seq(&id("a")).unwrap(), 4);
+}
