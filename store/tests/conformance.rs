@@ -168,13 +168,15 @@ pub async fn snapshots_are_a_cache_the_log_overrules(log: &dyn EventLog) {
     // A conversation parked on an approval.
     let mut step = new_conversation("s", None);
     let mut all: Vec<Event> = step.appended().to_vec();
-    for input in [Input::UserMessage {
-        text: "deploy".to_owned(),
-        images: vec![],
-    }] {
-        step = transition(step.state, input, Timestamp(2_000));
-        all.extend(step.appended().iter().cloned());
-    }
+    step = transition(
+        step.state,
+        Input::UserMessage {
+            text: "deploy".to_owned(),
+            images: vec![],
+        },
+        Timestamp(2_000),
+    );
+    all.extend(step.appended().iter().cloned());
     let generation = match &step.state.phase {
         Phase::Streaming { request, .. } => request.generation,
         other => panic!("{other:?}"),
