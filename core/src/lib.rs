@@ -22,6 +22,7 @@ pub mod snapshot;
 pub mod state;
 pub mod time;
 pub mod transition;
+pub mod wire;
 pub mod working;
 
 pub use config::{

@@ -1,0 +1,1 @@
+//! The Anthropic Messages API wire format (to be written).

@@ -1,0 +1,1 @@
+//! The OpenAI Chat Completions wire format (to be written).
