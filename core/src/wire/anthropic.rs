@@ -1,1 +1,1030 @@
-//! The Anthropic Messages API wire format (to be written).
+//! The Anthropic Messages API wire format: the body of `POST /v1/messages`
+//! with `"stream": true`, and a decoder for the server-sent events it answers
+//! with.
+//!
+//! A stream is `message_start`, then for each content block
+//! `content_block_start`, any number of `content_block_delta`s and
+//! `content_block_stop`, then `message_delta` (stop reason, cumulative usage)
+//! and `message_stop`. `ping`s may come anywhere, an `error` event may end
+//! the stream early, and event types, block types and delta types keel does
+//! not know are skipped, as Anthropic's versioning policy asks.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde_json::{json, Map, Value};
+
+use super::{classify, EncodeError, ImageData, PromptRequest, SseEvent, StreamDecoder};
+use crate::config::ProviderKind;
+use crate::ids::ToolCallId;
+use crate::input::{AssistantResponse, LlmFailure};
+use crate::live::StreamDelta;
+use crate::message::{AssistantBlock, ContentBlock, Message, Role, StopReason, ToolCall, Usage};
+
+/// The body of `POST /v1/messages` for `request`, streaming.
+///
+/// Blocks the API would refuse are left out rather than sent: empty text,
+/// thinking without a signature (Anthropic accepts only the signed thinking
+/// it produced), and a message left with no content at all. In a user
+/// message, `tool_result` blocks are moved ahead of the other blocks, as the
+/// API requires; their order among themselves is kept.
+pub fn encode_request(request: &PromptRequest) -> Result<Value, EncodeError> {
+    let mut messages = Vec::with_capacity(request.messages.len());
+    for message in request.messages {
+        if let Some(encoded) = encode_message(message, request.images)? {
+            messages.push(encoded);
+        }
+    }
+
+    let mut body = Map::new();
+    body.insert("model".to_owned(), Value::from(request.model));
+    body.insert("max_tokens".to_owned(), Value::from(request.max_tokens));
+    if let Some(system) = request.system.filter(|system| !system.is_empty()) {
+        body.insert("system".to_owned(), Value::from(system));
+    }
+    body.insert("messages".to_owned(), Value::Array(messages));
+    if !request.tools.is_empty() {
+        let tools = request
+            .tools
+            .iter()
+            .map(|tool| {
+                json!({
+                    "name": tool.name,
+                    "description": tool.description,
+                    "input_schema": tool.input_schema,
+                })
+            })
+            .collect();
+        body.insert("tools".to_owned(), Value::Array(tools));
+    }
+    body.insert("stream".to_owned(), Value::Bool(true));
+    Ok(Value::Object(body))
+}
+
+fn encode_message(
+    message: &Message,
+    images: &BTreeMap<String, ImageData>,
+) -> Result<Option<Value>, EncodeError> {
+    let mut content = Vec::with_capacity(message.content.len());
+    for block in &message.content {
+        if let Some(encoded) = encode_block(block, images)? {
+            content.push(encoded);
+        }
+    }
+    if content.is_empty() {
+        return Ok(None);
+    }
+    let role = match message.role {
+        Role::User => {
+            let (mut results, rest): (Vec<Value>, Vec<Value>) = content
+                .into_iter()
+                .partition(|block| block["type"] == "tool_result");
+            results.extend(rest);
+            content = results;
+            "user"
+        }
+        Role::Assistant => "assistant",
+    };
+    Ok(Some(json!({ "role": role, "content": content })))
+}
+
+fn encode_block(
+    block: &ContentBlock,
+    images: &BTreeMap<String, ImageData>,
+) -> Result<Option<Value>, EncodeError> {
+    let encoded = match block {
+        ContentBlock::Text { text } if text.is_empty() => return Ok(None),
+        ContentBlock::Text { text } => json!({ "type": "text", "text": text }),
+        ContentBlock::Thinking { text, signature } => match signature {
+            Some(signature) if !signature.is_empty() => json!({
+                "type": "thinking",
+                "thinking": text,
+                "signature": signature,
+            }),
+            _ => return Ok(None),
+        },
+        ContentBlock::Image { image } => {
+            let data = images
+                .get(&image.hash)
+                .ok_or_else(|| EncodeError::MissingImage {
+                    hash: image.hash.clone(),
+                })?;
+            json!({
+                "type": "image",
+                "source": {
+                    "type": "base64",
+                    "media_type": data.media_type,
+                    "data": data.base64,
+                },
+            })
+        }
+        ContentBlock::ToolUse { call } => json!({
+            "type": "tool_use",
+            "id": call.id.as_str(),
+            "name": call.name,
+            "input": call.input,
+        }),
+        ContentBlock::ToolResult { result } => json!({
+            "type": "tool_result",
+            "tool_use_id": result.tool_call_id.as_str(),
+            "content": result.content,
+            "is_error": result.is_error,
+        }),
+    };
+    Ok(Some(encoded))
+}
+
+/// Decodes one streamed Messages API response.
+#[derive(Debug)]
+pub struct Decoder {
+    /// From `message_start`; the requested model until then.
+    model: String,
+    /// Content blocks by their `index`, which is their place in the message.
+    blocks: BTreeMap<u64, Slot>,
+    usage: Usage,
+    stop_reason: Option<StopReason>,
+    /// `message_stop` arrived.
+    complete: bool,
+    /// The stream failed; every later call reports the same failure.
+    failure: Option<LlmFailure>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    block: Block,
+    /// `content_block_stop` arrived for it.
+    closed: bool,
+}
+
+#[derive(Debug)]
+enum Block {
+    Text {
+        text: String,
+    },
+    Thinking {
+        text: String,
+        signature: String,
+    },
+    ToolUse {
+        id: ToolCallId,
+        name: String,
+        /// The concatenated `partial_json` fragments.
+        json: String,
+        /// The `input` of `content_block_start`, normally `{}`.
+        initial: Value,
+        /// Parsed at `content_block_stop`.
+        input: Option<Value>,
+    },
+    /// A block keel does not use (`redacted_thinking`, `server_tool_use`,
+    /// server tool results, future types); its deltas are skipped too.
+    Skipped,
+}
+
+impl Decoder {
+    /// A decoder for a response requested from `model`, the name reported
+    /// if the stream does not say which model answered.
+    pub fn new(model: &str) -> Decoder {
+        Decoder {
+            model: model.to_owned(),
+            blocks: BTreeMap::new(),
+            usage: Usage::default(),
+            stop_reason: None,
+            complete: false,
+            failure: None,
+        }
+    }
+
+    fn decode(&mut self, event: SseEvent<'_>) -> Result<Vec<StreamDelta>, LlmFailure> {
+        if self.complete {
+            return Ok(Vec::new());
+        }
+        let name = event.event.trim();
+        if name == "ping" || !(name.is_empty() || KNOWN_EVENTS.contains(&name)) {
+            return Ok(Vec::new());
+        }
+        let data: Value = serde_json::from_str(event.data)
+            .map_err(|err| malformed(format_args!("{name}: {err}")))?;
+        let kind = data.get("type").and_then(Value::as_str).unwrap_or(name);
+        match kind {
+            "message_start" => self.message_start(&data),
+            "content_block_start" => self.block_start(&data),
+            "content_block_delta" => self.block_delta(&data),
+            "content_block_stop" => self.block_stop(&data),
+            "message_delta" => {
+                self.message_delta(&data);
+                Ok(Vec::new())
+            }
+            "message_stop" => {
+                self.complete = true;
+                Ok(Vec::new())
+            }
+            "error" => Err(classify::classify_stream_error(
+                data.get("error").unwrap_or(&Value::Null),
+            )),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    fn message_start(&mut self, data: &Value) -> Result<Vec<StreamDelta>, LlmFailure> {
+        let message = data
+            .get("message")
+            .ok_or_else(|| malformed("message_start without a message"))?;
+        if let Some(model) = message
+            .get("model")
+            .and_then(Value::as_str)
+            .filter(|model| !model.is_empty())
+        {
+            model.clone_into(&mut self.model);
+        }
+        if let Some(usage) = message.get("usage") {
+            self.apply_usage(usage);
+        }
+        Ok(Vec::new())
+    }
+
+    fn block_start(&mut self, data: &Value) -> Result<Vec<StreamDelta>, LlmFailure> {
+        let index = block_index(data, "content_block_start")?;
+        let start = data
+            .get("content_block")
+            .ok_or_else(|| malformed("content_block_start without a content_block"))?;
+        let mut deltas = Vec::new();
+        let block = match start.get("type").and_then(Value::as_str).unwrap_or("") {
+            "text" => {
+                let text = optional_str(start, "text").to_owned();
+                if !text.is_empty() {
+                    deltas.push(StreamDelta::Text { text: text.clone() });
+                }
+                Block::Text { text }
+            }
+            "thinking" => {
+                let text = optional_str(start, "thinking").to_owned();
+                if !text.is_empty() {
+                    deltas.push(StreamDelta::Thinking { text: text.clone() });
+                }
+                let signature = optional_str(start, "signature").to_owned();
+                Block::Thinking { text, signature }
+            }
+            "tool_use" => {
+                let id = required_str(start, "id", "tool_use block")?;
+                let name = required_str(start, "name", "tool_use block")?;
+                let id = ToolCallId::new(id);
+                deltas.push(StreamDelta::ToolUseStarted {
+                    id: id.clone(),
+                    name: name.to_owned(),
+                });
+                Block::ToolUse {
+                    id,
+                    name: name.to_owned(),
+                    json: String::new(),
+                    initial: start.get("input").cloned().unwrap_or(Value::Null),
+                    input: None,
+                }
+            }
+            _ => Block::Skipped,
+        };
+        let slot = Slot {
+            block,
+            closed: false,
+        };
+        if self.blocks.insert(index, slot).is_some() {
+            return Err(malformed(format_args!(
+                "content block {index} started twice"
+            )));
+        }
+        Ok(deltas)
+    }
+
+    fn block_delta(&mut self, data: &Value) -> Result<Vec<StreamDelta>, LlmFailure> {
+        let index = block_index(data, "content_block_delta")?;
+        let delta = data
+            .get("delta")
+            .ok_or_else(|| malformed("content_block_delta without a delta"))?;
+        let kind = delta.get("type").and_then(Value::as_str).unwrap_or("");
+        let slot = self.blocks.get_mut(&index).ok_or_else(|| {
+            malformed(format_args!(
+                "{kind} for content block {index}, which was never started"
+            ))
+        })?;
+        if slot.closed {
+            return Err(malformed(format_args!(
+                "{kind} for content block {index} after its content_block_stop"
+            )));
+        }
+        let delta = match (kind, &mut slot.block) {
+            (_, Block::Skipped) => None,
+            ("text_delta", Block::Text { text }) => {
+                let piece = required_str(delta, "text", kind)?;
+                text.push_str(piece);
+                Some(StreamDelta::Text {
+                    text: piece.to_owned(),
+                })
+            }
+            ("thinking_delta", Block::Thinking { text, .. }) => {
+                let piece = required_str(delta, "thinking", kind)?;
+                text.push_str(piece);
+                Some(StreamDelta::Thinking {
+                    text: piece.to_owned(),
+                })
+            }
+            ("signature_delta", Block::Thinking { signature, .. }) => {
+                signature.push_str(required_str(delta, "signature", kind)?);
+                None
+            }
+            ("input_json_delta", Block::ToolUse { id, json, .. }) => {
+                let piece = required_str(delta, "partial_json", kind)?;
+                json.push_str(piece);
+                Some(StreamDelta::ToolInput {
+                    id: id.clone(),
+                    partial_json: piece.to_owned(),
+                })
+            }
+            ("text_delta" | "thinking_delta" | "signature_delta" | "input_json_delta", _) => {
+                return Err(malformed(format_args!(
+                    "{kind} for content block {index}, which is of another type"
+                )));
+            }
+            // `citations_delta` and types added later.
+            _ => None,
+        };
+        Ok(delta
+            .into_iter()
+            .filter(|delta| !delta_is_empty(delta))
+            .collect())
+    }
+
+    fn block_stop(&mut self, data: &Value) -> Result<Vec<StreamDelta>, LlmFailure> {
+        let index = block_index(data, "content_block_stop")?;
+        let slot = self.blocks.get_mut(&index).ok_or_else(|| {
+            malformed(format_args!(
+                "content_block_stop for content block {index}, which was never started"
+            ))
+        })?;
+        slot.closed = true;
+        if let Block::ToolUse {
+            id,
+            name,
+            json,
+            initial,
+            input: input @ None,
+        } = &mut slot.block
+        {
+            *input = Some(parse_input(id, name, json, initial)?);
+        }
+        Ok(Vec::new())
+    }
+
+    fn message_delta(&mut self, data: &Value) {
+        if let Some(reason) = data
+            .get("delta")
+            .and_then(|delta| delta.get("stop_reason"))
+            .and_then(Value::as_str)
+        {
+            self.stop_reason = Some(stop_reason(reason));
+        }
+        if let Some(usage) = data.get("usage") {
+            self.apply_usage(usage);
+        }
+    }
+
+    /// Counts are cumulative: a later report replaces an earlier one.
+    fn apply_usage(&mut self, usage: &Value) {
+        let count = |key: &str| usage.get(key).and_then(Value::as_u64);
+        if let Some(tokens) = count("input_tokens") {
+            self.usage.input_tokens = tokens;
+        }
+        if let Some(tokens) = count("output_tokens") {
+            self.usage.output_tokens = tokens;
+        }
+        if let Some(tokens) = count("cache_creation_input_tokens") {
+            self.usage.cache_creation_input_tokens = tokens;
+        }
+        if let Some(tokens) = count("cache_read_input_tokens") {
+            self.usage.cache_read_input_tokens = tokens;
+        }
+    }
+
+    fn into_response(self) -> Result<AssistantResponse, LlmFailure> {
+        let mut blocks = Vec::with_capacity(self.blocks.len());
+        for slot in self.blocks.into_values() {
+            match slot.block {
+                Block::Text { text } => {
+                    if !text.is_empty() {
+                        blocks.push(AssistantBlock::Text { text });
+                    }
+                }
+                Block::Thinking { text, signature } => {
+                    if !text.is_empty() || !signature.is_empty() {
+                        blocks.push(AssistantBlock::Thinking {
+                            text,
+                            signature: Some(signature).filter(|s| !s.is_empty()),
+                        });
+                    }
+                }
+                Block::ToolUse {
+                    id,
+                    name,
+                    json,
+                    initial,
+                    input,
+                } => {
+                    let input = match input {
+                        Some(input) => input,
+                        None => parse_input(&id, &name, &json, &initial)?,
+                    };
+                    blocks.push(AssistantBlock::ToolUse {
+                        call: ToolCall { id, name, input },
+                    });
+                }
+                Block::Skipped => {}
+            }
+        }
+        let has_calls = blocks.iter().any(|block| block.tool_call().is_some());
+        let stop_reason = match self.stop_reason {
+            Some(reason) => reason,
+            None if has_calls => StopReason::ToolUse,
+            None => StopReason::EndTurn,
+        };
+        Ok(AssistantResponse {
+            blocks,
+            stop_reason,
+            usage: self.usage,
+            provider: ProviderKind::Anthropic,
+            model: self.model,
+        })
+    }
+}
+
+impl StreamDecoder for Decoder {
+    fn feed(&mut self, event: SseEvent<'_>) -> Result<Vec<StreamDelta>, LlmFailure> {
+        if let Some(failure) = &self.failure {
+            return Err(failure.clone());
+        }
+        self.decode(event).inspect_err(|failure| {
+            self.failure = Some(failure.clone());
+        })
+    }
+
+    fn is_complete(&self) -> bool {
+        self.complete
+    }
+
+    fn finish(mut self: Box<Self>) -> Result<AssistantResponse, LlmFailure> {
+        if let Some(failure) = self.failure.take() {
+            return Err(failure);
+        }
+        if !self.complete {
+            return Err(retryable("stream ended before message_stop".to_owned()));
+        }
+        self.into_response()
+    }
+}
+
+/// Event types of the Messages stream. Named events outside this list are
+/// skipped without reading their data.
+const KNOWN_EVENTS: [&str; 7] = [
+    "message_start",
+    "content_block_start",
+    "content_block_delta",
+    "content_block_stop",
+    "message_delta",
+    "message_stop",
+    "error",
+];
+
+fn stop_reason(reason: &str) -> StopReason {
+    match reason {
+        "end_turn" => StopReason::EndTurn,
+        "tool_use" => StopReason::ToolUse,
+        "max_tokens" => StopReason::MaxTokens,
+        "stop_sequence" => StopReason::StopSequence,
+        "refusal" => StopReason::Refusal,
+        _ => StopReason::Other,
+    }
+}
+
+/// A tool's input from its fragments: nothing streamed means the input of
+/// `content_block_start` (`{}` unless it is an object).
+fn parse_input(
+    id: &ToolCallId,
+    name: &str,
+    json: &str,
+    initial: &Value,
+) -> Result<Value, LlmFailure> {
+    if json.trim().is_empty() {
+        return Ok(match initial {
+            Value::Object(_) => initial.clone(),
+            _ => Value::Object(Map::new()),
+        });
+    }
+    serde_json::from_str(json).map_err(|err| {
+        retryable(format!(
+            "the input of tool call {name} ({id}) is not valid JSON: {err}"
+        ))
+    })
+}
+
+fn block_index(data: &Value, event: &str) -> Result<u64, LlmFailure> {
+    data.get("index")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| malformed(format_args!("{event} without an index")))
+}
+
+fn required_str<'a>(value: &'a Value, key: &str, what: &str) -> Result<&'a str, LlmFailure> {
+    value
+        .get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| malformed(format_args!("{what} without {key}")))
+}
+
+fn optional_str<'a>(value: &'a Value, key: &str) -> &'a str {
+    value.get(key).and_then(Value::as_str).unwrap_or("")
+}
+
+fn delta_is_empty(delta: &StreamDelta) -> bool {
+    match delta {
+        StreamDelta::Text { text } | StreamDelta::Thinking { text } => text.is_empty(),
+        StreamDelta::ToolInput { partial_json, .. } => partial_json.is_empty(),
+        StreamDelta::ToolUseStarted { .. } => false,
+    }
+}
+
+fn malformed(detail: impl fmt::Display) -> LlmFailure {
+    retryable(format!("malformed stream event: {detail}"))
+}
+
+fn retryable(message: String) -> LlmFailure {
+    LlmFailure {
+        retryable: true,
+        retry_after_ms: None,
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{ImageRef, ToolResult};
+    use crate::wire::ToolSpec;
+
+    fn feed_all(decoder: &mut Decoder, events: &[(&str, &str)]) -> Vec<StreamDelta> {
+        let mut deltas = Vec::new();
+        for (event, data) in events {
+            deltas.extend(decoder.feed(SseEvent { event, data }).unwrap());
+        }
+        deltas
+    }
+
+    const START: (&str, &str) = (
+        "message_start",
+        r#"{"type":"message_start","message":{"model":"claude-test","usage":{"input_tokens":10,"output_tokens":1}}}"#,
+    );
+    const STOP: (&str, &str) = ("message_stop", r#"{"type":"message_stop"}"#);
+
+    fn tool_start(index: u32, id: &str, name: &str) -> String {
+        format!(
+            r#"{{"type":"content_block_start","index":{index},"content_block":{{"type":"tool_use","id":"{id}","name":"{name}","input":{{}}}}}}"#
+        )
+    }
+
+    fn json_delta(index: u32, partial: &str) -> String {
+        let delta = json!({
+            "type": "content_block_delta",
+            "index": index,
+            "delta": {"type": "input_json_delta", "partial_json": partial},
+        });
+        delta.to_string()
+    }
+
+    fn block_stop(index: u32) -> String {
+        format!(r#"{{"type":"content_block_stop","index":{index}}}"#)
+    }
+
+    fn finish(decoder: Decoder) -> Result<AssistantResponse, LlmFailure> {
+        Box::new(decoder).finish()
+    }
+
+    #[test]
+    fn every_stop_reason_is_mapped() {
+        for (wire, reason) in [
+            ("end_turn", StopReason::EndTurn),
+            ("tool_use", StopReason::ToolUse),
+            ("max_tokens", StopReason::MaxTokens),
+            ("stop_sequence", StopReason::StopSequence),
+            ("refusal", StopReason::Refusal),
+            ("pause_turn", StopReason::Other),
+            ("something_new", StopReason::Other),
+        ] {
+            let mut decoder = Decoder::new("m");
+            let delta = format!(
+                r#"{{"type":"message_delta","delta":{{"stop_reason":"{wire}"}},"usage":{{"output_tokens":3}}}}"#
+            );
+            feed_all(&mut decoder, &[START, ("message_delta", &delta), STOP]);
+            assert_eq!(finish(decoder).unwrap().stop_reason, reason, "{wire}");
+        }
+    }
+
+    #[test]
+    fn an_empty_tool_input_is_an_empty_object() {
+        let mut decoder = Decoder::new("m");
+        let start = tool_start(0, "toolu_1", "list");
+        let deltas = feed_all(
+            &mut decoder,
+            &[
+                START,
+                ("content_block_start", &start),
+                ("content_block_delta", &json_delta(0, "")),
+                ("content_block_stop", &block_stop(0)),
+                STOP,
+            ],
+        );
+        assert_eq!(
+            deltas,
+            vec![StreamDelta::ToolUseStarted {
+                id: ToolCallId::new("toolu_1"),
+                name: "list".to_owned(),
+            }]
+        );
+        let response = finish(decoder).unwrap();
+        assert_eq!(response.blocks[0].tool_call().unwrap().input, json!({}));
+        // No message_delta: the blocks decide.
+        assert_eq!(response.stop_reason, StopReason::ToolUse);
+    }
+
+    #[test]
+    fn unparsable_tool_input_is_a_retryable_failure_naming_the_tool() {
+        let mut decoder = Decoder::new("m");
+        let start = tool_start(0, "toolu_9", "write_file");
+        feed_all(
+            &mut decoder,
+            &[
+                START,
+                ("content_block_start", &start),
+                ("content_block_delta", &json_delta(0, "{\"path\": \"a")),
+            ],
+        );
+        let failure = decoder
+            .feed(SseEvent {
+                event: "content_block_stop",
+                data: &block_stop(0),
+            })
+            .unwrap_err();
+        assert!(failure.retryable);
+        assert!(
+            failure.message.contains("write_file"),
+            "{}",
+            failure.message
+        );
+        assert!(failure.message.contains("toolu_9"), "{}", failure.message);
+        // The failure sticks: later events and finish report it again.
+        assert_eq!(
+            decoder.feed(SseEvent {
+                event: STOP.0,
+                data: STOP.1
+            }),
+            Err(failure.clone())
+        );
+        assert_eq!(finish(decoder), Err(failure));
+    }
+
+    #[test]
+    fn a_tool_block_never_stopped_is_parsed_at_the_end() {
+        let mut decoder = Decoder::new("m");
+        let start = tool_start(0, "toolu_1", "read");
+        feed_all(
+            &mut decoder,
+            &[
+                START,
+                ("content_block_start", &start),
+                ("content_block_delta", &json_delta(0, "{\"a\":")),
+                ("content_block_delta", &json_delta(0, "1}")),
+                STOP,
+            ],
+        );
+        let response = finish(decoder).unwrap();
+        assert_eq!(
+            response.blocks[0].tool_call().unwrap().input,
+            json!({"a": 1})
+        );
+    }
+
+    #[test]
+    fn malformed_data_is_a_retryable_failure() {
+        let mut decoder = Decoder::new("m");
+        let failure = decoder
+            .feed(SseEvent {
+                event: "content_block_delta",
+                data: "{\"type\":\"content_block_delta\",",
+            })
+            .unwrap_err();
+        assert!(failure.retryable);
+        assert!(
+            failure.message.starts_with("malformed stream event"),
+            "{}",
+            failure.message
+        );
+    }
+
+    #[test]
+    fn structural_violations_are_malformed_events() {
+        let cases: [&[(&str, &str)]; 4] = [
+            // A delta for a block that never started.
+            &[(
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":3,"delta":{"type":"text_delta","text":"x"}}"#,
+            )],
+            // A text delta without text.
+            &[
+                (
+                    "content_block_start",
+                    r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+                ),
+                (
+                    "content_block_delta",
+                    r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta"}}"#,
+                ),
+            ],
+            // Tool input for a text block.
+            &[
+                (
+                    "content_block_start",
+                    r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+                ),
+                (
+                    "content_block_delta",
+                    r#"{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{"}}"#,
+                ),
+            ],
+            // A delta after the block stopped.
+            &[
+                (
+                    "content_block_start",
+                    r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+                ),
+                (
+                    "content_block_stop",
+                    r#"{"type":"content_block_stop","index":0}"#,
+                ),
+                (
+                    "content_block_delta",
+                    r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"late"}}"#,
+                ),
+            ],
+        ];
+        for events in cases {
+            let mut decoder = Decoder::new("m");
+            let mut result = Ok(Vec::new());
+            for (event, data) in events {
+                result = decoder.feed(SseEvent { event, data });
+                if result.is_err() {
+                    break;
+                }
+            }
+            let failure = result.unwrap_err();
+            assert!(failure.retryable);
+            assert!(
+                failure.message.starts_with("malformed stream event"),
+                "{}",
+                failure.message
+            );
+        }
+    }
+
+    #[test]
+    fn an_error_event_is_classified() {
+        let mut decoder = Decoder::new("m");
+        let failure = decoder
+            .feed(SseEvent {
+                event: "error",
+                data: r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long"}}"#,
+            })
+            .unwrap_err();
+        assert!(!failure.retryable);
+        assert_eq!(failure.message, "invalid_request_error: prompt is too long");
+    }
+
+    #[test]
+    fn unknown_events_and_events_after_message_stop_are_ignored() {
+        let mut decoder = Decoder::new("m");
+        let deltas = feed_all(
+            &mut decoder,
+            &[
+                ("ping", ""),
+                ("future_event", "not even json"),
+                START,
+                ("", r#"{"type":"another_future_event"}"#),
+                STOP,
+            ],
+        );
+        assert!(deltas.is_empty());
+        assert!(decoder.is_complete());
+        assert!(decoder
+            .feed(SseEvent {
+                event: "error",
+                data: r#"{"type":"error","error":{"type":"api_error","message":"late"}}"#,
+            })
+            .unwrap()
+            .is_empty());
+        let response = finish(decoder).unwrap();
+        assert!(response.blocks.is_empty());
+        assert_eq!(response.stop_reason, StopReason::EndTurn);
+        assert_eq!(response.model, "claude-test");
+        assert_eq!(response.usage.input_tokens, 10);
+    }
+
+    #[test]
+    fn the_requested_model_is_kept_when_the_stream_names_none() {
+        let mut decoder = Decoder::new("claude-requested");
+        feed_all(
+            &mut decoder,
+            &[
+                ("message_start", r#"{"type":"message_start","message":{}}"#),
+                STOP,
+            ],
+        );
+        let response = finish(decoder).unwrap();
+        assert_eq!(response.model, "claude-requested");
+        assert_eq!(response.provider, ProviderKind::Anthropic);
+        assert_eq!(response.usage, Usage::default());
+    }
+
+    #[test]
+    fn finish_before_message_stop_is_a_retryable_failure() {
+        let mut decoder = Decoder::new("m");
+        feed_all(&mut decoder, &[START]);
+        assert!(!decoder.is_complete());
+        let failure = finish(decoder).unwrap_err();
+        assert!(failure.retryable);
+        assert_eq!(failure.message, "stream ended before message_stop");
+    }
+
+    #[test]
+    fn blocks_come_out_in_index_order() {
+        let mut decoder = Decoder::new("m");
+        let tool = tool_start(1, "toolu_1", "t");
+        feed_all(
+            &mut decoder,
+            &[
+                START,
+                ("content_block_start", &tool),
+                (
+                    "content_block_start",
+                    r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":"first"}}"#,
+                ),
+                ("content_block_stop", &block_stop(1)),
+                ("content_block_stop", &block_stop(0)),
+                STOP,
+            ],
+        );
+        let response = finish(decoder).unwrap();
+        assert_eq!(
+            response.blocks[0],
+            AssistantBlock::Text {
+                text: "first".to_owned()
+            }
+        );
+        assert!(response.blocks[1].tool_call().is_some());
+    }
+
+    #[test]
+    fn unsigned_thinking_empty_text_and_empty_messages_are_not_sent() {
+        let images = BTreeMap::new();
+        let messages = [
+            Message {
+                role: Role::User,
+                content: vec![ContentBlock::Text {
+                    text: "hi".to_owned(),
+                }],
+            },
+            Message {
+                role: Role::Assistant,
+                content: vec![
+                    ContentBlock::Thinking {
+                        text: "unsigned".to_owned(),
+                        signature: None,
+                    },
+                    ContentBlock::Text {
+                        text: String::new(),
+                    },
+                ],
+            },
+            Message {
+                role: Role::Assistant,
+                content: vec![
+                    ContentBlock::Thinking {
+                        text: "signed".to_owned(),
+                        signature: Some("sig".to_owned()),
+                    },
+                    ContentBlock::Thinking {
+                        text: "empty signature".to_owned(),
+                        signature: Some(String::new()),
+                    },
+                    ContentBlock::Text {
+                        text: "answer".to_owned(),
+                    },
+                ],
+            },
+        ];
+        let request = PromptRequest {
+            model: "m",
+            system: Some(""),
+            messages: &messages,
+            tools: &[],
+            max_tokens: 10,
+            images: &images,
+        };
+        let body = encode_request(&request).unwrap();
+        assert_eq!(
+            body,
+            json!({
+                "model": "m",
+                "max_tokens": 10,
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                    {"role": "assistant", "content": [
+                        {"type": "thinking", "thinking": "signed", "signature": "sig"},
+                        {"type": "text", "text": "answer"},
+                    ]},
+                ],
+                "stream": true,
+            })
+        );
+    }
+
+    #[test]
+    fn tool_results_lead_their_user_message() {
+        let images = BTreeMap::new();
+        let result = |id: &str| ContentBlock::ToolResult {
+            result: ToolResult {
+                tool_call_id: ToolCallId::new(id),
+                content: format!("out {id}"),
+                is_error: false,
+            },
+        };
+        let messages = [Message {
+            role: Role::User,
+            content: vec![
+                ContentBlock::Text {
+                    text: "note".to_owned(),
+                },
+                result("a"),
+                result("b"),
+            ],
+        }];
+        let tools = [ToolSpec {
+            name: "t".to_owned(),
+            description: "d".to_owned(),
+            input_schema: json!({"type": "object"}),
+        }];
+        let request = PromptRequest {
+            model: "m",
+            system: None,
+            messages: &messages,
+            tools: &tools,
+            max_tokens: 10,
+            images: &images,
+        };
+        let body = encode_request(&request).unwrap();
+        let types: Vec<&str> = body["messages"][0]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|block| {
+                block["tool_use_id"]
+                    .as_str()
+                    .unwrap_or(block["type"].as_str().unwrap())
+            })
+            .collect();
+        assert_eq!(types, ["a", "b", "text"]);
+    }
+
+    #[test]
+    fn a_missing_image_is_an_encode_error() {
+        let images = BTreeMap::new();
+        let messages = [Message {
+            role: Role::User,
+            content: vec![ContentBlock::Image {
+                image: ImageRef {
+                    hash: "feed".to_owned(),
+                    media_type: "image/png".to_owned(),
+                    width: 1,
+                    height: 1,
+                    size: 1,
+                },
+            }],
+        }];
+        let request = PromptRequest {
+            model: "m",
+            system: None,
+            messages: &messages,
+            tools: &[],
+            max_tokens: 10,
+            images: &images,
+        };
+        assert_eq!(
+            encode_request(&request),
+            Err(EncodeError::MissingImage {
+                hash: "feed".to_owned()
+            })
+        );
+    }
+}
