@@ -93,7 +93,7 @@ fn encode_block(
     images: &BTreeMap<String, ImageData>,
 ) -> Result<Option<Value>, EncodeError> {
     let encoded = match block {
-        ContentBlock::Text { text } if text.is_empty() => return Ok(None),
+        ContentBlock::Text { text } if text.trim().is_empty() => return Ok(None),
         ContentBlock::Text { text } => json!({ "type": "text", "text": text }),
         ContentBlock::Thinking { text, signature } => match signature {
             Some(signature) if !signature.is_empty() => json!({

@@ -31,7 +31,10 @@ fn backend_error(error: impl Into<redb::Error>) -> Error {
 }
 
 type Item<'a> = std::result::Result<
-    (redb::AccessGuard<'a, &'static [u8]>, redb::AccessGuard<'a, &'static [u8]>),
+    (
+        redb::AccessGuard<'a, &'static [u8]>,
+        redb::AccessGuard<'a, &'static [u8]>,
+    ),
     redb::StorageError,
 >;
 
