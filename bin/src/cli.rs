@@ -2,10 +2,11 @@
 //! each command. Errors are `anyhow` here; `main` prints them and exits 1.
 
 use std::io;
+use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::demo;
+use crate::{demo, mock_llm};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -28,6 +29,22 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve a fake LLM provider that speaks the Anthropic Messages and
+    /// OpenAI Chat Completions wire formats and injects faults on demand, so
+    /// keel runs with no key and every failure path can be tested.
+    MockLlm {
+        /// Port to listen on; 0 picks a free one. The first line printed
+        /// says which: `mock-llm listening on http://HOST:PORT`.
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// A JSON file of scripted replies and faults, served one per
+        /// request, in order, before the default behaviour resumes.
+        #[arg(long, value_name = "FILE")]
+        script: Option<PathBuf>,
+    },
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -40,6 +57,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let stdout = io::stdout().lock();
             demo::run(io::BufWriter::new(stdout), format)
+        }
+        Command::MockLlm { port, host, script } => {
+            mock_llm::run(mock_llm::Options { host, port, script })
         }
     };
     match outcome {
@@ -75,6 +95,24 @@ mod tests {
         let cli = Cli::try_parse_from(["keel", "demo"]).unwrap();
         assert!(matches!(cli.command, Command::Demo { json: false }));
         assert!(Cli::try_parse_from(["keel", "nonsense"]).is_err());
+    }
+
+    #[test]
+    fn mock_llm_takes_a_port_a_host_and_a_script() {
+        let cli = Cli::try_parse_from(["keel", "mock-llm", "--port", "0"]).unwrap();
+        let Command::MockLlm { port, host, script } = cli.command else {
+            panic!("mock-llm parses to Command::MockLlm")
+        };
+        assert_eq!((port, host.as_str(), script), (0, "127.0.0.1", None));
+        let cli = Cli::try_parse_from([
+            "keel", "mock-llm", "--port", "8089", "--host", "0.0.0.0", "--script", "s.json",
+        ])
+        .unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::MockLlm { port: 8089, ref host, script: Some(ref script) }
+                if host == "0.0.0.0" && script == &PathBuf::from("s.json")
+        ));
     }
 
     #[test]

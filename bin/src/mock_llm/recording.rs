@@ -1,0 +1,327 @@
+//! The recording of every provider request: what came in, what answered it,
+//! and how the exchange ended, above all whether the client went away before
+//! the response was finished. Tests read it through `GET /_mock/requests` to
+//! check, for example, that a cancel really closed the socket.
+//!
+//! The end of an exchange is noticed by an `Exchange` guard: it moves into
+//! whatever is still answering (the response body, or the handler of a
+//! request that never gets one), and when hyper drops that because the
+//! connection closed, the guard's `Drop` records the disconnect.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::http::HeaderMap;
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::watch;
+
+use super::script::Endpoint;
+
+/// How an exchange ended, so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Still answering (or hanging on purpose).
+    Pending,
+    /// The whole response was handed to the connection.
+    Completed,
+    /// The client closed the connection before the response was finished.
+    Disconnected,
+    /// The mock dropped the connection on purpose (`cut_after_events`).
+    Cut,
+}
+
+/// Where the answer to a request came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// The request was refused before an answer was chosen (bad JSON).
+    None,
+    /// The next entry of the script.
+    Script,
+    /// The request's `x-mock-fault` header.
+    Header,
+    /// The default behaviour (echo, `run:`, tool result summary).
+    Default,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Record {
+    /// 1, 2, … in arrival order; not reset by clearing the recording.
+    pub seq: u64,
+    pub endpoint: Endpoint,
+    pub path: String,
+    /// Milliseconds since the Unix epoch.
+    pub received_at_ms: u64,
+    /// Request headers, names in lower case.
+    pub headers: BTreeMap<String, String>,
+    /// The request body as JSON, or as a string when it was not JSON.
+    pub body: Value,
+    /// Whether the request asked for a stream (`"stream": true`).
+    pub stream: bool,
+    pub source: Source,
+    /// The script entry (or header JSON) that answered, as given.
+    pub entry: Option<Value>,
+    pub outcome: Outcome,
+    /// Body pieces (SSE events, for a stream) handed to the connection.
+    pub events_sent: u64,
+    /// When the outcome stopped being `pending`.
+    pub ended_at_ms: Option<u64>,
+    /// When the client went away mid-response; `None` if it did not.
+    pub disconnected_at_ms: Option<u64>,
+}
+
+/// The shared recording; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Recorder {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    records: Mutex<Records>,
+    /// Bumped on every change, so `wait_ended` can wait without polling.
+    changed: watch::Sender<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Records {
+    next_seq: u64,
+    records: Vec<Record>,
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
+}
+
+impl Default for Recorder {
+    fn default() -> Recorder {
+        Recorder {
+            inner: Arc::new(Inner {
+                records: Mutex::new(Records::default()),
+                changed: watch::Sender::new(0),
+            }),
+        }
+    }
+}
+
+impl Recorder {
+    fn lock(&self) -> MutexGuard<'_, Records> {
+        // A panic while holding the lock cannot leave a record half
+        // written in a way that matters to a test fixture; keep serving.
+        self.inner
+            .records
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn update(&self, seq: u64, change: impl FnOnce(&mut Record)) {
+        {
+            let mut records = self.lock();
+            // A record cleared by `DELETE /_mock/requests` is simply gone.
+            if let Some(record) = records.records.iter_mut().find(|record| record.seq == seq) {
+                change(record);
+            }
+        }
+        self.inner.changed.send_modify(|version| *version += 1);
+    }
+
+    /// Record a new request; the returned guard follows it to its end.
+    pub fn start(
+        &self,
+        endpoint: Endpoint,
+        path: &str,
+        headers: &HeaderMap,
+        body: Value,
+        stream: bool,
+    ) -> Exchange {
+        let headers = headers
+            .iter()
+            .map(|(name, value)| {
+                (
+                    name.as_str().to_owned(),
+                    String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        let seq = {
+            let mut records = self.lock();
+            records.next_seq += 1;
+            let seq = records.next_seq;
+            records.records.push(Record {
+                seq,
+                endpoint,
+                path: path.to_owned(),
+                received_at_ms: now_ms(),
+                headers,
+                body,
+                stream,
+                source: Source::None,
+                entry: None,
+                outcome: Outcome::Pending,
+                events_sent: 0,
+                ended_at_ms: None,
+                disconnected_at_ms: None,
+            });
+            seq
+        };
+        self.inner.changed.send_modify(|version| *version += 1);
+        Exchange {
+            recorder: self.clone(),
+            seq,
+            ended: false,
+        }
+    }
+
+    pub fn list(&self) -> Vec<Record> {
+        self.lock().records.clone()
+    }
+
+    /// Forget every record; returns how many there were.
+    pub fn clear(&self) -> usize {
+        let n_records = {
+            let mut records = self.lock();
+            let n_records = records.records.len();
+            records.records.clear();
+            n_records
+        };
+        self.inner.changed.send_modify(|version| *version += 1);
+        n_records
+    }
+
+    /// The records once there are at least `n_records` and none is pending,
+    /// or as they are when `timeout` runs out.
+    pub async fn wait_ended(&self, n_records: usize, timeout: Duration) -> Vec<Record> {
+        let mut changes = self.inner.changed.subscribe();
+        let settled = async {
+            loop {
+                {
+                    let records = self.lock();
+                    let ended = records
+                        .records
+                        .iter()
+                        .all(|record| record.outcome != Outcome::Pending);
+                    if records.records.len() >= n_records && ended {
+                        return;
+                    }
+                }
+                if changes.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let _timed_out = tokio::time::timeout(timeout, settled).await;
+        self.list()
+    }
+}
+
+/// One request on its way through the mock. Dropping it before `finish`
+/// means the connection went away: that is recorded as a disconnect.
+#[derive(Debug)]
+pub struct Exchange {
+    recorder: Recorder,
+    seq: u64,
+    ended: bool,
+}
+
+impl Exchange {
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    pub fn answered_by(&self, source: Source, entry: Option<Value>) {
+        self.recorder.update(self.seq, |record| {
+            record.source = source;
+            record.entry = entry;
+        });
+    }
+
+    pub fn event_sent(&self) {
+        self.recorder
+            .update(self.seq, |record| record.events_sent += 1);
+    }
+
+    /// Record how the exchange ended; only the first call counts.
+    pub fn finish(&mut self, outcome: Outcome) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        let now = now_ms();
+        self.recorder.update(self.seq, |record| {
+            record.outcome = outcome;
+            record.ended_at_ms = Some(now);
+            if outcome == Outcome::Disconnected {
+                record.disconnected_at_ms = Some(now);
+            }
+        });
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        self.finish(Outcome::Disconnected);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start(recorder: &Recorder) -> Exchange {
+        recorder.start(
+            Endpoint::Anthropic,
+            "/v1/messages",
+            &HeaderMap::new(),
+            Value::Null,
+            true,
+        )
+    }
+
+    #[test]
+    fn a_dropped_exchange_is_a_disconnect_and_a_finished_one_is_not() {
+        let recorder = Recorder::default();
+        let mut finished = start(&recorder);
+        let abandoned = start(&recorder);
+        finished.event_sent();
+        finished.finish(Outcome::Completed);
+        drop(finished);
+        drop(abandoned);
+        let records = recorder.list();
+        assert_eq!(records[0].outcome, Outcome::Completed);
+        assert_eq!(records[0].events_sent, 1);
+        assert_eq!(records[0].disconnected_at_ms, None);
+        assert_eq!(records[1].outcome, Outcome::Disconnected);
+        assert!(records[1].disconnected_at_ms.is_some());
+        assert_eq!(recorder.clear(), 2);
+        assert_eq!(start(&recorder).seq(), 3, "sequence numbers are not reused");
+    }
+
+    #[tokio::test]
+    async fn waiting_returns_once_every_exchange_has_ended() {
+        let recorder = Recorder::default();
+        let mut exchange = start(&recorder);
+        let waiter = {
+            let recorder = recorder.clone();
+            tokio::spawn(async move { recorder.wait_ended(1, Duration::from_secs(30)).await })
+        };
+        tokio::task::yield_now().await;
+        exchange.finish(Outcome::Cut);
+        let records = waiter.await.unwrap();
+        assert_eq!(records[0].outcome, Outcome::Cut);
+
+        let _pending = start(&recorder);
+        let records = recorder.wait_ended(2, Duration::from_millis(10)).await;
+        assert_eq!(
+            records[1].outcome,
+            Outcome::Pending,
+            "a timeout returns as is"
+        );
+    }
+}

@@ -1,0 +1,422 @@
+//! What the mock says, decided from the request alone (pure): the default
+//! answer the demo relies on, and the finished `Answer` (ids given, tokens
+//! counted) that the wire modules render.
+//!
+//! The default answer looks at the last user turn of the conversation:
+//! tool results are summarised ("The command printed: …"), a text starting
+//! with `run: CMD` becomes one `bash` tool call with `{"command": CMD}`, and
+//! any other text is echoed back.
+
+use serde_json::{json, Value};
+
+use super::script::{Content, Endpoint, ScriptedCall};
+
+/// A reply ready to be put on the wire.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    /// Sent first, as its own content block.
+    pub text: Option<String>,
+    pub tool_calls: Vec<AnswerCall>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AnswerCall {
+    pub id: String,
+    pub name: String,
+    pub input: Value,
+}
+
+/// Token counts, made up but plausible: one token per word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+/// The answer to `body` on `endpoint`. Tool calls without a scripted id take
+/// the next number from `next_id`, so ids stay unique across requests.
+pub fn answer(
+    endpoint: Endpoint,
+    body: &Value,
+    content: &Content,
+    mut next_id: impl FnMut() -> u64,
+) -> Answer {
+    let (text, calls) = match content {
+        Content::Default => default_content(endpoint, body),
+        Content::Given { text, tool_calls } => (text.clone(), tool_calls.clone()),
+    };
+    let prefix = match endpoint {
+        Endpoint::Anthropic => "toolu_mock_",
+        Endpoint::Openai => "call_mock_",
+    };
+    let tool_calls: Vec<AnswerCall> = calls
+        .into_iter()
+        .map(|call| AnswerCall {
+            id: call.id.unwrap_or_else(|| format!("{prefix}{}", next_id())),
+            name: call.name,
+            input: call.input,
+        })
+        .collect();
+    let output_words = text.as_deref().map_or(0, count_words)
+        + tool_calls
+            .iter()
+            .map(|call| 1 + count_words(&call.input.to_string()))
+            .sum::<u64>();
+    let input_words = count_json_words(&body["system"]) + count_json_words(&body["messages"]);
+    Answer {
+        text,
+        tool_calls,
+        usage: Usage {
+            input_tokens: input_words.max(1),
+            output_tokens: output_words.max(1),
+        },
+    }
+}
+
+/// The demo's behaviour: summarise tool results, run `run: CMD`, or echo.
+pub fn default_content(endpoint: Endpoint, body: &Value) -> (Option<String>, Vec<ScriptedCall>) {
+    let turn = match endpoint {
+        Endpoint::Anthropic => anthropic_last_turn(body),
+        Endpoint::Openai => openai_last_turn(body),
+    };
+    let Some(turn) = turn else {
+        return (
+            Some("There is no question to answer.".to_owned()),
+            Vec::new(),
+        );
+    };
+    if !turn.results.is_empty() {
+        let summary: Vec<String> = turn.results.iter().map(summarise).collect();
+        return (Some(summary.join("\n")), Vec::new());
+    }
+    let text = turn.texts.join("\n");
+    if let Some(command) = text.trim_start().strip_prefix("run:") {
+        let command = command.trim();
+        if !command.is_empty() {
+            let call = ScriptedCall {
+                name: "bash".to_owned(),
+                input: json!({ "command": command }),
+                id: None,
+            };
+            return (None, vec![call]);
+        }
+    }
+    if text.trim().is_empty() {
+        return (Some("I see no text to echo.".to_owned()), Vec::new());
+    }
+    (Some(text), Vec::new())
+}
+
+/// The last user turn: its texts and the tool results it carries.
+#[derive(Debug, Default)]
+struct UserTurn {
+    texts: Vec<String>,
+    results: Vec<ToolOutput>,
+}
+
+#[derive(Debug)]
+struct ToolOutput {
+    text: String,
+    is_error: bool,
+}
+
+fn summarise(output: &ToolOutput) -> String {
+    let text = output.text.trim();
+    match (output.is_error, text.is_empty()) {
+        (false, true) => "The command succeeded and printed nothing.".to_owned(),
+        (false, false) => format!("The command printed: {text}"),
+        (true, true) => "The command failed without a message.".to_owned(),
+        (true, false) => format!("The command failed: {text}"),
+    }
+}
+
+/// Anthropic: the last message, if it is the user's; its `tool_result`
+/// blocks and its text.
+fn anthropic_last_turn(body: &Value) -> Option<UserTurn> {
+    let mut turn = UserTurn::default();
+    let last = body["messages"]
+        .as_array()
+        .and_then(|messages| messages.last())
+        .filter(|last| last["role"] == "user")?;
+    match &last["content"] {
+        Value::String(text) => turn.texts.push(text.clone()),
+        Value::Array(blocks) => {
+            for block in blocks {
+                match block["type"].as_str() {
+                    Some("text") => turn.texts.extend(block["text"].as_str().map(str::to_owned)),
+                    Some("tool_result") => turn.results.push(ToolOutput {
+                        text: content_text(&block["content"]),
+                        is_error: block["is_error"] == true,
+                    }),
+                    _ => {}
+                }
+            }
+        }
+        _ => {}
+    }
+    Some(turn)
+}
+
+/// OpenAI: the messages after the last assistant message. Tool results are
+/// `role: "tool"` messages there; a failed one is known only by its text,
+/// which keel starts with "Error: ".
+fn openai_last_turn(body: &Value) -> Option<UserTurn> {
+    let mut turn = UserTurn::default();
+    let messages = body["messages"].as_array()?;
+    let start = messages
+        .iter()
+        .rposition(|message| message["role"] == "assistant")
+        .map_or(0, |assistant_idx| assistant_idx + 1);
+    let mut last_user_text = None;
+    let mut found = false;
+    for message in &messages[start..] {
+        match message["role"].as_str() {
+            Some("tool") => {
+                found = true;
+                let text = content_text(&message["content"]);
+                turn.results.push(ToolOutput {
+                    is_error: text.starts_with("Error: "),
+                    text,
+                });
+            }
+            Some("user") => {
+                found = true;
+                last_user_text = Some(content_text(&message["content"]));
+            }
+            _ => {}
+        }
+    }
+    turn.texts.extend(last_user_text);
+    found.then_some(turn)
+}
+
+/// The text of a content value: a string, or the `text` of its parts.
+fn content_text(content: &Value) -> String {
+    match content {
+        Value::String(text) => text.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|part| part["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+fn count_words(text: &str) -> u64 {
+    u64::try_from(text.split_whitespace().count()).unwrap_or(u64::MAX)
+}
+
+fn count_json_words(value: &Value) -> u64 {
+    match value {
+        Value::String(text) => count_words(text),
+        Value::Array(items) => items.iter().map(count_json_words).sum(),
+        Value::Object(fields) => fields.values().map(count_json_words).sum(),
+        Value::Null | Value::Bool(_) | Value::Number(_) => 0,
+    }
+}
+
+/// `text` cut into the small pieces a stream sends: each word with the
+/// whitespace before it (trailing whitespace stays with the last word), so
+/// the pieces join back to the text exactly.
+pub fn text_deltas(text: &str) -> Vec<&str> {
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    let mut previous_is_space = true;
+    for (byte_idx, ch) in text.char_indices() {
+        let is_space = ch.is_whitespace();
+        let rest_is_space = text[byte_idx..].trim_start().is_empty();
+        if is_space && !previous_is_space && byte_idx > start && !rest_is_space {
+            pieces.push(&text[start..byte_idx]);
+            start = byte_idx;
+        }
+        previous_is_space = is_space;
+    }
+    if start < text.len() {
+        pieces.push(&text[start..]);
+    }
+    pieces
+}
+
+/// A tool call's JSON input cut into pieces of at most `size` characters,
+/// as providers stream arguments.
+pub fn json_fragments(json: &str, size: usize) -> Vec<&str> {
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    let mut n_chars = 0;
+    for (byte_idx, _) in json.char_indices() {
+        if n_chars == size {
+            pieces.push(&json[start..byte_idx]);
+            start = byte_idx;
+            n_chars = 0;
+        }
+        n_chars += 1;
+    }
+    if start < json.len() {
+        pieces.push(&json[start..]);
+    }
+    pieces
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn default_text(endpoint: Endpoint, body: Value) -> Option<String> {
+        let (text, calls) = default_content(endpoint, &body);
+        assert!(calls.is_empty(), "{calls:?}");
+        text
+    }
+
+    #[test]
+    fn plain_text_is_echoed_on_both_endpoints() {
+        let anthropic = json!({"messages": [{"role": "user", "content": "hello there"}]});
+        assert_eq!(
+            default_text(Endpoint::Anthropic, anthropic).as_deref(),
+            Some("hello there")
+        );
+        let blocks = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "in blocks"}]}]});
+        assert_eq!(
+            default_text(Endpoint::Anthropic, blocks).as_deref(),
+            Some("in blocks")
+        );
+        let openai = json!({"messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "parts"}]}
+        ]});
+        assert_eq!(
+            default_text(Endpoint::Openai, openai).as_deref(),
+            Some("parts")
+        );
+    }
+
+    #[test]
+    fn without_a_user_turn_there_is_nothing_to_answer() {
+        let prefill = json!({"messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "Hel"}
+        ]});
+        for endpoint in [Endpoint::Anthropic, Endpoint::Openai] {
+            assert_eq!(
+                default_text(endpoint, prefill.clone()).as_deref(),
+                Some("There is no question to answer.")
+            );
+        }
+        let blank = json!({"messages": [{"role": "user", "content": "  "}]});
+        assert_eq!(
+            default_text(Endpoint::Openai, blank).as_deref(),
+            Some("I see no text to echo.")
+        );
+    }
+
+    #[test]
+    fn run_becomes_one_bash_call() {
+        for (endpoint, body) in [
+            (
+                Endpoint::Anthropic,
+                json!({"messages": [{"role": "user", "content": "run: echo hi"}]}),
+            ),
+            (
+                Endpoint::Openai,
+                json!({"messages": [{"role": "user", "content": "  run:echo hi "}]}),
+            ),
+        ] {
+            let (text, calls) = default_content(endpoint, &body);
+            assert_eq!(text, None);
+            assert_eq!(
+                calls,
+                vec![ScriptedCall {
+                    name: "bash".to_owned(),
+                    input: json!({"command": "echo hi"}),
+                    id: None
+                }]
+            );
+        }
+    }
+
+    #[test]
+    fn tool_results_are_summarised() {
+        let anthropic = json!({"messages": [
+            {"role": "user", "content": "run: echo hi"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_mock_1", "name": "bash", "input": {}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_mock_1", "content": "hello from keel\n", "is_error": false}
+            ]}
+        ]});
+        assert_eq!(
+            default_text(Endpoint::Anthropic, anthropic).as_deref(),
+            Some("The command printed: hello from keel")
+        );
+        let failed = json!({"messages": [{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "no such file"}], "is_error": true}
+        ]}]});
+        assert_eq!(
+            default_text(Endpoint::Anthropic, failed).as_deref(),
+            Some("The command failed: no such file")
+        );
+        let openai = json!({"messages": [
+            {"role": "user", "content": "run: ls; false"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_mock_1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_mock_1", "content": "a.txt"},
+            {"role": "tool", "tool_call_id": "call_mock_2", "content": ""}
+        ]});
+        assert_eq!(
+            default_text(Endpoint::Openai, openai).as_deref(),
+            Some("The command printed: a.txt\nThe command succeeded and printed nothing.")
+        );
+    }
+
+    #[test]
+    fn an_answer_numbers_its_calls_and_counts_words() {
+        let body = json!({"system": "one two", "messages": [{"role": "user", "content": "run: echo a b"}]});
+        let mut counter = 6;
+        let answer = answer(Endpoint::Anthropic, &body, &Content::Default, || {
+            counter += 1;
+            counter
+        });
+        assert_eq!(answer.tool_calls[0].id, "toolu_mock_7");
+        // "one two", the role "user" and "run: echo a b".
+        assert_eq!(answer.usage.input_tokens, 7);
+        assert!(answer.usage.output_tokens >= 2);
+
+        let given = Content::Given {
+            text: Some("three little words".to_owned()),
+            tool_calls: vec![ScriptedCall {
+                name: "bash".to_owned(),
+                input: json!({}),
+                id: Some("fixed".to_owned()),
+            }],
+        };
+        let answer = super::answer(Endpoint::Openai, &json!({}), &given, || 99);
+        assert_eq!(answer.tool_calls[0].id, "fixed");
+        assert_eq!(answer.usage.input_tokens, 1, "never zero");
+        assert_eq!(answer.usage.output_tokens, 5);
+    }
+
+    #[test]
+    fn deltas_join_back_to_the_text() {
+        for text in [
+            "Hello world",
+            "  lead and trail  ",
+            "a\n\nb",
+            "",
+            "日本 語 ✓",
+            "one",
+        ] {
+            let pieces = text_deltas(text);
+            assert_eq!(pieces.concat(), text);
+            assert!(pieces.iter().all(|piece| !piece.is_empty()));
+        }
+        assert_eq!(
+            text_deltas("Hello big world"),
+            vec!["Hello", " big", " world"]
+        );
+        assert_eq!(text_deltas("partial "), vec!["partial "]);
+        assert_eq!(text_deltas(" a b\n"), vec![" a", " b\n"]);
+        let json = r#"{"command":"echo São Paulo"}"#;
+        let fragments = json_fragments(json, 5);
+        assert_eq!(fragments.concat(), json);
+        assert!(fragments.iter().all(|piece| piece.chars().count() <= 5));
+    }
+}

@@ -1,0 +1,519 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Benchmarks of keel-store (see the keel-store section of BENCHMARKS.md at
+//! the workspace root).
+//!
+//! - `fsync/raw/{sync_all,sync_data}`: the physical limit: append 256 bytes
+//!   to a file and make them durable.
+//! - `append/single/{backend}`: one writer, one ~300-byte event per append,
+//!   each awaited until durable: latency per append.
+//! - `append/concurrent/{backend}/{writers}`: that many tokio tasks, each
+//!   appending to its own conversation in a loop; throughput in durable
+//!   events per second (one "iteration" is one event from every writer).
+//! - `rebuild/10k/{backend}`: `read_all` + `WorkingSet::replay` of a
+//!   10,000-event conversation; `rebuild/read_all_10k/{backend}` is the read
+//!   alone; `rebuild/10k_open/{backend}` also opens the store first (a restart).
+//!
+//! Data directories live under cargo's target tmp dir, on the same disk as
+//! the repository. Setup (creating conversations, filling logs) happens
+//! outside the timed sections.
+
+use std::fs::OpenOptions;
+use std::hint::black_box;
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{
+    criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
+};
+use keel_core::codec;
+use keel_core::config::ProviderKind;
+use keel_core::message::{AssistantBlock, StopReason, ToolCall, Usage};
+use keel_core::{ConversationConfig, ConversationId, Event, EventKind, ToolCallId, WorkingSet};
+use keel_store::{open_memory, open_redb, open_sled, EventLog};
+use tempfile::TempDir;
+use tokio::runtime::Runtime;
+
+/// 2026-01-01T00:00:00Z, in milliseconds.
+const T0: u64 = 1_767_225_600_000;
+
+/// Encoded size of the events `append/*` writes.
+const APPEND_EVENT_BYTES: usize = 300;
+
+/// Events in the `rebuild` log.
+const LOG_EVENTS: usize = 10_000;
+
+/// Events per append while filling the `rebuild` log (setup only).
+const FILL_BATCH: usize = 100;
+
+const BACKENDS: [&str; 3] = ["sled", "redb", "memory"];
+
+const WRITERS: [usize; 3] = [1, 100, 1_000];
+
+/// Distinct conversation ids across the whole run.
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+fn fresh_id(prefix: &str) -> ConversationId {
+    let n = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    ConversationId::new(format!("{prefix}-{n}")).unwrap()
+}
+
+fn scratch() -> TempDir {
+    TempDir::new_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+}
+
+fn open(backend: &str, dir: &Path) -> Arc<dyn EventLog> {
+    match backend {
+        "sled" => Arc::new(open_sled(dir).unwrap()),
+        "redb" => Arc::new(open_redb(dir).unwrap()),
+        "memory" => Arc::new(open_memory().unwrap()),
+        other => panic!("unknown backend {other}"),
+    }
+}
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+const WORDS: &[&str] = &[
+    "the",
+    "conversation",
+    "log",
+    "is",
+    "appended",
+    "before",
+    "anything",
+    "else",
+    "tool",
+    "result",
+    "assistant",
+    "replays",
+    "working",
+    "set",
+    "request",
+    "model",
+    "file",
+    "src/main.rs",
+    "function",
+    "returns",
+    "error",
+    "because",
+    "cargo",
+    "build",
+    "test",
+    "passes",
+    "and",
+    "then",
+    "we",
+    "check",
+    "whether",
+    "output",
+    "matches",
+    "expected",
+    "value",
+    "of",
+    "a",
+    "struct",
+    "field",
+    "with",
+    "serde",
+    "JSON",
+    "line",
+    "42",
+];
+
+/// A small deterministic generator (xorshift64*): the same data every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `lo..=hi`.
+    fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + (self.next() % (hi - lo + 1) as u64) as usize
+    }
+
+    /// English-looking ASCII text of `lo..=hi` bytes.
+    fn text(&mut self, lo: usize, hi: usize) -> String {
+        let len = self.range(lo, hi);
+        let mut text = String::with_capacity(len + 16);
+        while text.len() < len {
+            if !text.is_empty() {
+                text.push(if self.next().is_multiple_of(11) {
+                    '\n'
+                } else {
+                    ' '
+                });
+            }
+            text.push_str(WORDS[self.range(0, WORDS.len() - 1)]);
+        }
+        text.truncate(len);
+        text
+    }
+}
+
+fn event(seq: u64, parent: Option<u64>, triggers_turn: bool, kind: EventKind) -> Event {
+    Event {
+        seq,
+        at: keel_core::Timestamp(T0 + seq * 250),
+        parent,
+        triggers_turn,
+        kind,
+    }
+}
+
+fn created(conversation: &ConversationId) -> Event {
+    event(
+        1,
+        None,
+        false,
+        EventKind::Created {
+            conversation: conversation.clone(),
+            cwd: "/home/user/project".to_owned(),
+            config: ConversationConfig::default(),
+            parent_conversation: None,
+            user_initiated: true,
+        },
+    )
+}
+
+/// A user message whose encoded record is about `APPEND_EVENT_BYTES` long.
+struct SizedMessage {
+    text: String,
+}
+
+impl SizedMessage {
+    fn new() -> SizedMessage {
+        let probe = |text: String| {
+            codec::encode(&event(
+                1_000_000,
+                None,
+                true,
+                EventKind::UserMessage {
+                    text,
+                    images: Vec::new(),
+                },
+            ))
+            .len()
+        };
+        let overhead = probe(String::new());
+        let len = APPEND_EVENT_BYTES - overhead;
+        // A newline is escaped to two bytes: spaces keep the size exact.
+        let text = Rng(7).text(len, len).replace('\n', " ");
+        assert_eq!(probe(text.clone()), APPEND_EVENT_BYTES);
+        SizedMessage { text }
+    }
+
+    fn at(&self, seq: u64) -> Event {
+        event(
+            seq,
+            None,
+            true,
+            EventKind::UserMessage {
+                text: self.text.clone(),
+                images: Vec::new(),
+            },
+        )
+    }
+}
+
+/// A realistic log of `len` events: user messages, turns whose assistant
+/// messages carry text and tool calls, tool results; texts of 100-500 bytes.
+fn realistic_log(conversation: &ConversationId, len: usize) -> Vec<Event> {
+    let mut rng = Rng(0x5eed_cafe);
+    let mut log = vec![created(conversation)];
+    let mut turn = 0u32;
+    let mut call = 0u64;
+    let push = |log: &mut Vec<Event>, parent: Option<u64>, triggers: bool, kind: EventKind| {
+        let seq = log.len() as u64 + 1;
+        log.push(event(seq, parent, triggers, kind));
+        seq
+    };
+    while log.len() < len {
+        let user = push(
+            &mut log,
+            None,
+            true,
+            EventKind::UserMessage {
+                text: rng.text(100, 500),
+                images: Vec::new(),
+            },
+        );
+        turn += 1;
+        let started = push(&mut log, Some(user), false, EventKind::TurnStarted { turn });
+        let rounds = rng.range(0, 3);
+        for _ in 0..rounds {
+            let calls = rng.range(1, 2);
+            let mut blocks = vec![AssistantBlock::Text {
+                text: rng.text(100, 500),
+            }];
+            let mut ids = Vec::new();
+            for _ in 0..calls {
+                call += 1;
+                let id = ToolCallId::new(format!("toolu_{call:016x}"));
+                ids.push(id.clone());
+                blocks.push(AssistantBlock::ToolUse {
+                    call: ToolCall {
+                        id,
+                        name: "read_file".to_owned(),
+                        input: serde_json::json!({ "path": format!("src/module_{call}.rs") }),
+                    },
+                });
+            }
+            push(
+                &mut log,
+                Some(started),
+                false,
+                EventKind::AssistantMessage {
+                    blocks,
+                    stop_reason: StopReason::ToolUse,
+                    usage: Usage {
+                        input_tokens: 1_000 + call * 50,
+                        output_tokens: 120,
+                        cache_creation_input_tokens: 0,
+                        cache_read_input_tokens: 900,
+                    },
+                    provider: ProviderKind::Anthropic,
+                    model: "claude-sonnet".to_owned(),
+                },
+            );
+            for id in ids {
+                push(
+                    &mut log,
+                    Some(started),
+                    false,
+                    EventKind::ToolResult {
+                        tool_call_id: id,
+                        content: rng.text(100, 500),
+                        is_error: false,
+                        synthetic: false,
+                    },
+                );
+            }
+        }
+        push(
+            &mut log,
+            Some(started),
+            false,
+            EventKind::AssistantMessage {
+                blocks: vec![AssistantBlock::Text {
+                    text: rng.text(100, 500),
+                }],
+                stop_reason: StopReason::EndTurn,
+                usage: Usage {
+                    input_tokens: 2_000,
+                    output_tokens: 200,
+                    cache_creation_input_tokens: 0,
+                    cache_read_input_tokens: 1_800,
+                },
+                provider: ProviderKind::Anthropic,
+                model: "claude-sonnet".to_owned(),
+            },
+        );
+        push(
+            &mut log,
+            Some(started),
+            false,
+            EventKind::TurnCompleted {
+                turn,
+                duration_ms: 4_200,
+            },
+        );
+    }
+    log.truncate(len);
+    log
+}
+
+fn fsync_raw(c: &mut Criterion) {
+    let mut group = c.benchmark_group("fsync/raw");
+    group.sample_size(20);
+    group.measurement_time(Duration::from_secs(3));
+    let dir = scratch();
+    let record = [b'x'; 256];
+    for (name, data_only) in [("sync_all", false), ("sync_data", true)] {
+        let mut file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.path().join(name))
+            .unwrap();
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                file.write_all(&record).unwrap();
+                if data_only {
+                    file.sync_data().unwrap();
+                } else {
+                    file.sync_all().unwrap();
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
+fn append_single(c: &mut Criterion) {
+    let rt = runtime();
+    let message = SizedMessage::new();
+    let mut group = c.benchmark_group("append/single");
+    group.sample_size(20);
+    group.measurement_time(Duration::from_secs(3));
+    group.throughput(Throughput::Elements(1));
+    for backend in BACKENDS {
+        let dir = scratch();
+        let store = open(backend, dir.path());
+        let id = fresh_id("single");
+        rt.block_on(store.append(&id, vec![created(&id)])).unwrap();
+        let mut next = 2u64;
+        group.bench_function(backend, |b| {
+            b.iter_custom(|iters| {
+                let events: Vec<Event> = (0..iters).map(|i| message.at(next + i)).collect();
+                next += iters;
+                rt.block_on(async {
+                    let start = Instant::now();
+                    for event in events {
+                        store.append(&id, vec![event]).await.unwrap();
+                    }
+                    start.elapsed()
+                })
+            })
+        });
+        drop(store);
+    }
+    group.finish();
+}
+
+fn append_concurrent(c: &mut Criterion) {
+    let rt = runtime();
+    let message = Arc::new(SizedMessage::new());
+    let mut group = c.benchmark_group("append/concurrent");
+    group.sample_size(10);
+    group.warm_up_time(Duration::from_secs(1));
+    group.measurement_time(Duration::from_secs(3));
+    for backend in BACKENDS {
+        let dir = scratch();
+        let store = open(backend, dir.path());
+        for writers in WRITERS {
+            // One iteration: every writer appends one durable event.
+            group.throughput(Throughput::Elements(writers as u64));
+            group.bench_with_input(BenchmarkId::new(backend, writers), &writers, |b, &n| {
+                b.iter_custom(|iters| {
+                    rt.block_on(async {
+                        // Setup, untimed: n new conversations, each created.
+                        let ids: Vec<ConversationId> =
+                            (0..n).map(|_| fresh_id("concurrent")).collect();
+                        let mut creating = Vec::with_capacity(n);
+                        for id in &ids {
+                            let store = Arc::clone(&store);
+                            let id = id.clone();
+                            creating.push(tokio::spawn(async move {
+                                store.append(&id, vec![created(&id)]).await.unwrap();
+                            }));
+                        }
+                        for task in creating {
+                            task.await.unwrap();
+                        }
+
+                        let start = Instant::now();
+                        let mut writing = Vec::with_capacity(n);
+                        for id in ids {
+                            let store = Arc::clone(&store);
+                            let message = Arc::clone(&message);
+                            writing.push(tokio::spawn(async move {
+                                for seq in 2..iters + 2 {
+                                    store.append(&id, vec![message.at(seq)]).await.unwrap();
+                                }
+                            }));
+                        }
+                        for task in writing {
+                            task.await.unwrap();
+                        }
+                        start.elapsed()
+                    })
+                })
+            });
+        }
+        drop(store);
+    }
+    group.finish();
+}
+
+fn rebuild(c: &mut Criterion) {
+    let rt = runtime();
+    let id = ConversationId::new("rebuild-10k").unwrap();
+    let log = realistic_log(&id, LOG_EVENTS);
+    let bytes: usize = log.iter().map(|event| codec::encode(event).len()).sum();
+    eprintln!(
+        "rebuild log: {} events, {} bytes encoded ({} bytes/event on average)",
+        log.len(),
+        bytes,
+        bytes / log.len()
+    );
+    let expected = WorkingSet::replay(&log).unwrap();
+
+    let mut group = c.benchmark_group("rebuild");
+    // Tens of milliseconds per iteration: flat sampling keeps the run short.
+    group.sampling_mode(SamplingMode::Flat);
+    group.sample_size(10);
+    group.warm_up_time(Duration::from_secs(1));
+    group.measurement_time(Duration::from_secs(3));
+    let mut dirs = Vec::new();
+    for backend in BACKENDS {
+        let dir = scratch();
+        let store = open(backend, dir.path());
+        rt.block_on(async {
+            for chunk in log.chunks(FILL_BATCH) {
+                store.append(&id, chunk.to_vec()).await.unwrap();
+            }
+        });
+        let rebuilt = WorkingSet::replay(&store.read_all(&id).unwrap()).unwrap();
+        assert_eq!(rebuilt, expected);
+
+        group.bench_function(BenchmarkId::new("10k", backend), |b| {
+            b.iter(|| {
+                let events = store.read_all(black_box(&id)).unwrap();
+                WorkingSet::replay(&events).unwrap()
+            })
+        });
+        group.bench_function(BenchmarkId::new("read_all_10k", backend), |b| {
+            b.iter(|| store.read_all(black_box(&id)).unwrap())
+        });
+        drop(store);
+        dirs.push((backend, dir));
+    }
+    // A restart: open the store, then rebuild (the OS page cache stays warm).
+    for (backend, dir) in dirs.iter().filter(|(backend, _)| *backend != "memory") {
+        group.bench_function(BenchmarkId::new("10k_open", backend), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let start = Instant::now();
+                    let store = open(backend, dir.path());
+                    let events = store.read_all(&id).unwrap();
+                    black_box(WorkingSet::replay(&events).unwrap());
+                    total += start.elapsed();
+                    drop(store);
+                }
+                total
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    fsync_raw,
+    append_single,
+    append_concurrent,
+    rebuild
+);
+criterion_main!(benches);
