@@ -2,8 +2,13 @@
 
 #![allow(clippy::expect_used)]
 
+use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::Value;
 
 /// The `keel` binary Cargo built beside this test: the test runs as
 /// `target/<profile>/deps/e2e-HASH`, the binary is `target/<profile>/keel`.
@@ -48,4 +53,146 @@ pub fn keel_json_lines(args: &[&str]) -> Vec<serde_json::Value> {
             serde_json::from_str(line).unwrap_or_else(|err| panic!("not JSON ({err}): {line}"))
         })
         .collect()
+}
+
+/// A running `keel mock-llm --port 0`: the fake provider server, on a free
+/// loopback port. Dropping the guard kills the process.
+pub struct MockLlm {
+    child: Child,
+    /// `http://127.0.0.1:PORT`, as the server announced it.
+    base: String,
+    http: reqwest::Client,
+}
+
+/// How long the mock may take to announce its address.
+const MOCK_START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The line `keel mock-llm` prints once its socket is bound.
+const MOCK_BANNER: &str = "mock-llm listening on ";
+
+impl MockLlm {
+    /// Start the fake provider and wait for its `mock-llm listening on
+    /// http://127.0.0.1:PORT` line.
+    pub fn start() -> MockLlm {
+        let bin = keel_bin();
+        let mut child = Command::new(&bin)
+            .args(["mock-llm", "--port", "0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|err| panic!("could not start {} mock-llm: {err}", bin.display()));
+        let stdout = child.stdout.take().expect("stdout is piped");
+        // From here on, the guard kills the child whatever happens.
+        let mut mock = MockLlm {
+            child,
+            base: String::new(),
+            http: reqwest::Client::new(),
+        };
+
+        // A thread reads the banner, then drains stdout until the child
+        // exits, so the child can never block on a full pipe.
+        let (sender, receiver) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let first = lines.next();
+            let _ = sender.send(first);
+            for _ in lines {}
+        });
+        let line = match receiver.recv_timeout(MOCK_START_TIMEOUT) {
+            Ok(Some(Ok(line))) => line,
+            Ok(Some(Err(err))) => panic!("reading mock-llm's stdout: {err}"),
+            Ok(None) | Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let status = mock.child.wait();
+                panic!("mock-llm exited before announcing its address: {status:?}")
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                panic!("mock-llm did not announce its address within {MOCK_START_TIMEOUT:?}")
+            }
+        };
+        let base = line
+            .trim()
+            .strip_prefix(MOCK_BANNER)
+            .unwrap_or_else(|| panic!("unexpected first line from mock-llm: {line:?}"));
+        assert!(
+            base.starts_with("http://127.0.0.1:"),
+            "mock-llm should listen on loopback: {base}"
+        );
+        mock.base = base.to_owned();
+        mock
+    }
+
+    /// `http://127.0.0.1:PORT`, without a trailing `/`.
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// Queue script entries (`POST /_mock/script`); panics if the mock
+    /// refuses them, so a typo in a test fails loudly.
+    pub async fn push_script(&self, script: Value) {
+        let response = self
+            .http
+            .post(format!("{}/_mock/script", self.base))
+            .json(&script)
+            .send()
+            .await
+            .expect("POST /_mock/script");
+        let status = response.status();
+        let body = response.text().await.unwrap_or_default();
+        assert!(
+            status.is_success(),
+            "the mock refused the script {script}: {status} {body}"
+        );
+    }
+
+    /// Every request recorded so far (`GET /_mock/requests`).
+    pub async fn requests(&self) -> Vec<Value> {
+        self.get_requests(&format!("{}/_mock/requests", self.base))
+            .await
+    }
+
+    /// The recorded requests once at least `n_requests` are recorded and
+    /// none is still pending (`GET /_mock/requests?wait_ended=N`). Panics
+    /// if that does not happen within 5 s: the mock never sleeps longer.
+    pub async fn wait_ended(&self, n_requests: usize) -> Vec<Value> {
+        let url = format!(
+            "{}/_mock/requests?wait_ended={n_requests}&timeout_ms=5000",
+            self.base
+        );
+        let records = self.get_requests(&url).await;
+        let settled = records.len() >= n_requests
+            && records.iter().all(|record| record["outcome"] != "pending");
+        assert!(
+            settled,
+            "waited for {n_requests} ended requests, the mock has: {}",
+            serde_json::to_string_pretty(&records).unwrap_or_default()
+        );
+        records
+    }
+
+    async fn get_requests(&self, url: &str) -> Vec<Value> {
+        let response = self
+            .http
+            .get(url)
+            .send()
+            .await
+            .expect("GET /_mock/requests");
+        assert!(
+            response.status().is_success(),
+            "GET {url}: {}",
+            response.status()
+        );
+        let records: Value = response.json().await.expect("the recording is JSON");
+        match records {
+            Value::Array(records) => records,
+            other => panic!("the recording is not an array: {other}"),
+        }
+    }
+}
+
+impl Drop for MockLlm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

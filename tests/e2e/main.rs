@@ -4,3 +4,4 @@
 
 mod demo;
 mod harness;
+mod provider;
