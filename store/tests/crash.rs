@@ -1,10 +1,15 @@
 //! Crash test, for sled and for redb: a real child process appends with many
 //! concurrent writers and is killed with SIGKILL at random moments, hundreds
-//! of times, always in the same data directory. After every kill the parent
-//! reopens the store and checks that it opens, that every append the child
-//! acknowledged is there (from this run and every earlier one), that every
-//! log reads back whole (nothing torn), that seqs run 1..=n with `Created`
-//! first, and that the index entry matches the log it summarises.
+//! of times. Successive children work in the same data directory (for
+//! `KILLS_PER_DIR` kills, then a new one), continuing the conversations the
+//! previous one left, as recovery does. After every kill the parent reopens
+//! the store and checks that it opens, that every append acknowledged in
+//! that directory is there (from this run and every earlier one), that the
+//! logs read back (nothing torn), that seqs run 1..=n with `Created` first,
+//! that nothing seen after an earlier kill has changed or gone, and that
+//! each index entry is exactly what its log folds to (index and log are
+//! written in one batch). Now and then a child is also killed while it
+//! creates a store in a new directory, which must open afterwards.
 //!
 //! The child is this test binary itself, run as
 //! `crash --exact child_writer --nocapture --test-threads=1` with
@@ -24,7 +29,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -54,7 +59,7 @@ const SIGKILL: i32 = 9;
 /// in a new one (which bounds the cost of each reopen and check). The last
 /// check in each directory reads every log whole; the others read each log
 /// from the tail the previous check saw.
-const KILLS_PER_DIR: u64 = 40;
+const KILLS_PER_DIR: u64 = 20;
 /// About one kill in this many is followed by a kill of a child creating a
 /// store in a new directory.
 const CREATE_KILL_ONE_IN: u64 = 8;
@@ -329,7 +334,17 @@ enum Marker {
     FirstAck,
 }
 
+/// Held while spawning a child and while closing a store. A child spawned
+/// by one test's thread gets a copy of every descriptor of this process
+/// until it execs (close-on-exec), the other test's store files and their
+/// locks included; a store closed in that window stays locked a moment
+/// longer, and the other test's next child may then find it in use.
+static SPAWNING: Mutex<()> = Mutex::new(());
+
 fn spawn_child(backend: &str, dir: &Path, run: u64, seed: u64) -> Child {
+    let _spawning = SPAWNING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_writer", "--nocapture", "--test-threads=1"])
         .env(CHILD_DIR, dir)
@@ -402,10 +417,7 @@ fn run_child(
     seed: u64,
     kill: Kill,
 ) -> Result<ChildRun, String> {
-    let spawned = Instant::now();
     let mut child = spawn_child(backend, dir, run, seed);
-    let mut dbg_opening = None;
-    let mut dbg_ack = None;
     let (markers_tx, markers) = mpsc::channel();
     let said = read_child(child.stdout.take().unwrap(), markers_tx);
     let mut stderr = child.stderr.take().unwrap();
@@ -420,14 +432,12 @@ fn run_child(
     loop {
         match markers.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
             Ok(Marker::Opening) => {
-                dbg_opening = Some(spawned.elapsed());
                 if let Kill::AfterOpening(wait) = kill {
                     std::thread::sleep(wait);
                     break;
                 }
             }
             Ok(Marker::FirstAck) => {
-                dbg_ack = Some(spawned.elapsed());
                 if let Kill::AfterFirstAck(wait) = kill {
                     std::thread::sleep(wait);
                     break;
@@ -445,15 +455,8 @@ fn run_child(
             }
         }
     }
-    let killing = spawned.elapsed();
     let _ = child.kill();
     let status = child.wait().unwrap();
-    if std::env::var_os("KEEL_CRASH_DEBUG").is_some() {
-        eprintln!(
-            "DBG child opening {dbg_opening:?} ack {dbg_ack:?} kill {killing:?} reaped {:?}",
-            spawned.elapsed()
-        );
-    }
     let said = said.join().unwrap();
     let stderr = stderr.join().unwrap();
     if status.signal() != Some(SIGKILL) {
@@ -714,14 +717,11 @@ fn reopen_and_check(
     let store = open(backend, dir)?;
     let took = opening.elapsed();
     let seen = store.verify(acked, known, full)?;
-    let verified = opening.elapsed();
-    drop(store);
-    if std::env::var_os("KEEL_CRASH_DEBUG").is_some() {
-        eprintln!(
-            "DBG open {took:?} verify {:?} drop {:?} full {full}",
-            verified - took,
-            opening.elapsed() - verified
-        );
+    {
+        let _spawning = SPAWNING
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        drop(store);
     }
     let lingered = if backend == "sled" {
         wait_for_sled_lock(&dir.join("sled").join("db"))?
@@ -731,19 +731,26 @@ fn reopen_and_check(
     Ok((seen, took, lingered))
 }
 
-/// sled 0.34 locks its `db` file itself, and background tasks of its thread
-/// pool can hold the file (and so the lock) for a while after the `Db` is
-/// dropped; a child started meanwhile could not open the store. Wait for the
-/// lock, and say how long it took.
+/// sled 0.34 locks its `db` file itself, and under load that lock can
+/// outlive the dropped store by some milliseconds (presumably while its
+/// background threads still hold the file); a child started meanwhile could
+/// not open the store. Wait for the lock, and say how long it took.
 fn wait_for_sled_lock(db: &Path) -> Result<Duration, String> {
     let waiting = Instant::now();
     loop {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(db)
-            .map_err(|error| format!("cannot open {}: {error}", db.display()))?;
-        if file.try_lock().is_ok() {
+        let free = {
+            // Not while a child is being spawned: it would inherit the lock.
+            let _spawning = SPAWNING
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(db)
+                .map_err(|error| format!("cannot open {}: {error}", db.display()))?;
+            file.try_lock().is_ok()
+        };
+        if free {
             return Ok(waiting.elapsed());
         }
         if waiting.elapsed() > SLED_LOCK_TIMEOUT {
@@ -796,6 +803,8 @@ impl Tally {
 }
 
 /// One kill-and-check in the directory that accumulates logs across kills.
+/// `open_took` is set to how long the child took to open the store, if it
+/// got that far.
 #[allow(clippy::too_many_arguments)]
 fn kill_and_check(
     backend: &str,
@@ -806,7 +815,7 @@ fn kill_and_check(
     rng: &mut Rng,
     acked: &mut HashMap<String, Seq>,
     known: &mut HashMap<ConversationId, Known>,
-    open_time: &mut Duration,
+    open_took: &mut Option<Duration>,
     tally: &mut Tally,
 ) -> Result<Seen, String> {
     let run = run_child(backend, dir, iteration, rng.next(), kill)?;
@@ -815,9 +824,7 @@ fn kill_and_check(
         tally.during_open += 1;
         tally.before_opened += u64::from(!run.opened);
     }
-    if let Some(took) = run.open_took {
-        *open_time = took;
-    }
+    *open_took = run.open_took;
     tally.acks += run.acks.len() as u64;
     record(acked, run.acks);
     let checking = Instant::now();
@@ -870,8 +877,8 @@ fn survives_sigkill(backend: &str) {
     let mut acked: HashMap<String, Seq> = HashMap::new();
     // What the checks so far have seen of each conversation in `dir`.
     let mut known: HashMap<ConversationId, Known> = HashMap::new();
-    // How long the last child that got that far took to open the store in
-    // `dir`, and to create a new one: the windows the kills aim at.
+    // How long the last child that got that far took to open an existing
+    // store, and to create a new one: the windows the kills aim at.
     let mut open_time = Duration::from_millis(50);
     let mut create_time = Duration::from_millis(100);
     let mut kills_in_dir = 0;
@@ -892,7 +899,7 @@ fn survives_sigkill(backend: &str) {
         // test's); in between, from the tail the previous check saw.
         let last_in_dir = kills_in_dir == KILLS_PER_DIR || iteration + 1 == iterations;
         let new_dir = kills_in_dir == 1;
-        let mut took_to_open = open_time;
+        let mut open_took = None;
         let outcome = kill_and_check(
             backend,
             dir.path(),
@@ -902,13 +909,14 @@ fn survives_sigkill(backend: &str) {
             &mut rng,
             &mut acked,
             &mut known,
-            &mut took_to_open,
+            &mut open_took,
             &mut tally,
         );
-        if new_dir && took_to_open != open_time {
-            create_time = took_to_open;
+        match open_took {
+            Some(took) if new_dir => create_time = took,
+            Some(took) => open_time = took,
+            None => {}
         }
-        open_time = took_to_open;
         let failed = outcome.is_err();
         match outcome {
             Ok(seen) => last_seen = seen,

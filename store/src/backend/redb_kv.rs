@@ -43,8 +43,48 @@ fn owned(item: Item<'_>) -> Result<Entry> {
         .map_err(backend_error)
 }
 
+/// Build a new, empty database at `path` such that a crash part-way leaves
+/// nothing there. redb initialises a new file by sizing it, writing the
+/// header and only then the magic number, and refuses any non-empty file
+/// without one (`InvalidData`): a process killed inside `Database::create`
+/// of a new file would leave a `keel.redb` that no later open accepts (found
+/// by `tests/crash.rs`). So the file is made under a temporary name and
+/// renamed into place once complete; a leftover temporary file is redone.
+fn create_new(path: &Path) -> Result<()> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Io { path, source }
+    };
+    let staging = path.with_extension("redb.new");
+    match std::fs::remove_file(&staging) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+            return Err(io(&staging)(error))
+        }
+        _ => {}
+    }
+    {
+        let db = Database::create(&staging).map_err(backend_error)?;
+        let txn = db.begin_write().map_err(backend_error)?;
+        txn.open_table(TABLE).map_err(backend_error)?;
+        txn.commit().map_err(backend_error)?;
+    }
+    std::fs::rename(&staging, path).map_err(io(path))?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(io(dir))?;
+    }
+    Ok(())
+}
+
 impl RedbBackend {
     pub fn open(path: &Path) -> Result<RedbBackend> {
+        if !path.try_exists().map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })? {
+            create_new(path)?;
+        }
         let db = Database::create(path).map_err(backend_error)?;
         // Create the table up front so readers never meet a missing table.
         let txn = db.begin_write().map_err(backend_error)?;
