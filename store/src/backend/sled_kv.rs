@@ -31,12 +31,29 @@ fn backend_error(error: sled::Error) -> Error {
 }
 
 impl SledBackend {
+    /// Open sled in `dir`. Callers hold keel's own lock on the data dir
+    /// first, so the only other holder of sled's file lock can be a store
+    /// this process just dropped: sled releases it a little after the drop
+    /// returns (seen up to ~80 ms under load). Wait that out briefly rather
+    /// than fail.
     pub fn open(dir: &Path) -> Result<SledBackend> {
-        let db = sled::Config::new()
-            .path(dir)
-            .open()
-            .map_err(backend_error)?;
-        Ok(SledBackend { db })
+        const ATTEMPTS: u32 = 100;
+        const PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+        let mut attempt = 1;
+        loop {
+            match sled::Config::new().path(dir).open() {
+                Ok(db) => return Ok(SledBackend { db }),
+                // sled reports a held lock as an `Other` I/O error whose
+                // text is the only sign of what it is.
+                Err(sled::Error::Io(io))
+                    if io.to_string().contains("could not acquire lock") && attempt < ATTEMPTS =>
+                {
+                    attempt += 1;
+                    std::thread::sleep(PAUSE);
+                }
+                Err(error) => return Err(backend_error(error)),
+            }
+        }
     }
 }
 
