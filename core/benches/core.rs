@@ -110,7 +110,11 @@ impl Rng {
         let mut text = String::with_capacity(len + 16);
         while text.len() < len {
             if !text.is_empty() {
-                text.push(if self.next().is_multiple_of(11) { '\n' } else { ' ' });
+                text.push(if self.next().is_multiple_of(11) {
+                    '\n'
+                } else {
+                    ' '
+                });
             }
             text.push_str(WORDS[self.range(0, WORDS.len() - 1)]);
         }

@@ -49,6 +49,7 @@ struct Version {
 
 #[derive(Deserialize)]
 struct RecordV1 {
+    v: u32,
     event: Event,
 }
 
@@ -61,18 +62,26 @@ pub fn encode(event: &Event) -> Vec<u8> {
     serde_json::to_vec(&record).unwrap_or_default()
 }
 
+/// Decode one record in a single pass; only when that fails is the version
+/// looked at alone, so that a record from a newer keel is named as such
+/// rather than called malformed.
 pub fn decode(bytes: &[u8]) -> Result<Event, DecodeError> {
-    let malformed = |err: serde_json::Error| DecodeError::Malformed {
-        reason: err.to_string(),
-    };
-    let Version { v } = serde_json::from_slice(bytes).map_err(malformed)?;
-    match v {
-        1 => serde_json::from_slice::<RecordV1>(bytes)
-            .map(|record| record.event)
-            .map_err(malformed),
-        found => Err(DecodeError::UnsupportedVersion {
+    match serde_json::from_slice::<RecordV1>(bytes) {
+        Ok(RecordV1 { v: 1, event }) => Ok(event),
+        Ok(RecordV1 { v: found, .. }) => Err(DecodeError::UnsupportedVersion {
             found,
             supported: CURRENT_VERSION,
         }),
+        Err(error) => match serde_json::from_slice::<Version>(bytes) {
+            Ok(Version { v: found }) if found != CURRENT_VERSION => {
+                Err(DecodeError::UnsupportedVersion {
+                    found,
+                    supported: CURRENT_VERSION,
+                })
+            }
+            Ok(_) | Err(_) => Err(DecodeError::Malformed {
+                reason: error.to_string(),
+            }),
+        },
     }
 }
