@@ -16,7 +16,10 @@ pub struct IndexEntry {
     pub parent: Option<ConversationId>,
     /// False for sub-agents, which normal listings leave out.
     pub user_initiated: bool,
+    /// Time of the last event. Stored as of the last rewrite of the entry;
+    /// `EventLog::index_entry` and `list` report it from the log.
     pub last_activity: Timestamp,
+    /// Seq of the last event, kept current the same way.
     pub last_seq: Seq,
     /// A turn was in progress (streaming, running tools or waiting on a
     /// human) at the last append: a restart must look at this conversation.
@@ -46,6 +49,17 @@ impl IndexEntry {
             }),
             _ => None,
         }
+    }
+
+    /// Equal in everything but the log position and time, which readers
+    /// take from the log.
+    pub fn same_facts(&self, other: &IndexEntry) -> bool {
+        self.id == other.id
+            && self.created_at == other.created_at
+            && self.parent == other.parent
+            && self.user_initiated == other.user_initiated
+            && self.turn_in_flight == other.turn_in_flight
+            && self.finished == other.finished
     }
 
     pub fn apply(&mut self, event: &Event) {

@@ -235,6 +235,8 @@ impl<B: Backend> EventLog for Store<B> {
         self.backend
             .get(&keys::index(conversation))?
             .map(|bytes| decode_index(conversation.as_str(), &bytes))
+            .transpose()?
+            .map(|entry| self.freshen(entry))
             .transpose()
     }
 
@@ -244,11 +246,27 @@ impl<B: Backend> EventLog for Store<B> {
         for (key, value) in self.backend.range(&start, &end, usize::MAX)? {
             let entry = decode_index(&String::from_utf8_lossy(&key[1..]), &value)?;
             if include_sub_agents || entry.user_initiated {
-                entries.push(entry);
+                entries.push(self.freshen(entry)?);
             }
         }
         entries.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         Ok(entries)
+    }
+}
+
+impl<B: Backend> Store<B> {
+    /// The stored entry is rewritten only when a fact recovery needs
+    /// changes (creation, a turn starting or ending, a sub-agent
+    /// finishing); its last seq and last activity come from the log's last
+    /// event, which is always current.
+    fn freshen(&self, mut entry: IndexEntry) -> Result<IndexEntry> {
+        let (start, end) = keys::events_from(&entry.id, entry.last_seq.max(1));
+        if let Some(last) = self.backend.last(&start, &end)? {
+            let event = Self::decode_entry(&entry.id, &last)?;
+            entry.last_seq = event.seq;
+            entry.last_activity = event.at;
+        }
+        Ok(entry)
     }
 }
 
@@ -405,17 +423,23 @@ impl<B: Backend> Committer<B> {
                 },
             }
         };
+        let before = (last_seq > 0).then(|| entry.clone());
         for event in events {
             if last_seq > 0 || event.seq > 1 {
                 entry.apply(event);
             }
             writes.push((keys::event(conversation, event.seq), codec::encode(event)));
         }
-        let index_bytes = serde_json::to_vec(&entry).map_err(|error| Error::CorruptMeta {
-            what: format!("index entry of {conversation}"),
-            reason: error.to_string(),
-        })?;
-        writes.push((keys::index(conversation), index_bytes));
+        // Most appends (messages, deltas' final text, tool results) change
+        // no fact the index keeps beyond the log's end, which readers take
+        // from the log itself: skip the second key and halve the writes.
+        if before.is_none_or(|before| !before.same_facts(&entry)) {
+            let index_bytes = serde_json::to_vec(&entry).map_err(|error| Error::CorruptMeta {
+                what: format!("index entry of {conversation}"),
+                reason: error.to_string(),
+            })?;
+            writes.push((keys::index(conversation), index_bytes));
+        }
         self.last_seqs
             .insert(conversation.clone(), last_seq + events.len() as Seq);
         self.index.insert(conversation.clone(), entry);
