@@ -45,6 +45,10 @@ enum Request {
     Append {
         conversation: ConversationId,
         events: Vec<Event>,
+        /// The events already encoded, by the caller: encoding is the one
+        /// part of an append that parallelises, so it stays off the
+        /// committer's single thread.
+        encoded: Vec<Vec<u8>>,
         reply: Reply,
     },
     /// Snapshots and blobs: plain writes that ride along with the next batch.
@@ -155,9 +159,11 @@ impl<B: Backend> EventLog for Store<B> {
 
     async fn append(&self, conversation: &ConversationId, events: Vec<Event>) -> Result<()> {
         let conversation = conversation.clone();
+        let encoded = events.iter().map(codec::encode).collect();
         self.submit(|reply| Request::Append {
             conversation,
             events,
+            encoded,
             reply,
         })
         .await
@@ -326,8 +332,9 @@ impl<B: Backend> Committer<B> {
                 Request::Append {
                     conversation,
                     events,
+                    encoded,
                     reply,
-                } => match self.stage(&conversation, &events, &mut writes) {
+                } => match self.stage(&conversation, &events, encoded, &mut writes) {
                     Ok(()) => waiting.push(reply),
                     Err(error) => {
                         let _ = reply.send(Err(error));
@@ -375,6 +382,7 @@ impl<B: Backend> Committer<B> {
         &mut self,
         conversation: &ConversationId,
         events: &[Event],
+        encoded: Vec<Vec<u8>>,
         writes: &mut Vec<Entry>,
     ) -> Result<()> {
         let invalid = |reason: &str| Error::InvalidAppend {
@@ -424,11 +432,11 @@ impl<B: Backend> Committer<B> {
             }
         };
         let before = (last_seq > 0).then(|| entry.clone());
-        for event in events {
+        for (event, bytes) in events.iter().zip(encoded) {
             if last_seq > 0 || event.seq > 1 {
                 entry.apply(event);
             }
-            writes.push((keys::event(conversation, event.seq), codec::encode(event)));
+            writes.push((keys::event(conversation, event.seq), bytes));
         }
         // Most appends (messages, deltas' final text, tool results) change
         // no fact the index keeps beyond the log's end, which readers take
