@@ -1,16 +1,31 @@
 //! keel-actors: the imperative shell that carries out keel-core's effects.
 //!
-//! So far it holds the two pieces of I/O the actors will lean on: the HTTP
-//! client that streams a response from a provider ([`provider`]) and the
-//! validation and downscaling of attached images ([`image`]). The ractor
-//! supervisor tree, `ensure_started`, the conversation actor and its stream
-//! and tool workers come with the actor runtime (see ARCHITECTURE.md).
+//! An embedder opens a [`Runtime`] over a store, creates conversations and
+//! talks to each through a [`ConversationHandle`]. Behind them: a ractor
+//! supervisor tree with one `ConversationActor` per conversation, addressed
+//! only by id through `ensure_started`, and its `LlmStreamActor` and
+//! `ToolActor` workers; the provider client ([`provider`]), image handling
+//! ([`image`]), tools ([`tool`]) and process groups ([`process_group`]).
+//! Only this crate names ractor types.
 
+pub mod clock;
+pub mod conversation;
+mod conversation_actor;
 pub mod image;
+pub mod process_group;
 pub mod provider;
+pub mod pubsub;
+pub mod runtime;
+mod stream_actor;
+pub mod tool;
+mod tool_actor;
 
 pub use keel_core as core;
 pub use keel_store as store;
+
+pub use conversation::{ConversationHandle, Inspection};
+pub use pubsub::{Received, Subscription, Update, View};
+pub use runtime::{BootReport, Runtime, RuntimeConfig, Settings};
 
 /// Failures of keel-actors that are not a domain outcome. A failed LLM
 /// request is not one of them: it is a [`keel_core::LlmFailure`] value that
@@ -26,4 +41,28 @@ pub enum Error {
     /// Work handed to tokio's blocking pool panicked or was cancelled.
     #[error("a blocking task did not finish")]
     Blocking(#[source] tokio::task::JoinError),
+    #[error("no conversation has id {0}")]
+    NotFound(keel_core::ConversationId),
+    /// The conversation refused the request; the message is safe to show.
+    #[error("{0}")]
+    Rejected(keel_core::Rejection),
+    #[error(transparent)]
+    Store(#[from] keel_store::Error),
+    /// A working directory that does not exist or is not a directory.
+    #[error("working directory {cwd} is not a directory")]
+    InvalidCwd { cwd: String },
+    /// An actor could not be started.
+    #[error("actor runtime: {0}")]
+    Actor(String),
+    /// The conversation's actor stopped before it answered.
+    #[error("the conversation stopped before it answered; try again")]
+    Stopped,
+    #[error("the conversation did not answer in time")]
+    Timeout,
+    #[error("{what}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
 }

@@ -196,3 +196,39 @@ impl Drop for MockLlm {
         let _ = self.child.wait();
     }
 }
+
+/// Whether no running process of group `pgid` is left. A killed process
+/// whose parent died is reparented to init, which reaps it when it gets to
+/// it (seconds, in some containers); such a zombie runs nothing, so it
+/// counts as gone.
+pub fn group_is_gone(pgid: i32) -> bool {
+    use nix::errno::Errno;
+    use nix::sys::signal::killpg;
+    use nix::unistd::Pid;
+    match killpg(Pid::from_raw(pgid), None) {
+        Err(Errno::ESRCH) => true,
+        _ => group_member_states(pgid).iter().all(|&state| state == 'Z'),
+    }
+}
+
+/// The state letter of every process in group `pgid`, from /proc.
+pub fn group_member_states(pgid: i32) -> Vec<char> {
+    let mut states = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return states;
+    };
+    for entry in entries.flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some((_, fields)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = fields.split_whitespace().collect();
+        // After the name: state (field 3), ppid (4), pgrp (5).
+        if fields.get(2) == Some(&pgid.to_string().as_str()) {
+            states.extend(fields[0].chars().next());
+        }
+    }
+    states
+}

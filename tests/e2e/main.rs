@@ -5,3 +5,4 @@
 mod demo;
 mod harness;
 mod provider;
+mod runtime;

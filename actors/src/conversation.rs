@@ -1,0 +1,234 @@
+//! `ConversationHandle`: what an embedder (and the daemon) holds to talk to
+//! one conversation. It names the conversation by id only; every call goes
+//! through `ensure_started`, so a handle keeps working across evictions and
+//! crash restarts of the actor behind it.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use ractor::rpc::CallResult;
+use ractor::{ActorRef, RpcReplyPort};
+use serde::Serialize;
+
+use keel_core::event::{Decision, PendingCall};
+use keel_core::ids::{ConversationId, EventId, Seq, ToolCallId};
+use keel_core::message::{ImageRef, Message, Usage};
+use keel_core::state::StateName;
+use keel_core::{ConversationConfig, Generation};
+
+use crate::conversation_actor::ConversationMsg;
+use crate::pubsub::Subscription;
+use crate::runtime::Runtime;
+use crate::Error;
+
+/// How long a call waits for the actor's answer. Actors answer in
+/// microseconds unless an append is slow; this only bounds a wedged disk.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What `inspect` reports.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Inspection {
+    pub id: ConversationId,
+    pub state: StateName,
+    /// The failure that put the conversation in `error`.
+    pub error: Option<String>,
+    pub last_seq: Seq,
+    pub cwd: String,
+    pub config: ConversationConfig,
+    pub usage: Usage,
+    /// The history as the model sees it.
+    pub messages: Vec<Message>,
+    pub pending: Vec<PendingCall>,
+    /// Messages waiting for a turn (`busy_policy = queue`).
+    pub queued: usize,
+    pub parent: Option<ConversationId>,
+    /// Turns started so far.
+    pub turn: u32,
+    /// Time since a user, worker or timer last did something here.
+    pub idle_ms: u64,
+    pub subscribers: usize,
+    /// The short-idle tier released this actor's buffers.
+    pub hibernated: bool,
+    /// What runs now.
+    pub worker: Option<WorkerInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum WorkerInfo {
+    Stream { generation: Generation },
+    Tool { tool_call_id: ToolCallId },
+}
+
+/// One conversation, by id.
+#[derive(Clone)]
+pub struct ConversationHandle {
+    runtime: Runtime,
+    id: ConversationId,
+}
+
+impl ConversationHandle {
+    pub(crate) fn new(runtime: Runtime, id: ConversationId) -> ConversationHandle {
+        ConversationHandle { runtime, id }
+    }
+
+    pub fn id(&self) -> &ConversationId {
+        &self.id
+    }
+
+    /// Send a user message. Returns its event id once it is durable; a busy
+    /// conversation under `busy_policy = reject` answers
+    /// `Error::Rejected(Rejection::Busy)`.
+    pub async fn send(
+        &self,
+        text: impl Into<String>,
+        images: Vec<ImageRef>,
+    ) -> Result<EventId, Error> {
+        let text = text.into();
+        // Not re-sent after a lost answer: the message may be durable already.
+        self.call_with(Retry::OnlyUndelivered, |reply| ConversationMsg::Send {
+            text: text.clone(),
+            images: images.clone(),
+            reply,
+        })
+        .await?
+        .map_err(Error::Rejected)
+    }
+
+    /// Stop whatever the conversation is doing and bring it to rest. Workers
+    /// are killed at once, ahead of anything queued in the actor's mailbox
+    /// (the HTTP stream closes, a tool's process group gets SIGKILL); then
+    /// the actor records the interruption. Returns the state it ended in.
+    pub async fn cancel(&self) -> Result<StateName, Error> {
+        let actor = self.runtime.ensure_started(&self.id).await?;
+        let control = self.runtime.shared.control(&self.id);
+        control.cancel_requested.store(true, Ordering::SeqCst);
+        for worker in actor.get_children() {
+            worker.kill();
+        }
+        self.call_on(actor, |reply| ConversationMsg::Cancel { reply })
+            .await
+    }
+
+    /// Answer a pending call: approve or deny a tool, answer a question,
+    /// return a client-run tool's output.
+    pub async fn resolve(&self, tool_call_id: ToolCallId, decision: Decision) -> Result<(), Error> {
+        self.call(|reply| ConversationMsg::Resolve {
+            tool_call_id: tool_call_id.clone(),
+            decision: decision.clone(),
+            reply,
+        })
+        .await?
+        .map_err(Error::Rejected)
+    }
+
+    /// A consistent view of the conversation, then every update after it.
+    pub async fn subscribe(&self) -> Result<Subscription, Error> {
+        self.call(|reply| ConversationMsg::Subscribe { reply })
+            .await
+    }
+
+    pub async fn inspect(&self) -> Result<Inspection, Error> {
+        self.call(|reply| ConversationMsg::Inspect { reply }).await
+    }
+
+    /// Change the configuration; it applies from the next LLM request.
+    pub async fn change_config(&self, config: ConversationConfig) -> Result<(), Error> {
+        self.call(|reply| ConversationMsg::ChangeConfig {
+            config: Box::new(config.clone()),
+            reply,
+        })
+        .await?
+        .map_err(Error::Rejected)
+    }
+
+    /// Save the snapshot and stop the actor now (only in a clean state: a
+    /// busy conversation answers `Rejected(Busy)`). The next call starts it
+    /// again from the store. Evicting a conversation that is not running
+    /// does nothing.
+    pub async fn evict(&self) -> Result<(), Error> {
+        let name = crate::runtime::actor_name(&self.runtime.shared.instance, &self.id);
+        let Some(cell) = ractor::registry::where_is(name) else {
+            return Ok(());
+        };
+        let actor: ActorRef<ConversationMsg> = cell.into();
+        let answer = match actor
+            .call(
+                |reply| ConversationMsg::Evict { reply: Some(reply) },
+                Some(CALL_TIMEOUT),
+            )
+            .await
+        {
+            Ok(CallResult::Success(answer)) => answer,
+            // It stopped on its own meanwhile: evicted either way.
+            Ok(CallResult::SenderError) | Err(_) => return Ok(()),
+            Ok(CallResult::Timeout) => return Err(Error::Timeout),
+        };
+        answer.map_err(Error::Rejected)?;
+        // The actor stops itself after this answer; wait until it has, so
+        // that the next call starts it afresh.
+        let _ = actor.wait(Some(CALL_TIMEOUT)).await;
+        Ok(())
+    }
+
+    /// Crash the actor on purpose (drills): its supervisor restarts it from
+    /// the log under its recovery policy.
+    pub async fn crash(&self) -> Result<(), Error> {
+        let actor = self.runtime.ensure_started(&self.id).await?;
+        actor
+            .cast(ConversationMsg::Crash)
+            .map_err(|_| Error::Stopped)
+    }
+
+    /// Send a request built by `message`, starting the actor if needed; if
+    /// the actor stops between the lookup and the answer (eviction), look it
+    /// up again and ask again.
+    async fn call<T, F>(&self, message: F) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: Fn(RpcReplyPort<T>) -> ConversationMsg,
+    {
+        self.call_with(Retry::Always, message).await
+    }
+
+    async fn call_with<T, F>(&self, retry: Retry, message: F) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: Fn(RpcReplyPort<T>) -> ConversationMsg,
+    {
+        for _ in 0..3 {
+            let actor = self.runtime.ensure_started(&self.id).await?;
+            match actor.call(&message, Some(CALL_TIMEOUT)).await {
+                Ok(CallResult::Success(answer)) => return Ok(answer),
+                Ok(CallResult::Timeout) => return Err(Error::Timeout),
+                Ok(CallResult::SenderError) if retry == Retry::OnlyUndelivered => {
+                    return Err(Error::Stopped)
+                }
+                Ok(CallResult::SenderError) | Err(_) => tokio::task::yield_now().await,
+            }
+        }
+        Err(Error::Stopped)
+    }
+
+    async fn call_on<T, F>(&self, actor: ActorRef<ConversationMsg>, message: F) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: Fn(RpcReplyPort<T>) -> ConversationMsg,
+    {
+        match actor.call(&message, Some(CALL_TIMEOUT)).await {
+            Ok(CallResult::Success(answer)) => Ok(answer),
+            Ok(CallResult::Timeout) => Err(Error::Timeout),
+            Ok(CallResult::SenderError) | Err(_) => self.call(message).await,
+        }
+    }
+}
+
+/// Whether a request may be asked again when its answer was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// Asking twice does no harm (a view, a cancel, a resolution the actor
+    /// refuses the second time).
+    Always,
+    /// Only if it never reached the actor.
+    OnlyUndelivered,
+}

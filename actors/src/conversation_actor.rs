@@ -1,0 +1,566 @@
+//! ConversationActor: owns one conversation. It feeds every input to
+//! `keel_core::transition` and carries out the effects in order (see
+//! `conversation_actor/effects.rs`): the appended events are durable before
+//! anything else happens, then published, then workers are started or
+//! stopped and timers set. It never waits on a provider or a tool: those run
+//! in its child `LlmStreamActor` and `ToolActor`, which report back with
+//! messages tagged by generation or tool call id.
+//!
+//! Cancel is handled ahead of queued work: `ConversationHandle::cancel` sets
+//! the conversation's [`Control`] flag and kills the workers before its
+//! message even reaches this mailbox, and every handler here looks at the
+//! flag first, so deltas queued behind the cancel arrive already stale.
+
+mod effects;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use keel_core::event::Decision;
+use keel_core::ids::{ConversationId, EventId, ToolCallId};
+use keel_core::message::ImageRef;
+use keel_core::state::{Conversation, Phase};
+use keel_core::{
+    AssistantResponse, ConversationConfig, Effect, Generation, Input, LlmFailure, Rejection,
+    StateName, StreamDelta, Timer,
+};
+use keel_store::rehydrate;
+
+use crate::conversation::{Inspection, WorkerInfo};
+use crate::pubsub::{Publisher, Subscription, View, VIEW_MESSAGES};
+use crate::runtime::Shared;
+use crate::tool::ToolOutcome;
+
+/// Out-of-band signals from handles to the actor, read at the top of every
+/// handler.
+#[derive(Debug, Default)]
+pub(crate) struct Control {
+    /// A cancel was asked for and not yet carried out.
+    pub(crate) cancel_requested: AtomicBool,
+}
+
+pub(crate) enum ConversationMsg {
+    Send {
+        text: String,
+        images: Vec<ImageRef>,
+        reply: RpcReplyPort<Result<EventId, Rejection>>,
+    },
+    Resolve {
+        tool_call_id: ToolCallId,
+        decision: Decision,
+        reply: RpcReplyPort<Result<(), Rejection>>,
+    },
+    Cancel {
+        reply: RpcReplyPort<StateName>,
+    },
+    ChangeConfig {
+        config: Box<ConversationConfig>,
+        reply: RpcReplyPort<Result<(), Rejection>>,
+    },
+    Subscribe {
+        reply: RpcReplyPort<Subscription>,
+    },
+    Inspect {
+        reply: RpcReplyPort<Inspection>,
+    },
+    /// Save the snapshot and stop (long-idle eviction, or asked for).
+    Evict {
+        reply: Option<RpcReplyPort<Result<(), Rejection>>>,
+    },
+    /// Panic on purpose: the crash drill. The supervisor brings the
+    /// conversation back from its log.
+    Crash,
+    /// The idle ticker: see whether to hibernate or evict.
+    IdleCheck,
+    // Reports from workers and timers.
+    StreamDelta {
+        generation: Generation,
+        delta: StreamDelta,
+    },
+    StreamFinished {
+        generation: Generation,
+        response: Box<AssistantResponse>,
+    },
+    StreamFailed {
+        generation: Generation,
+        failure: LlmFailure,
+    },
+    ToolOutput {
+        tool_call_id: ToolCallId,
+        chunk: String,
+    },
+    ToolFinished {
+        tool_call_id: ToolCallId,
+        outcome: ToolOutcome,
+    },
+    TimerFired {
+        timer: Timer,
+    },
+}
+
+/// How the actor comes up.
+pub(crate) enum Start {
+    /// A conversation just created: its first events are already durable.
+    Fresh {
+        conversation: Box<Conversation>,
+        effects: Vec<Effect>,
+    },
+    /// Rebuild from the store (snapshot checked against the log), then feed
+    /// `Input::Started` so that a turn left in flight is recovered.
+    Rehydrate,
+}
+
+/// The part of a start that runs once the actor is up.
+pub(crate) enum PendingStart {
+    /// The remaining effects of `keel_core::create` (a sub-agent's deadline).
+    Effects(Vec<Effect>),
+    /// Feed `Input::Started`.
+    Started,
+}
+
+pub(crate) struct ConversationArgs {
+    pub(crate) id: ConversationId,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) start: Start,
+}
+
+/// A running worker and what it works on.
+pub(crate) struct Worker<K> {
+    pub(crate) key: K,
+    pub(crate) cell: ActorCell,
+}
+
+/// Aborts its task when dropped, so that timers and tickers die with the actor
+/// however it ends (`post_stop` is skipped when an actor is killed).
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+pub(crate) struct ConversationState {
+    pub(crate) id: ConversationId,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) control: Arc<Control>,
+    /// `None` only inside a step, between `transition()` and the append.
+    pub(crate) conversation: Option<Conversation>,
+    pub(crate) stream: Option<Worker<Generation>>,
+    pub(crate) tool: Option<Worker<ToolCallId>>,
+    pub(crate) timers: HashMap<Timer, AbortOnDrop>,
+    pub(crate) publisher: Publisher,
+    /// What `post_start` still has to do.
+    pub(crate) pending_start: Option<PendingStart>,
+    /// Last time a user, a worker or a timer did something here.
+    pub(crate) last_touched: Instant,
+    /// Short-idle tier done: buffers released until the next input.
+    pub(crate) hibernated: bool,
+    pub(crate) _idle_ticker: Option<AbortOnDrop>,
+    pub(crate) span: tracing::Span,
+}
+
+impl ConversationState {
+    fn conversation(&self) -> Result<&Conversation, ActorProcessingErr> {
+        self.conversation
+            .as_ref()
+            .ok_or_else(|| "invariant: the conversation is present between steps".into())
+    }
+}
+
+pub(crate) struct ConversationActor;
+
+impl Actor for ConversationActor {
+    type Msg = ConversationMsg;
+    type State = ConversationState;
+    type Arguments = ConversationArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<ConversationMsg>,
+        args: ConversationArgs,
+    ) -> Result<ConversationState, ActorProcessingErr> {
+        let ConversationArgs { id, shared, start } = args;
+        let span = tracing::info_span!("conversation", id = %id);
+        let (conversation, pending_start) = match start {
+            Start::Fresh {
+                conversation,
+                effects,
+            } => (*conversation, PendingStart::Effects(effects)),
+            Start::Rehydrate => {
+                let rehydrated = rehydrate(shared.store.as_ref(), &id)
+                    .instrument(span.clone())
+                    .await?
+                    .ok_or_else(|| format!("conversation {id} does not exist"))?;
+                tracing::debug!(parent: &span, snapshot = ?rehydrated.snapshot, "rehydrated");
+                (rehydrated.conversation, PendingStart::Started)
+            }
+        };
+        let control = shared.control(&id);
+        Ok(ConversationState {
+            id,
+            control,
+            conversation: Some(conversation),
+            stream: None,
+            tool: None,
+            timers: HashMap::new(),
+            publisher: Publisher::default(),
+            pending_start: Some(pending_start),
+            last_touched: Instant::now(),
+            hibernated: false,
+            _idle_ticker: None,
+            span,
+            shared,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<ConversationMsg>,
+        state: &mut ConversationState,
+    ) -> Result<(), ActorProcessingErr> {
+        state._idle_ticker = Some(idle_ticker(&myself, state.shared.settings.idle_check));
+        match state.pending_start.take() {
+            Some(PendingStart::Effects(effects)) => {
+                for effect in effects {
+                    effects::carry_out(&myself, state, effect).await?;
+                }
+            }
+            Some(PendingStart::Started) => {
+                effects::step(&myself, state, Input::Started).await?;
+            }
+            None => {}
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<ConversationMsg>,
+        state: &mut ConversationState,
+    ) -> Result<(), ActorProcessingErr> {
+        tracing::debug!(parent: &state.span, "conversation actor stopped");
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<ConversationMsg>,
+        message: ConversationMsg,
+        state: &mut ConversationState,
+    ) -> Result<(), ActorProcessingErr> {
+        let is_cancel = matches!(message, ConversationMsg::Cancel { .. });
+        if !is_cancel {
+            cancel_if_requested(&myself, state).await?;
+        }
+        if !matches!(message, ConversationMsg::IdleCheck) {
+            state.last_touched = Instant::now();
+            state.hibernated = false;
+        }
+        match message {
+            ConversationMsg::Send {
+                text,
+                images,
+                reply,
+            } => {
+                let outcome =
+                    effects::step(&myself, state, Input::UserMessage { text, images }).await?;
+                let answer = match (outcome.rejection, outcome.user_message) {
+                    (Some(rejection), _) => Err(rejection),
+                    (None, Some(seq)) => Ok(state.id.event_id(seq)),
+                    // Accepted without a new event cannot happen for a
+                    // message; answer with the log position to be safe.
+                    (None, None) => Ok(state.id.event_id(state.conversation()?.working.last_seq)),
+                };
+                let _ = reply.send(answer);
+            }
+            ConversationMsg::Resolve {
+                tool_call_id,
+                decision,
+                reply,
+            } => {
+                let outcome = effects::step(
+                    &myself,
+                    state,
+                    Input::Resolve {
+                        tool_call_id,
+                        decision,
+                    },
+                )
+                .await?;
+                let _ = reply.send(outcome.rejection.map_or(Ok(()), Err));
+            }
+            ConversationMsg::Cancel { reply } => {
+                state
+                    .control
+                    .cancel_requested
+                    .store(false, Ordering::SeqCst);
+                effects::step(&myself, state, Input::Cancel).await?;
+                let _ = reply.send(state.conversation()?.state_name());
+            }
+            ConversationMsg::ChangeConfig { config, reply } => {
+                let outcome =
+                    effects::step(&myself, state, Input::ChangeConfig { config: *config }).await?;
+                let _ = reply.send(outcome.rejection.map_or(Ok(()), Err));
+            }
+            ConversationMsg::Subscribe { reply } => {
+                let view = view(state)?;
+                let receiver = state.publisher.subscribe();
+                let _ = reply.send(Subscription::new(view, receiver));
+            }
+            ConversationMsg::Inspect { reply } => {
+                let _ = reply.send(inspect(state)?);
+            }
+            ConversationMsg::Evict { reply } => {
+                let outcome = effects::step(&myself, state, Input::Stop).await?;
+                if let Some(reply) = reply {
+                    let _ = reply.send(outcome.rejection.map_or(Ok(()), Err));
+                }
+            }
+            ConversationMsg::Crash => {
+                tracing::warn!(parent: &state.span, "crashing on purpose (drill)");
+                return Err("crash requested (drill)".into());
+            }
+            ConversationMsg::IdleCheck => idle_check(&myself, state).await?,
+            ConversationMsg::StreamDelta { generation, delta } => {
+                effects::step(&myself, state, Input::StreamDelta { generation, delta }).await?;
+            }
+            ConversationMsg::StreamFinished {
+                generation,
+                response,
+            } => {
+                effects::finish_stream(state, generation);
+                let input = Input::StreamFinished {
+                    generation,
+                    response: *response,
+                };
+                effects::step(&myself, state, input).await?;
+            }
+            ConversationMsg::StreamFailed {
+                generation,
+                failure,
+            } => {
+                effects::finish_stream(state, generation);
+                let input = Input::StreamFailed {
+                    generation,
+                    failure,
+                    jitter: fastrand::u16(0..=1000),
+                };
+                effects::step(&myself, state, input).await?;
+            }
+            ConversationMsg::ToolOutput {
+                tool_call_id,
+                chunk,
+            } => {
+                let input = Input::ToolOutput {
+                    tool_call_id,
+                    chunk,
+                };
+                effects::step(&myself, state, input).await?;
+            }
+            ConversationMsg::ToolFinished {
+                tool_call_id,
+                outcome,
+            } => {
+                effects::finish_tool(state, &tool_call_id);
+                let input = Input::ToolFinished {
+                    tool_call_id,
+                    content: outcome.content,
+                    is_error: outcome.is_error,
+                };
+                effects::step(&myself, state, input).await?;
+            }
+            ConversationMsg::TimerFired { timer } => {
+                state.timers.remove(&timer);
+                effects::step(&myself, state, Input::TimerFired { timer }).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A worker ended. One that ends while still current never sent its
+    /// final report (it panicked or was stopped from outside), so the
+    /// conversation hears of it as a failed request or tool; anything else
+    /// is a worker this actor already let go.
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<ConversationMsg>,
+        event: SupervisionEvent,
+        state: &mut ConversationState,
+    ) -> Result<(), ActorProcessingErr> {
+        cancel_if_requested(&myself, state).await?;
+        let (cell, why) = match event {
+            SupervisionEvent::ActorFailed(cell, error) => (cell, format!("crashed: {error}")),
+            SupervisionEvent::ActorTerminated(cell, _, reason) => (
+                cell,
+                format!("stopped: {}", reason.unwrap_or_else(|| "no reason".into())),
+            ),
+            _ => return Ok(()),
+        };
+        let id = cell.get_id();
+        if let Some(worker) = state
+            .stream
+            .as_ref()
+            .filter(|worker| worker.cell.get_id() == id)
+        {
+            let generation = worker.key;
+            tracing::warn!(parent: &state.span, %generation, "stream worker {why}");
+            state.stream = None;
+            let input = Input::StreamFailed {
+                generation,
+                failure: LlmFailure {
+                    retryable: true,
+                    retry_after_ms: None,
+                    message: format!("the stream worker {why}"),
+                },
+                jitter: fastrand::u16(0..=1000),
+            };
+            effects::step(&myself, state, input).await?;
+        } else if let Some(worker) = state
+            .tool
+            .as_ref()
+            .filter(|worker| worker.cell.get_id() == id)
+        {
+            let tool_call_id = worker.key.clone();
+            tracing::warn!(parent: &state.span, %tool_call_id, "tool worker {why}");
+            state.tool = None;
+            let input = Input::ToolFinished {
+                tool_call_id,
+                content: format!("the tool {why}"),
+                is_error: true,
+            };
+            effects::step(&myself, state, input).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Carry out a cancel that a handle asked for, before the message at hand.
+async fn cancel_if_requested(
+    myself: &ActorRef<ConversationMsg>,
+    state: &mut ConversationState,
+) -> Result<(), ActorProcessingErr> {
+    if state.control.cancel_requested.swap(false, Ordering::SeqCst) {
+        effects::step(myself, state, Input::Cancel).await?;
+    }
+    Ok(())
+}
+
+fn idle_ticker(myself: &ActorRef<ConversationMsg>, every: Duration) -> AbortOnDrop {
+    let myself = myself.clone();
+    AbortOnDrop(tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await;
+        loop {
+            ticks.tick().await;
+            if myself.cast(ConversationMsg::IdleCheck).is_err() {
+                return;
+            }
+        }
+    }))
+}
+
+/// Idle eviction in two tiers (seed 004). Short idle while waiting on a
+/// human: release what can be rebuilt, stay addressable. Long idle in a
+/// clean state with nobody watching: save the snapshot and stop;
+/// `ensure_started` brings the conversation back from the store.
+async fn idle_check(
+    myself: &ActorRef<ConversationMsg>,
+    state: &mut ConversationState,
+) -> Result<(), ActorProcessingErr> {
+    let idle = state.last_touched.elapsed();
+    let settings = state.shared.settings;
+    let phase = &state.conversation()?.phase;
+    let clean = matches!(
+        phase,
+        Phase::Idle
+            | Phase::Error { .. }
+            | Phase::AwaitingInput
+            | Phase::Completed { .. }
+            | Phase::Failed { .. }
+    );
+    if clean && idle >= settings.long_idle && state.publisher.subscribers() == 0 {
+        tracing::debug!(parent: &state.span, idle_ms = idle.as_millis() as u64, "evicting");
+        effects::step(myself, state, Input::Stop).await?;
+        return Ok(());
+    }
+    if !state.hibernated && idle >= settings.short_idle && clean {
+        hibernate(state);
+    }
+    Ok(())
+}
+
+/// Give back memory the actor can rebuild when it is next needed: the live
+/// channel's buffer when nobody listens, and the slack in the working set's
+/// growable buffers.
+fn hibernate(state: &mut ConversationState) {
+    state.publisher.release_if_unwatched();
+    state.timers.shrink_to_fit();
+    if let Some(conversation) = state.conversation.as_mut() {
+        let working = &mut conversation.working;
+        working.messages.shrink_to_fit();
+        working.open_calls.shrink_to_fit();
+        working.pending.shrink_to_fit();
+        working.approved.shrink_to_fit();
+        working.queued.shrink_to_fit();
+    }
+    state.hibernated = true;
+    tracing::debug!(parent: &state.span, "hibernated");
+}
+
+fn view(state: &ConversationState) -> Result<View, ActorProcessingErr> {
+    let conversation = state.conversation()?;
+    let working = &conversation.working;
+    let skip = working.messages.len().saturating_sub(VIEW_MESSAGES);
+    Ok(View {
+        id: state.id.clone(),
+        state: conversation.state_name(),
+        last_seq: working.last_seq,
+        cwd: working.cwd.clone(),
+        usage: working.usage,
+        pending: working.pending.clone(),
+        recent_messages: working.messages[skip..].to_vec(),
+        omitted_messages: skip,
+    })
+}
+
+fn inspect(state: &ConversationState) -> Result<Inspection, ActorProcessingErr> {
+    let conversation = state.conversation()?;
+    let working = &conversation.working;
+    Ok(Inspection {
+        id: state.id.clone(),
+        state: conversation.state_name(),
+        error: match &conversation.phase {
+            Phase::Error { message } => Some(message.clone()),
+            _ => None,
+        },
+        last_seq: working.last_seq,
+        cwd: working.cwd.clone(),
+        config: working.config.clone(),
+        usage: working.usage,
+        messages: working.messages.clone(),
+        pending: working.pending.clone(),
+        queued: working.queued.len(),
+        parent: working.parent_conversation.clone(),
+        turn: working.turn,
+        idle_ms: state.last_touched.elapsed().as_millis() as u64,
+        subscribers: state.publisher.subscribers(),
+        hibernated: state.hibernated,
+        worker: match (&state.stream, &state.tool) {
+            (Some(stream), _) => Some(WorkerInfo::Stream {
+                generation: stream.key,
+            }),
+            (None, Some(tool)) => Some(WorkerInfo::Tool {
+                tool_call_id: tool.key.clone(),
+            }),
+            (None, None) => None,
+        },
+    })
+}

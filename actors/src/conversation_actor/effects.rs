@@ -1,0 +1,279 @@
+//! Carrying out a step. `step` runs `transition()` and then its effects in
+//! order: the `Append` (always first) is awaited until durable and only then
+//! does the actor keep the new state and publish the events; a failed append
+//! fails the actor, whose supervisor brings it back from the log, so memory
+//! never runs ahead of disk.
+
+use std::sync::Arc;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+
+use keel_core::event::{Event, EventKind};
+use keel_core::ids::{Seq, ToolCallId};
+use keel_core::message::ToolCall;
+use keel_core::snapshot::FsmSnapshot;
+use keel_core::{transition, Effect, Generation, Input, ModelRef, Rejection, Step};
+
+use super::{AbortOnDrop, ConversationMsg, ConversationState, Worker};
+use crate::pubsub::Update;
+use crate::stream_actor::{LlmStreamActor, StreamArgs, StreamRequest};
+use crate::tool::ToolOutcome;
+use crate::tool_actor::{ToolActor, ToolArgs};
+
+/// What a step meant for the caller that caused it.
+pub(crate) struct Outcome {
+    pub(crate) rejection: Option<Rejection>,
+    /// Seq of the user message this step recorded, if any.
+    pub(crate) user_message: Option<Seq>,
+}
+
+pub(crate) async fn step(
+    myself: &ActorRef<ConversationMsg>,
+    state: &mut ConversationState,
+    input: Input,
+) -> Result<Outcome, ActorProcessingErr> {
+    let conversation = state
+        .conversation
+        .take()
+        .ok_or("invariant: the conversation is present between steps")?;
+    let now = state.shared.clock.now();
+    let Step {
+        state: next,
+        effects,
+        rejection,
+    } = transition(conversation, input, now);
+    let mut user_message = None;
+    let mut effects = effects.into_iter().peekable();
+    if let Some(Effect::Append { .. }) = effects.peek() {
+        let Some(Effect::Append { events }) = effects.next() else {
+            return Err("invariant: peeked an append".into());
+        };
+        user_message = events
+            .iter()
+            .find(|event| matches!(event.kind, EventKind::UserMessage { .. }))
+            .map(|event| event.seq);
+        append(state, events).await?;
+    }
+    state.conversation = Some(next);
+    for effect in effects {
+        carry_out(myself, state, effect).await?;
+    }
+    Ok(Outcome {
+        rejection,
+        user_message,
+    })
+}
+
+/// Make `events` durable, then publish them. A store error fails the actor.
+async fn append(
+    state: &mut ConversationState,
+    events: Vec<Event>,
+) -> Result<(), ActorProcessingErr> {
+    let published: Vec<Event> = if state.publisher.subscribers() > 0 {
+        events.clone()
+    } else {
+        Vec::new()
+    };
+    if let Err(error) = state.shared.store.append(&state.id, events).await {
+        tracing::error!(parent: &state.span, %error, "append failed; the actor stops and recovers from the log");
+        return Err(Box::new(error));
+    }
+    for event in published {
+        state.publisher.publish(Update::Event {
+            event: Arc::new(event),
+        });
+    }
+    Ok(())
+}
+
+pub(crate) async fn carry_out(
+    myself: &ActorRef<ConversationMsg>,
+    state: &mut ConversationState,
+    effect: Effect,
+) -> Result<(), ActorProcessingErr> {
+    match effect {
+        Effect::Append { events } => append(state, events).await?,
+        Effect::Publish { event } => state.publisher.publish(Update::Live { event }),
+        Effect::StartStream {
+            generation,
+            model,
+            timeout_ms,
+        } => start_stream(myself, state, generation, model, timeout_ms).await?,
+        Effect::AbortStream { generation } => {
+            if let Some(worker) = state.stream.take_if(|worker| worker.key == generation) {
+                // Killing drops the worker's request future: the socket closes now.
+                worker.cell.kill();
+            }
+        }
+        Effect::StartTool { call } => start_tool(myself, state, call).await?,
+        Effect::SpawnSubAgents { call } => {
+            // Sub-agents come with their own runtime support; until then the
+            // model is told plainly, and the conversation goes on.
+            report_tool(
+                myself,
+                call.id,
+                ToolOutcome::error("spawn_agents is not available in this runtime yet"),
+            );
+        }
+        Effect::AbortTool { tool_call_id } => {
+            if let Some(worker) = state.tool.take_if(|worker| worker.key == tool_call_id) {
+                // Killing drops the tool's future, and with it the process
+                // group guard: the whole group gets SIGKILL.
+                worker.cell.kill();
+            }
+        }
+        Effect::SetTimer { timer, at } => {
+            let delay = state.shared.clock.until(at);
+            let target = myself.clone();
+            let task = tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = target.cast(ConversationMsg::TimerFired { timer });
+            });
+            state.timers.insert(timer, AbortOnDrop(task));
+        }
+        Effect::SaveSnapshot => save_snapshot(state).await,
+        Effect::Stop => {
+            tracing::debug!(parent: &state.span, "stopping");
+            myself.stop(Some("stopped".into()));
+        }
+    }
+    Ok(())
+}
+
+/// Snapshots are a cache over the log: failing to write one loses nothing.
+async fn save_snapshot(state: &mut ConversationState) {
+    let Some(snapshot) = state
+        .conversation
+        .as_ref()
+        .and_then(|conversation| FsmSnapshot::of(&conversation.working))
+    else {
+        return;
+    };
+    if let Err(error) = state.shared.store.save_snapshot(&state.id, &snapshot).await {
+        tracing::warn!(parent: &state.span, %error, "could not save the snapshot");
+    }
+}
+
+async fn start_stream(
+    myself: &ActorRef<ConversationMsg>,
+    state: &mut ConversationState,
+    generation: Generation,
+    model: ModelRef,
+    timeout_ms: u64,
+) -> Result<(), ActorProcessingErr> {
+    if let Some(old) = state.stream.take() {
+        old.cell.kill();
+    }
+    let conversation = state
+        .conversation
+        .as_ref()
+        .ok_or("invariant: the conversation is present between steps")?;
+    let working = &conversation.working;
+    let request = StreamRequest {
+        model,
+        system: working.config.system.clone(),
+        messages: working.messages.clone(),
+        tools: state.shared.tools.specs(working.is_sub_agent()),
+        max_tokens: working.config.max_tokens,
+        timeout_ms,
+    };
+    let args = StreamArgs {
+        generation,
+        request,
+        shared: state.shared.clone(),
+        report: myself.clone(),
+        span: tracing::info_span!(parent: &state.span, "llm_request", turn = generation.turn, attempt = generation.attempt),
+    };
+    match LlmStreamActor::spawn_linked(None, LlmStreamActor, args, myself.get_cell()).await {
+        Ok((worker, _)) => {
+            state.stream = Some(Worker {
+                key: generation,
+                cell: worker.get_cell(),
+            });
+        }
+        Err(error) => {
+            let _ = myself.cast(ConversationMsg::StreamFailed {
+                generation,
+                failure: keel_core::LlmFailure {
+                    retryable: true,
+                    retry_after_ms: None,
+                    message: format!("could not start the stream worker: {error}"),
+                },
+            });
+        }
+    }
+    Ok(())
+}
+
+async fn start_tool(
+    myself: &ActorRef<ConversationMsg>,
+    state: &mut ConversationState,
+    call: ToolCall,
+) -> Result<(), ActorProcessingErr> {
+    if let Some(old) = state.tool.take() {
+        old.cell.kill();
+    }
+    let Some(tool) = state.shared.tools.get(&call.name) else {
+        let known = state
+            .shared
+            .tools
+            .specs(false)
+            .into_iter()
+            .map(|spec| spec.name)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let message = format!("there is no tool named {:?}; available: {known}", call.name);
+        report_tool(myself, call.id, ToolOutcome::error(message));
+        return Ok(());
+    };
+    let cwd = state
+        .conversation
+        .as_ref()
+        .map(|conversation| conversation.working.cwd.clone())
+        .unwrap_or_default();
+    let tool_call_id = call.id.clone();
+    let args = ToolArgs {
+        call,
+        tool,
+        cwd: cwd.into(),
+        ledger: state.shared.ledger.clone(),
+        report: myself.clone(),
+        span: tracing::info_span!(parent: &state.span, "tool", id = %tool_call_id),
+    };
+    match ToolActor::spawn_linked(None, ToolActor, args, myself.get_cell()).await {
+        Ok((worker, _)) => {
+            state.tool = Some(Worker {
+                key: tool_call_id,
+                cell: worker.get_cell(),
+            });
+        }
+        Err(error) => report_tool(
+            myself,
+            tool_call_id,
+            ToolOutcome::error(format!("could not start the tool: {error}")),
+        ),
+    }
+    Ok(())
+}
+
+/// Feed a tool's result back through the mailbox, like a worker would.
+fn report_tool(myself: &ActorRef<ConversationMsg>, tool_call_id: ToolCallId, outcome: ToolOutcome) {
+    let _ = myself.cast(ConversationMsg::ToolFinished {
+        tool_call_id,
+        outcome,
+    });
+}
+
+/// The stream of `generation` reported its end: let its worker go.
+pub(crate) fn finish_stream(state: &mut ConversationState, generation: Generation) {
+    if let Some(worker) = state.stream.take_if(|worker| worker.key == generation) {
+        worker.cell.stop(None);
+    }
+}
+
+/// The tool of `tool_call_id` reported its end: let its worker go.
+pub(crate) fn finish_tool(state: &mut ConversationState, tool_call_id: &ToolCallId) {
+    if let Some(worker) = state.tool.take_if(|worker| &worker.key == tool_call_id) {
+        worker.cell.stop(None);
+    }
+}

@@ -1,0 +1,334 @@
+//! Process groups of tool subprocesses: killed as a whole when their tool
+//! call ends or is cancelled, and recorded on disk so that a runtime that
+//! crashed can kill the ones that outlived it.
+//!
+//! A tool such as `bash` starts a child that may start children of its own
+//! (`make -j`, `sleep 30 &`). Killing only the direct child leaves the rest
+//! running and holding the output pipes, so every tool child leads its own
+//! process group (`process_group(0)`) and [`ProcessGroup`] sends `SIGKILL` to
+//! the whole group with `killpg`, on [`ProcessGroup::kill`] or on drop.
+//! Cancelling a tool call drops its future, so drop is the path that matters.
+//!
+//! Drop does not run when the runtime itself is killed (`SIGKILL`, OOM, power
+//! cut), so each group is also written to a [`ProcessLedger`]: one small file
+//! per group, fsynced before the tool does any work and removed when the group
+//! is killed. At boot, [`ProcessLedger::reap_survivors`] kills what is left.
+//! A pid can be reused once its process is gone, so the ledger keeps the
+//! group leader's start time (and the boot id) and never kills a process
+//! whose start does not match.
+//!
+//! This is Linux-only: start times come from `/proc/<pid>/stat`.
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nix::errno::Errno;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+/// A running process group, killed (`SIGKILL` to every member) when dropped.
+///
+/// Holding one is the promise that nothing of the group outlives the holder:
+/// the tool that spawned the group keeps it in its future, so a cancelled
+/// call (a dropped future) kills the group too.
+#[derive(Debug)]
+pub struct ProcessGroup {
+    /// Equal to the leader's pid: the leader was spawned with `process_group(0)`.
+    pgid: u32,
+    /// Where the group is recorded; the record goes when the group is killed.
+    ledger: Option<Arc<ProcessLedger>>,
+    /// False once `kill` ran, so a second kill (or the drop after an explicit
+    /// kill) sends nothing: the pgid may have been reused by then.
+    alive: bool,
+}
+
+impl ProcessGroup {
+    /// Take ownership of the group led by a child spawned with
+    /// `process_group(0)`, so `pgid` is the child's pid. With a ledger, the
+    /// group is recorded (and fsynced) before this returns; if that fails the
+    /// group is killed and the error returned, since a group the ledger does
+    /// not know about could outlive a crash unnoticed.
+    ///
+    /// Call it right after spawning, before the child is waited for: only an
+    /// unreaped leader guarantees that `pgid` still names this group.
+    pub fn adopt(
+        pgid: u32,
+        ledger: Option<Arc<ProcessLedger>>,
+        label: &str,
+    ) -> io::Result<ProcessGroup> {
+        // killpg(0) would signal our own group and killpg(1) init's, so a bad
+        // pgid here must never reach a kill.
+        if pgid <= 1 || i32::try_from(pgid).is_err() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{pgid} is not a process group a tool could lead"),
+            ));
+        }
+        // Built before recording so that a failed record still kills the group
+        // (by the drop on the error path).
+        let mut group = ProcessGroup {
+            pgid,
+            ledger: None,
+            alive: true,
+        };
+        if let Some(ledger) = ledger {
+            ledger.record(pgid, label)?;
+            group.ledger = Some(ledger);
+        }
+        Ok(group)
+    }
+
+    pub fn pgid(&self) -> u32 {
+        self.pgid
+    }
+
+    /// `SIGKILL` every process of the group and forget its ledger record.
+    /// Idempotent: only the first call sends a signal.
+    pub fn kill(&mut self) {
+        if !self.alive {
+            return;
+        }
+        self.alive = false;
+        // ESRCH (no such group) means every member is gone already, which is
+        // what we want; EPERM cannot happen for our own children. Either way
+        // there is nothing more a drop could do, so the error is dropped.
+        let _ = signal_group(self.pgid, Signal::SIGKILL);
+        if let Some(ledger) = &self.ledger {
+            // A record left behind is harmless: at boot its start time no
+            // longer matches a live process (or no process exists), so the
+            // reaper deletes it without killing anything.
+            let _ = ledger.remove(self.pgid);
+        }
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Send `signal` to every process of group `pgid`; `None` only checks that
+/// the group exists.
+fn signal_group(pgid: u32, signal: impl Into<Option<Signal>>) -> nix::Result<()> {
+    let pgid = i32::try_from(pgid).map_err(|_| Errno::EINVAL)?;
+    killpg(Pid::from_raw(pgid), signal)
+}
+
+/// The durable list of running tool process groups: a directory with one file
+/// per group, named after its pgid.
+///
+/// A record is a JSON object `{"v":1,"pgid":N,"start_time":T,"boot_id":B,"label":L}`:
+/// `start_time` is field 22 of `/proc/<pgid>/stat` (the leader's start, in
+/// clock ticks since boot), `boot_id` is `/proc/sys/kernel/random/boot_id`
+/// (start times restart at every boot), `label` says whose group it is (the
+/// tool call id).
+#[derive(Debug)]
+pub struct ProcessLedger {
+    dir: PathBuf,
+}
+
+/// What [`ProcessLedger::reap_survivors`] did with one record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reaped {
+    pub pgid: u32,
+    /// The record's label; empty if the record could not be read.
+    pub label: String,
+    /// True if a surviving group was sent `SIGKILL`; false if the group was
+    /// gone, its pid now belongs to another process, or the record was
+    /// unreadable.
+    pub killed: bool,
+}
+
+/// The record format's version; a record of another version is not trusted.
+const RECORD_VERSION: u64 = 1;
+
+impl ProcessLedger {
+    /// The ledger kept in `dir`, created if missing.
+    pub fn open(dir: &Path) -> io::Result<ProcessLedger> {
+        fs::create_dir_all(dir)?;
+        Ok(ProcessLedger {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Record group `pgid` (led by the live process `pgid`) under `label`,
+    /// durably: the file and the directory entry are fsynced.
+    pub fn record(&self, pgid: u32, label: &str) -> io::Result<()> {
+        let start_time = start_time(pgid)?.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("process {pgid} is gone before it could be recorded"),
+            )
+        })?;
+        let record = serde_json::json!({
+            "v": RECORD_VERSION,
+            "pgid": pgid,
+            "start_time": start_time,
+            "boot_id": boot_id(),
+            "label": label,
+        });
+        let path = self.dir.join(pgid.to_string());
+        let mut file = fs::File::create(&path)?;
+        file.write_all(record.to_string().as_bytes())?;
+        file.sync_all()?;
+        // The new directory entry is durable only once the directory is synced.
+        fs::File::open(&self.dir)?.sync_all()
+    }
+
+    /// Forget group `pgid`. A missing record is fine: it was never written or
+    /// was already removed.
+    pub fn remove(&self, pgid: u32) -> io::Result<()> {
+        match fs::remove_file(self.dir.join(pgid.to_string())) {
+            Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
+            _ => Ok(()),
+        }
+    }
+
+    /// At boot, before any tool runs: kill every recorded group that is still
+    /// running, then delete every record. A group is killed only if its
+    /// leader's start time (and boot) match the record, so a pid the kernel
+    /// has since given to an unrelated process is never touched. Records are
+    /// reported in pgid order.
+    ///
+    /// Fails only if the directory cannot be read; a record that cannot be
+    /// parsed or deleted is reported as not killed.
+    pub fn reap_survivors(&self) -> io::Result<Vec<Reaped>> {
+        let mut reaped = Vec::new();
+        for entry in fs::read_dir(&self.dir)? {
+            let path = entry?.path();
+            let Some(pgid) = path
+                .file_name()
+                .and_then(|name| name.to_str())
+                .and_then(|name| name.parse::<u32>().ok())
+            else {
+                // Not a record of ours (an editor's backup, say): leave it.
+                continue;
+            };
+            let outcome = match fs::read(&path).ok().and_then(|bytes| parse_record(&bytes)) {
+                Some(record) if record.pgid == pgid => Reaped {
+                    pgid,
+                    killed: reap(&record),
+                    label: record.label,
+                },
+                // Torn by a crash mid-write, or foreign: without a start time
+                // nothing proves the pid is still ours, so nothing is killed.
+                _ => Reaped {
+                    pgid,
+                    label: String::new(),
+                    killed: false,
+                },
+            };
+            let _ = fs::remove_file(&path);
+            reaped.push(outcome);
+        }
+        reaped.sort_by_key(|outcome| outcome.pgid);
+        Ok(reaped)
+    }
+}
+
+/// A parsed ledger record.
+struct Record {
+    pgid: u32,
+    start_time: u64,
+    boot_id: String,
+    label: String,
+}
+
+fn parse_record(bytes: &[u8]) -> Option<Record> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    if value.get("v")?.as_u64()? != RECORD_VERSION {
+        return None;
+    }
+    Some(Record {
+        pgid: u32::try_from(value.get("pgid")?.as_u64()?).ok()?,
+        start_time: value.get("start_time")?.as_u64()?,
+        boot_id: value.get("boot_id")?.as_str()?.to_owned(),
+        label: value.get("label")?.as_str()?.to_owned(),
+    })
+}
+
+/// Kill the recorded group if it provably still is the one recorded.
+/// Returns whether a signal was sent.
+fn reap(record: &Record) -> bool {
+    // Start times count from boot: after a reboot a match would be chance,
+    // and nothing from before the reboot can be running anyway.
+    if record.boot_id != boot_id() {
+        return false;
+    }
+    // The leader is alive only if it is unreaped; a crashed runtime's
+    // children are reparented and reaped by init, so a group whose leader
+    // exited is not found here even if some of its members live on. Killing
+    // such a group would need proof the pgid was not reused, which /proc
+    // cannot give, so it is left alone.
+    match start_time(record.pgid) {
+        Ok(Some(start_time)) if start_time == record.start_time => {
+            signal_group(record.pgid, Signal::SIGKILL).is_ok()
+        }
+        _ => false,
+    }
+}
+
+/// The start time of process `pid` (field 22 of `/proc/<pid>/stat`, clock
+/// ticks since boot), or `None` if there is no such process.
+fn start_time(pid: u32) -> io::Result<Option<u64>> {
+    let stat = match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => return Err(error),
+    };
+    parse_start_time(&stat).map(Some).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("cannot read the start time in /proc/{pid}/stat"),
+        )
+    })
+}
+
+/// Field 22 of a `/proc/<pid>/stat` line. Field 2 is the command name in
+/// parentheses and may itself hold spaces and parentheses, so fields are
+/// counted from the last `)`: field 3 is the first after it.
+fn parse_start_time(stat: &str) -> Option<u64> {
+    let (_, after_name) = stat.rsplit_once(')')?;
+    after_name.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
+/// This boot's id, or an empty string where the kernel does not provide one
+/// (then only start times guard against reused pids).
+fn boot_id() -> String {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|id| id.trim().to_owned())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_time_is_field_22_even_with_parentheses_in_the_name() {
+        let stat = "4242 (we (ird) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 \
+                    1 2 0 0 20 0 1 0 987654 1000 200";
+        assert_eq!(parse_start_time(stat), Some(987_654));
+    }
+
+    #[test]
+    fn a_truncated_stat_line_has_no_start_time() {
+        assert_eq!(parse_start_time("4242 (sh) S 1 4242"), None);
+        assert_eq!(parse_start_time("garbage"), None);
+    }
+
+    #[test]
+    fn records_of_another_version_are_not_trusted() {
+        let v2 = br#"{"v":2,"pgid":5,"start_time":1,"boot_id":"","label":"x"}"#;
+        assert!(parse_record(v2).is_none());
+        let v1 = br#"{"v":1,"pgid":5,"start_time":1,"boot_id":"","label":"x"}"#;
+        assert!(parse_record(v1).is_some());
+    }
+}

@@ -1,0 +1,380 @@
+//! The runtime an embedder opens: the root supervisor, the registry through
+//! which a conversation is addressed only by id, and `ensure_started`, the
+//! one door (seed 004) through which every message, resolution, cancel and
+//! subscription reaches a conversation, starting its actor from the store if
+//! it is not running. Boot recovery lives in `runtime/boot.rs`.
+
+mod boot;
+mod supervisor;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ractor::{Actor, ActorCell, ActorRef, SpawnErr};
+
+use keel_core::ids::ConversationId;
+use keel_core::{create, ConversationConfig, NewConversation, Step};
+use keel_store::{EventLog, IndexEntry};
+
+pub use boot::BootReport;
+
+use crate::clock::Clock;
+use crate::conversation::ConversationHandle;
+use crate::conversation_actor::{
+    Control, ConversationActor, ConversationArgs, ConversationMsg, Start,
+};
+use crate::process_group::ProcessLedger;
+use crate::provider::{ProviderClient, ProviderConfig};
+use crate::tool::ToolRegistry;
+use crate::Error;
+use supervisor::{SupervisorActor, SupervisorMsg};
+
+/// Timings of the runtime; the defaults suit a daemon, tests shorten them.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// Waiting on a human this long, an actor releases what it can rebuild.
+    pub short_idle: Duration,
+    /// Idle this long in a clean state, an actor saves its snapshot and stops.
+    pub long_idle: Duration,
+    /// How often an actor looks at its idle time.
+    pub idle_check: Duration,
+    /// A conversation failing more often than this within `restart_window`
+    /// is left stopped until it is next addressed.
+    pub max_restarts: usize,
+    pub restart_window: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            short_idle: Duration::from_secs(60),
+            long_idle: Duration::from_secs(30 * 60),
+            idle_check: Duration::from_secs(30),
+            max_restarts: 3,
+            restart_window: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What a runtime is opened with.
+pub struct RuntimeConfig {
+    pub store: Arc<dyn EventLog>,
+    pub providers: ProviderConfig,
+    pub tools: ToolRegistry,
+    /// Where running tools' process groups are recorded, so that a runtime
+    /// opened after a crash can kill any that outlived it. `None` (tests with
+    /// an in-memory store) records nothing.
+    pub process_dir: Option<PathBuf>,
+    pub settings: Settings,
+}
+
+impl RuntimeConfig {
+    /// Defaults around `store`: providers from the environment, the default
+    /// tools, no process ledger.
+    pub fn new(store: Arc<dyn EventLog>) -> RuntimeConfig {
+        RuntimeConfig {
+            store,
+            providers: ProviderConfig::from_env(),
+            tools: ToolRegistry::with_defaults(),
+            process_dir: None,
+            settings: Settings::default(),
+        }
+    }
+}
+
+/// What every actor of one runtime shares.
+pub(crate) struct Shared {
+    /// Prefix of this runtime's registry names: the registry is
+    /// process-global, and two runtimes in one process must not collide.
+    pub(crate) instance: String,
+    pub(crate) store: Arc<dyn EventLog>,
+    pub(crate) provider: ProviderClient,
+    pub(crate) tools: ToolRegistry,
+    pub(crate) ledger: Option<Arc<ProcessLedger>>,
+    pub(crate) clock: Clock,
+    pub(crate) settings: Settings,
+    controls: Mutex<HashMap<ConversationId, Arc<Control>>>,
+}
+
+impl Shared {
+    /// The out-of-band control block of a conversation, shared by its actor
+    /// (whichever life of it) and every handle.
+    pub(crate) fn control(&self, id: &ConversationId) -> Arc<Control> {
+        let mut controls = self
+            .controls
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        controls.entry(id.clone()).or_default().clone()
+    }
+}
+
+/// A running keel: cheap to clone, every clone the same runtime.
+#[derive(Clone)]
+pub struct Runtime {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) supervisor: ActorRef<SupervisorMsg>,
+}
+
+static INSTANCES: AtomicU64 = AtomicU64::new(0);
+
+/// The registry name of a conversation's actor.
+pub(crate) fn actor_name(instance: &str, id: &ConversationId) -> String {
+    format!("{instance}/conversation/{id}")
+}
+
+/// The conversation a registry name belongs to, if it is one of `instance`'s.
+pub(crate) fn conversation_of(instance: &str, name: &str) -> Option<ConversationId> {
+    let id = name
+        .strip_prefix(instance)?
+        .strip_prefix("/conversation/")?;
+    ConversationId::new(id).ok()
+}
+
+impl Runtime {
+    /// Open a runtime: start the supervisor, kill tool process groups that
+    /// outlived a previous run, and recover every conversation the index
+    /// says was mid-turn. What boot did is in [`Runtime::boot_report`].
+    pub async fn open(config: RuntimeConfig) -> Result<(Runtime, BootReport), Error> {
+        let RuntimeConfig {
+            store,
+            providers,
+            tools,
+            process_dir,
+            settings,
+        } = config;
+        let ledger = match process_dir {
+            Some(dir) => Some(Arc::new(ProcessLedger::open(&dir).map_err(|source| {
+                Error::Io {
+                    what: format!("cannot open the process ledger in {}", dir.display()),
+                    source,
+                }
+            })?)),
+            None => None,
+        };
+        let instance = format!(
+            "keel-{}-{}",
+            std::process::id(),
+            INSTANCES.fetch_add(1, Ordering::Relaxed)
+        );
+        let shared = Arc::new(Shared {
+            instance: instance.clone(),
+            store,
+            provider: ProviderClient::new(providers)?,
+            tools,
+            ledger,
+            clock: Clock::system(),
+            settings,
+            controls: Mutex::new(HashMap::new()),
+        });
+        let (supervisor, _) = SupervisorActor::spawn(
+            Some(format!("{instance}/supervisor")),
+            SupervisorActor,
+            shared.clone(),
+        )
+        .await
+        .map_err(|error| Error::Actor(error.to_string()))?;
+        let runtime = Runtime { shared, supervisor };
+        let report = boot::recover(&runtime).await?;
+        Ok((runtime, report))
+    }
+
+    /// Create a conversation working in `cwd` (fixed for its whole life,
+    /// REQ-BED-010) and start its actor.
+    pub async fn create(
+        &self,
+        cwd: impl Into<PathBuf>,
+        config: ConversationConfig,
+    ) -> Result<ConversationHandle, Error> {
+        let cwd = cwd.into();
+        let metadata = tokio::fs::metadata(&cwd).await;
+        if !metadata.as_ref().is_ok_and(|metadata| metadata.is_dir()) {
+            return Err(Error::InvalidCwd {
+                cwd: cwd.display().to_string(),
+            });
+        }
+        let id = new_id();
+        let step = create(
+            NewConversation {
+                id: id.clone(),
+                cwd: cwd.display().to_string(),
+                config,
+                parent_conversation: None,
+            },
+            self.shared.clock.now(),
+        );
+        let Step {
+            state, mut effects, ..
+        } = step;
+        if let Some(keel_core::Effect::Append { events }) = effects.first() {
+            self.shared.store.append(&id, events.clone()).await?;
+            effects.remove(0);
+        }
+        let args = ConversationArgs {
+            id: id.clone(),
+            shared: self.shared.clone(),
+            start: Start::Fresh {
+                conversation: Box::new(state),
+                effects,
+            },
+        };
+        let name = actor_name(&self.shared.instance, &id);
+        ConversationActor::spawn_linked(
+            Some(name),
+            ConversationActor,
+            args,
+            self.supervisor.get_cell(),
+        )
+        .await
+        .map_err(|error| Error::Actor(error.to_string()))?;
+        tracing::info!(conversation = %id, "created");
+        Ok(self.handle(id))
+    }
+
+    /// A handle on conversation `id`. Every call through it goes through
+    /// `ensure_started`; an unknown id is an error on first use.
+    pub fn handle(&self, id: ConversationId) -> ConversationHandle {
+        ConversationHandle::new(self.clone(), id)
+    }
+
+    /// Start conversation `id` if it is not running, and return a handle.
+    pub async fn open_conversation(
+        &self,
+        id: &ConversationId,
+    ) -> Result<ConversationHandle, Error> {
+        self.ensure_started(id).await?;
+        Ok(self.handle(id.clone()))
+    }
+
+    pub(crate) async fn ensure_started(
+        &self,
+        id: &ConversationId,
+    ) -> Result<ActorRef<ConversationMsg>, Error> {
+        ensure_started(&self.shared, &self.supervisor.get_cell(), id).await
+    }
+
+    /// Conversations in the store, oldest first; sub-agents only if asked.
+    pub fn list(&self, include_sub_agents: bool) -> Result<Vec<IndexEntry>, Error> {
+        Ok(self.shared.store.list(include_sub_agents)?)
+    }
+
+    /// Ids of the conversations with a live actor now.
+    pub fn live(&self) -> Vec<ConversationId> {
+        let mut live: Vec<ConversationId> = ractor::registry::registered()
+            .iter()
+            .filter_map(|name| conversation_of(&self.shared.instance, name))
+            .collect();
+        live.sort();
+        live
+    }
+
+    /// Whether conversation `id` has a live actor now.
+    pub fn is_live(&self, id: &ConversationId) -> bool {
+        ractor::registry::where_is(actor_name(&self.shared.instance, id)).is_some()
+    }
+
+    /// How many times the supervisor restarted a failed conversation.
+    pub async fn restarts(&self) -> Result<u64, Error> {
+        match self
+            .supervisor
+            .call(|reply| SupervisorMsg::Restarts { reply }, None)
+            .await
+        {
+            Ok(ractor::rpc::CallResult::Success(count)) => Ok(count),
+            _ => Err(Error::Stopped),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn EventLog> {
+        &self.shared.store
+    }
+
+    pub fn tools(&self) -> &ToolRegistry {
+        &self.shared.tools
+    }
+
+    /// Stop every conversation and the supervisor, and return once every
+    /// actor has let go of the runtime (so a disk store is closed and its
+    /// lock free, unless a caller still holds a handle or a clone of this
+    /// runtime). Running tools are killed, their process groups with them;
+    /// turns in flight stay in flight in the log, and the next `open`
+    /// recovers them as it would after a crash.
+    pub async fn shutdown(self) {
+        const PATIENCE: Duration = Duration::from_secs(5);
+        let conversations = self.supervisor.get_children();
+        for conversation in &conversations {
+            let workers = conversation.get_children();
+            let _ = conversation.kill_and_wait(Some(PATIENCE)).await;
+            for worker in workers {
+                let _ = worker.kill_and_wait(Some(PATIENCE)).await;
+            }
+        }
+        let _ = self
+            .supervisor
+            .stop_and_wait(Some("shutdown".into()), Some(PATIENCE))
+            .await;
+        // An actor's state (which holds `Shared`) is dropped just after the
+        // actor reports that it stopped; wait for the last of them.
+        let Runtime { shared, supervisor } = self;
+        drop(supervisor);
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while Arc::strong_count(&shared) > 1 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        if Arc::strong_count(&shared) > 1 {
+            tracing::warn!(
+                holders = Arc::strong_count(&shared) - 1,
+                "runtime shut down while handles or clones of it are still held; the store stays open until they are dropped"
+            );
+        }
+    }
+}
+
+/// Return the live actor of `id`, or start it from the store. Two callers
+/// racing here get the same actor: the registry admits one name once, and the
+/// loser of the spawn race takes the winner's.
+pub(crate) async fn ensure_started(
+    shared: &Arc<Shared>,
+    supervisor: &ActorCell,
+    id: &ConversationId,
+) -> Result<ActorRef<ConversationMsg>, Error> {
+    let name = actor_name(&shared.instance, id);
+    for _ in 0..100 {
+        if let Some(cell) = ractor::registry::where_is(name.clone()) {
+            return Ok(cell.into());
+        }
+        if shared.store.last_seq(id)? == 0 {
+            return Err(Error::NotFound(id.clone()));
+        }
+        let args = ConversationArgs {
+            id: id.clone(),
+            shared: shared.clone(),
+            start: Start::Rehydrate,
+        };
+        match ConversationActor::spawn_linked(
+            Some(name.clone()),
+            ConversationActor,
+            args,
+            supervisor.clone(),
+        )
+        .await
+        {
+            Ok((actor, _)) => return Ok(actor),
+            // Someone else started it between our look and our spawn; or
+            // an actor that is stopping still holds the name: look again.
+            Err(SpawnErr::ActorAlreadyRegistered(_)) => tokio::task::yield_now().await,
+            Err(error) => return Err(Error::Actor(error.to_string())),
+        }
+    }
+    Err(Error::Actor(format!(
+        "could not start conversation {id}: its name stayed taken"
+    )))
+}
+
+/// A fresh conversation id: `c-` and 16 random hex digits.
+fn new_id() -> ConversationId {
+    let raw = format!("c-{:016x}", fastrand::u64(..));
+    ConversationId::new(raw).unwrap_or_else(|_| unreachable!("invariant: c- and hex is a valid id"))
+}

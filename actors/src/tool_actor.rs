@@ -1,0 +1,114 @@
+//! ToolActor: one tool call. Spawned linked to its ConversationActor; runs
+//! the tool in its handler, forwards output chunks as they come and ends with
+//! one `ToolFinished`. A tool that panics becomes an error result here; a
+//! tool whose worker dies some other way is reported by the conversation's
+//! supervision handler. Killing the actor (cancel) drops the tool's future,
+//! and the tool's RAII guards (a bash call's process group) go with it.
+
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tracing::Instrument;
+
+use keel_core::message::ToolCall;
+
+use crate::conversation_actor::ConversationMsg;
+use crate::process_group::ProcessLedger;
+use crate::tool::{Tool, ToolContext, ToolOutcome, ToolOutput};
+
+pub(crate) struct ToolArgs {
+    pub(crate) call: ToolCall,
+    pub(crate) tool: Arc<dyn Tool>,
+    pub(crate) cwd: PathBuf,
+    pub(crate) ledger: Option<Arc<ProcessLedger>>,
+    pub(crate) report: ActorRef<ConversationMsg>,
+    pub(crate) span: tracing::Span,
+}
+
+pub(crate) enum ToolMsg {
+    Run,
+}
+
+pub(crate) struct ToolActor;
+
+impl Actor for ToolActor {
+    type Msg = ToolMsg;
+    type State = Option<ToolArgs>;
+    type Arguments = ToolArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<ToolMsg>,
+        args: ToolArgs,
+    ) -> Result<Option<ToolArgs>, ActorProcessingErr> {
+        myself.cast(ToolMsg::Run)?;
+        Ok(Some(args))
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<ToolMsg>,
+        ToolMsg::Run: ToolMsg,
+        state: &mut Option<ToolArgs>,
+    ) -> Result<(), ActorProcessingErr> {
+        let Some(args) = state.take() else {
+            return Ok(());
+        };
+        let span = args.span.clone();
+        run(args).instrument(span).await;
+        Ok(())
+    }
+}
+
+async fn run(args: ToolArgs) {
+    let ToolArgs {
+        call,
+        tool,
+        cwd,
+        ledger,
+        report,
+        ..
+    } = args;
+    let tool_call_id = call.id.clone();
+    let (output, mut chunks) = ToolOutput::channel();
+    let context = ToolContext {
+        call,
+        cwd,
+        output,
+        ledger,
+    };
+    let forward = |chunk: String| {
+        let _ = report.cast(ConversationMsg::ToolOutput {
+            tool_call_id: tool_call_id.clone(),
+            chunk,
+        });
+    };
+    let running = AssertUnwindSafe(tool.run(context)).catch_unwind();
+    tokio::pin!(running);
+    let outcome = loop {
+        tokio::select! {
+            outcome = &mut running => break outcome,
+            Some(chunk) = chunks.recv() => forward(chunk),
+        }
+    };
+    while let Ok(chunk) = chunks.try_recv() {
+        forward(chunk);
+    }
+    let outcome = outcome.unwrap_or_else(|panic| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|text| (*text).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".to_owned());
+        tracing::warn!(panic = %why, "tool panicked");
+        ToolOutcome::error(format!("the tool panicked: {why}"))
+    });
+    tracing::debug!(is_error = outcome.is_error, "tool finished");
+    let _ = report.cast(ConversationMsg::ToolFinished {
+        tool_call_id,
+        outcome,
+    });
+}

@@ -1,0 +1,536 @@
+//! The tool layer against real processes: the `bash` tool (output, exit
+//! status, working directory, caps, timeout, cancel, background children),
+//! the process ledger that lets a restarted runtime kill what outlived it,
+//! and the specs the registry offers the model.
+//!
+//! Commands that need the test to know their process group print `$$`: the
+//! gate execs `bash -c`, so that shell's pid is the group's leader and id.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel_actors::process_group::{ProcessGroup, ProcessLedger, Reaped};
+use keel_actors::tool::{
+    Bash, Tool, ToolContext, ToolOutcome, ToolOutput, ToolRegistry, ASK_USER, SUBMIT_RESULT,
+};
+use keel_core::message::ToolCall;
+use keel_core::wire::ToolSpec;
+use keel_core::ToolCallId;
+use nix::errno::Errno;
+use nix::sys::signal::killpg;
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+/// Longest wait for something that takes milliseconds: only a broken tool
+/// (or a badly overloaded machine) reaches it.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn context(input: Value, cwd: &Path, output: ToolOutput) -> ToolContext {
+    ToolContext {
+        call: ToolCall {
+            id: ToolCallId::new("toolu_test"),
+            name: "bash".to_owned(),
+            input,
+        },
+        cwd: cwd.to_path_buf(),
+        output,
+        ledger: None,
+    }
+}
+
+/// Run `command` to its end, output discarded, with a bound on how long that
+/// may take.
+async fn bash(input: Value) -> ToolOutcome {
+    let cwd = std::env::temp_dir();
+    let run = Bash.run(context(input, &cwd, ToolOutput::discard()));
+    tokio::time::timeout(PATIENCE, run)
+        .await
+        .expect("the bash tool did not return")
+}
+
+/// The next live chunk, or a failure if none comes.
+async fn next_chunk(chunks: &mut UnboundedReceiver<String>) -> String {
+    tokio::time::timeout(PATIENCE, chunks.recv())
+        .await
+        .expect("no output chunk arrived")
+        .expect("the output channel closed")
+}
+
+fn pgid_of(text: &str) -> u32 {
+    text.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("not a pid: {text:?}"))
+}
+
+/// Whether no running process of group `pgid` is left. A killed process
+/// whose parent died is reparented to init, which reaps it when it gets to
+/// it (seconds, in some containers); such a zombie runs nothing, so it
+/// counts as gone.
+fn group_is_gone(pgid: u32) -> bool {
+    match killpg(Pid::from_raw(pgid as i32), None) {
+        Err(Errno::ESRCH) => true,
+        _ => member_states(pgid).iter().all(|&state| state == 'Z'),
+    }
+}
+
+/// The state letter of every process in group `pgid`, from /proc.
+fn member_states(pgid: u32) -> Vec<char> {
+    let mut states = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some((_, fields)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = fields.split_whitespace().collect();
+        // After the name: state (field 3), ppid (4), pgrp (5).
+        if fields.get(2) == Some(&pgid.to_string().as_str()) {
+            states.extend(fields[0].chars().next());
+        }
+    }
+    states
+}
+
+/// Wait (bounded) until group `pgid` has no running process left.
+async fn assert_group_gone(pgid: u32) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !group_is_gone(pgid) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "process group {pgid} is still running: {:?}",
+            member_states(pgid)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn ledger_records(ledger: &ProcessLedger) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(ledger.dir())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn stdout_and_stderr_are_both_captured() {
+    let outcome = bash(json!({"command": "echo to-stdout; echo to-stderr >&2"})).await;
+    assert!(!outcome.is_error, "{outcome:?}");
+    assert!(outcome.content.contains("to-stdout\n"), "{outcome:?}");
+    assert!(outcome.content.contains("to-stderr\n"), "{outcome:?}");
+}
+
+#[tokio::test]
+async fn the_command_reaches_bash_verbatim() {
+    let outcome = bash(json!({"command": r#"printf '%s|' "it's" '$1' "$#" "$0""#})).await;
+    assert_eq!(outcome, ToolOutcome::ok("it's|$1|0|bash|"));
+}
+
+#[tokio::test]
+async fn a_command_with_no_output_says_so() {
+    let outcome = bash(json!({"command": "true"})).await;
+    assert_eq!(outcome, ToolOutcome::ok("(no output)"));
+}
+
+#[tokio::test]
+async fn a_nonzero_exit_is_an_error_that_names_the_code() {
+    let outcome = bash(json!({"command": "echo failing; exit 3"})).await;
+    assert_eq!(outcome, ToolOutcome::error("failing\nexit code 3"));
+}
+
+#[tokio::test]
+async fn a_command_killed_by_a_signal_says_which() {
+    let outcome = bash(json!({"command": "kill -TERM $$"})).await;
+    assert_eq!(outcome, ToolOutcome::error("killed by signal 15 (SIGTERM)"));
+}
+
+#[tokio::test]
+async fn the_command_runs_in_the_conversation_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let call = context(
+        json!({"command": "pwd -P"}),
+        dir.path(),
+        ToolOutput::discard(),
+    );
+    let outcome = Bash.run(call).await;
+    assert!(!outcome.is_error, "{outcome:?}");
+    assert_eq!(
+        Path::new(outcome.content.trim()),
+        dir.path().canonicalize().unwrap()
+    );
+}
+
+#[tokio::test]
+async fn a_missing_working_directory_is_an_error_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let gone = dir.path().join("gone");
+    let outcome = Bash
+        .run(context(
+            json!({"command": "true"}),
+            &gone,
+            ToolOutput::discard(),
+        ))
+        .await;
+    assert!(outcome.is_error, "{outcome:?}");
+    assert!(
+        outcome.content.contains("cannot run bash in"),
+        "{outcome:?}"
+    );
+}
+
+#[tokio::test]
+async fn bad_input_is_an_error_outcome_not_a_panic() {
+    for (input, says) in [
+        (json!({}), "\"command\" is missing"),
+        (json!({"command": 42}), "\"command\" must be a string"),
+        (json!("ls"), "needs input"),
+        (json!({"command": "ls", "timeout_ms": "soon"}), "timeout_ms"),
+        (json!({"command": "ls", "timeout_ms": 0}), "timeout_ms"),
+    ] {
+        let outcome = bash(input.clone()).await;
+        assert!(outcome.is_error, "{input}: {outcome:?}");
+        assert!(outcome.content.contains(says), "{input}: {outcome:?}");
+    }
+}
+
+#[tokio::test]
+async fn output_chunks_arrive_on_the_channel() {
+    let (output, mut chunks) = ToolOutput::channel();
+    let cwd = std::env::temp_dir();
+    let command = json!({"command": "echo one; echo two >&2"});
+    let outcome = Bash.run(context(command, &cwd, output)).await;
+    assert!(!outcome.is_error, "{outcome:?}");
+    // The context, and with it the sender, is gone: the channel drains and closes.
+    let mut live = String::new();
+    while let Some(chunk) = chunks.recv().await {
+        assert!(!chunk.is_empty());
+        live.push_str(&chunk);
+    }
+    assert!(live.contains("one\n") && live.contains("two\n"), "{live:?}");
+    assert_eq!(live.len(), outcome.content.len());
+}
+
+#[tokio::test]
+async fn output_streams_while_the_command_is_still_running() {
+    let (output, mut chunks) = ToolOutput::channel();
+    let cwd = std::env::temp_dir();
+    let command = json!({"command": "echo $$; sleep 30"});
+    let mut run = Box::pin(Bash.run(context(command, &cwd, output)));
+    let chunk = tokio::select! {
+        chunk = next_chunk(&mut chunks) => chunk,
+        outcome = &mut run => panic!("finished early: {outcome:?}"),
+    };
+    let pgid = pgid_of(&chunk);
+    drop(run);
+    assert_group_gone(pgid).await;
+}
+
+#[tokio::test]
+async fn large_output_is_capped_keeping_head_and_tail() {
+    let (output, mut chunks) = ToolOutput::channel();
+    let cwd = std::env::temp_dir();
+    let command =
+        json!({"command": "echo START; head -c 300000 /dev/zero | tr '\\0' a; echo; echo END"});
+    let run = Bash.run(context(command, &cwd, output));
+    let outcome = tokio::time::timeout(PATIENCE, run).await.unwrap();
+    assert!(!outcome.is_error);
+    let n_output = "START\n".len() + 300_000 + "\nEND\n".len();
+    let marker = format!("\n[... {} bytes omitted ...]\n", n_output - 64 * 1024);
+    assert!(outcome.content.starts_with("START\naaaa"));
+    assert!(outcome.content.ends_with("aaaa\nEND\n"));
+    assert!(outcome.content.contains(&marker));
+    assert_eq!(outcome.content.len(), 64 * 1024 + marker.len());
+    // Under the live cap, everything is streamed.
+    let mut n_live = 0;
+    while let Some(chunk) = chunks.recv().await {
+        n_live += chunk.len();
+    }
+    assert_eq!(n_live, n_output);
+}
+
+#[tokio::test]
+async fn live_output_stops_at_its_cap_but_the_command_still_finishes() {
+    let (output, mut chunks) = ToolOutput::channel();
+    let cwd = std::env::temp_dir();
+    let command = json!({"command": "head -c 3000000 /dev/zero | tr '\\0' a; echo; echo END"});
+    let run = Bash.run(context(command, &cwd, output));
+    let outcome = tokio::time::timeout(PATIENCE, run).await.unwrap();
+    assert!(!outcome.is_error);
+    assert!(outcome.content.ends_with("aaaa\nEND\n"));
+    let mut live = Vec::new();
+    while let Some(chunk) = chunks.recv().await {
+        live.push(chunk);
+    }
+    let n_live: usize = live.iter().map(String::len).sum();
+    let last = live.last().unwrap();
+    assert!(last.contains("[live output stops after 1 MiB"), "{last:?}");
+    assert!(n_live < 1024 * 1024 + 200, "{n_live}");
+    assert!(!live.concat().contains("END"));
+}
+
+#[tokio::test]
+async fn a_timeout_kills_the_command_and_keeps_its_output() {
+    let command = "sleep 30 & echo $$; sleep 30";
+    let outcome = bash(json!({"command": command, "timeout_ms": 300})).await;
+    assert!(outcome.is_error, "{outcome:?}");
+    let (pgid, note) = outcome.content.split_once('\n').unwrap();
+    assert_eq!(
+        note,
+        "timed out after 300 ms: the command and every process it started were killed"
+    );
+    assert_group_gone(pgid_of(pgid)).await;
+}
+
+#[tokio::test]
+async fn dropping_the_call_kills_the_whole_process_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Arc::new(ProcessLedger::open(&dir.path().join("tools")).unwrap());
+    let (output, mut chunks) = ToolOutput::channel();
+    let mut call = context(
+        json!({"command": "sleep 30 & sleep 30 & echo $$; wait"}),
+        dir.path(),
+        output,
+    );
+    call.ledger = Some(ledger.clone());
+    let mut run = Box::pin(Bash.run(call));
+    let chunk = tokio::select! {
+        chunk = next_chunk(&mut chunks) => chunk,
+        outcome = &mut run => panic!("finished early: {outcome:?}"),
+    };
+    let pgid = pgid_of(&chunk);
+    // Both sleeps were forked before the echo, so the group has three members.
+    assert_eq!(member_states(pgid).len(), 3, "{:?}", member_states(pgid));
+    assert_eq!(ledger_records(&ledger), [pgid.to_string()]);
+
+    drop(run);
+
+    assert_group_gone(pgid).await;
+    assert!(ledger_records(&ledger).is_empty());
+}
+
+#[tokio::test]
+async fn background_children_die_when_the_command_exits() {
+    let outcome = bash(json!({"command": "sleep 30 & echo $$"})).await;
+    assert!(!outcome.is_error, "{outcome:?}");
+    assert_group_gone(pgid_of(&outcome.content)).await;
+}
+
+#[tokio::test]
+async fn the_ledger_holds_a_record_exactly_while_the_group_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Arc::new(ProcessLedger::open(&dir.path().join("tools")).unwrap());
+    let (output, mut chunks) = ToolOutput::channel();
+    // The command waits for a file the test creates once it has looked.
+    let mut call = context(
+        json!({"command": "echo $$; while [ ! -e go ]; do sleep 0.01; done; echo done"}),
+        dir.path(),
+        output,
+    );
+    call.ledger = Some(ledger.clone());
+    let mut run = Box::pin(Bash.run(call));
+    let chunk = tokio::select! {
+        chunk = next_chunk(&mut chunks) => chunk,
+        outcome = &mut run => panic!("finished early: {outcome:?}"),
+    };
+    let pgid = pgid_of(&chunk);
+
+    assert_eq!(ledger_records(&ledger), [pgid.to_string()]);
+    let record: Value =
+        serde_json::from_slice(&std::fs::read(ledger.dir().join(pgid.to_string())).unwrap())
+            .unwrap();
+    assert_eq!(record["pgid"], pgid);
+    assert_eq!(record["label"], "toolu_test");
+
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    let outcome = tokio::time::timeout(PATIENCE, run).await.unwrap();
+    assert!(outcome.content.ends_with("done\n"), "{outcome:?}");
+    assert!(ledger_records(&ledger).is_empty());
+}
+
+/// A `sleep 30` leading its own group, as a tool would have started it.
+fn spawn_group_leader() -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    std::process::Command::new("sleep")
+        .arg("30")
+        .process_group(0)
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn reap_survivors_kills_a_recorded_group_that_is_still_running() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ProcessLedger::open(dir.path()).unwrap();
+    let mut leader = spawn_group_leader();
+    ledger.record(leader.id(), "toolu_survivor").unwrap();
+
+    // A new ledger over the same directory: what a restarted runtime sees.
+    let reaped = ProcessLedger::open(dir.path())
+        .unwrap()
+        .reap_survivors()
+        .unwrap();
+
+    assert_eq!(
+        reaped,
+        [Reaped {
+            pgid: leader.id(),
+            label: "toolu_survivor".to_owned(),
+            killed: true,
+        }]
+    );
+    assert_eq!(leader.wait().unwrap().signal(), Some(9));
+    assert!(ledger_records(&ledger).is_empty());
+}
+
+#[test]
+fn reap_survivors_spares_a_pid_whose_start_time_does_not_match() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ProcessLedger::open(dir.path()).unwrap();
+    let mut stranger = spawn_group_leader();
+    // As if the recorded group died and the kernel gave its pid to `stranger`.
+    ledger.record(stranger.id(), "toolu_old").unwrap();
+    let path = dir.path().join(stranger.id().to_string());
+    let mut record: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    record["start_time"] = json!(record["start_time"].as_u64().unwrap() - 1);
+    std::fs::write(&path, record.to_string()).unwrap();
+
+    let reaped = ledger.reap_survivors().unwrap();
+
+    assert_eq!(
+        reaped,
+        [Reaped {
+            pgid: stranger.id(),
+            label: "toolu_old".to_owned(),
+            killed: false,
+        }]
+    );
+    assert!(ledger_records(&ledger).is_empty());
+    assert!(
+        stranger.try_wait().unwrap().is_none(),
+        "the stranger was killed"
+    );
+    stranger.kill().unwrap();
+    stranger.wait().unwrap();
+}
+
+#[test]
+fn reap_survivors_deletes_an_unreadable_record_without_killing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ProcessLedger::open(dir.path()).unwrap();
+    std::fs::write(dir.path().join("4242"), "{\"v\":1,\"pgid\":42").unwrap();
+    let reaped = ledger.reap_survivors().unwrap();
+    assert_eq!(
+        reaped,
+        [Reaped {
+            pgid: 4242,
+            label: String::new(),
+            killed: false,
+        }]
+    );
+    assert!(ledger_records(&ledger).is_empty());
+}
+
+#[test]
+fn dropping_a_process_group_kills_it_and_forgets_its_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Arc::new(ProcessLedger::open(dir.path()).unwrap());
+    let mut leader = spawn_group_leader();
+    let group = ProcessGroup::adopt(leader.id(), Some(ledger.clone()), "toolu_drop").unwrap();
+    assert_eq!(group.pgid(), leader.id());
+    assert_eq!(ledger_records(&ledger), [leader.id().to_string()]);
+    drop(group);
+    assert!(leader.wait().unwrap().code().is_none());
+    assert!(ledger_records(&ledger).is_empty());
+}
+
+#[test]
+fn adopting_our_own_group_or_init_is_refused() {
+    for pgid in [0, 1] {
+        assert!(ProcessGroup::adopt(pgid, None, "toolu_bad").is_err());
+    }
+}
+
+fn names(specs: &[ToolSpec]) -> Vec<&str> {
+    specs.iter().map(|spec| spec.name.as_str()).collect()
+}
+
+#[test]
+fn specs_are_sorted_and_add_ask_user_and_for_sub_agents_submit_result() {
+    let registry = ToolRegistry::with_defaults();
+    assert_eq!(names(&registry.specs(false)), [ASK_USER, "bash"]);
+    assert_eq!(
+        names(&registry.specs(true)),
+        [ASK_USER, "bash", SUBMIT_RESULT]
+    );
+    assert_eq!(names(&ToolRegistry::new().specs(false)), [ASK_USER]);
+
+    let ask_user = &registry.specs(false)[0];
+    assert_eq!(ask_user.input_schema["required"], json!(["question"]));
+    let submit_result = &registry.specs(true)[2];
+    assert_eq!(submit_result.input_schema["required"], json!(["result"]));
+    let bash = &registry.specs(false)[1];
+    assert_eq!(bash.input_schema["required"], json!(["command"]));
+}
+
+/// A tool that answers with a fixed text, under any name.
+struct Canned {
+    name: &'static str,
+    answer: &'static str,
+}
+
+#[async_trait::async_trait]
+impl Tool for Canned {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: self.name.to_owned(),
+            description: self.answer.to_owned(),
+            input_schema: json!({"type": "object"}),
+        }
+    }
+
+    async fn run(&self, _ctx: ToolContext) -> ToolOutcome {
+        ToolOutcome::ok(self.answer)
+    }
+}
+
+#[tokio::test]
+async fn registering_a_tool_replaces_one_of_the_same_name() {
+    let mut registry = ToolRegistry::with_defaults();
+    let before = registry.clone();
+    registry
+        .register(Canned {
+            name: "bash",
+            answer: "not really bash",
+        })
+        .register(Canned {
+            name: "aardvark",
+            answer: "first",
+        })
+        .register(Canned {
+            name: ASK_USER,
+            answer: "never runs",
+        });
+
+    let specs = registry.specs(false);
+    assert_eq!(names(&specs), ["aardvark", ASK_USER, "bash"]);
+    assert_ne!(
+        specs[1].description, "never runs",
+        "the built-in ask_user wins"
+    );
+    let bash = registry.get("bash").unwrap();
+    let cwd = std::env::temp_dir();
+    let outcome = bash
+        .run(context(json!({}), &cwd, ToolOutput::discard()))
+        .await;
+    assert_eq!(outcome, ToolOutcome::ok("not really bash"));
+    // A registry cloned earlier keeps what it had.
+    assert!(before.get("aardvark").is_none());
+    assert!(registry.get("nonexistent").is_none());
+}

@@ -1,0 +1,984 @@
+//! The actor runtime (keel-actors) as an embedder uses it, against the real
+//! `keel mock-llm` over loopback, on the in-memory store and on disk (redb
+//! and sled): full turns with a real `bash` tool, busy policies, cancel from
+//! every busy state, crash restarts, eviction, concurrent `ensure_started`,
+//! and a runtime dropped mid-turn and reopened on the same store.
+//!
+//! Tests wait on the conversation's own updates (state changes through a
+//! subscription) or on the mock's recording, never on sleeps; every wait is
+//! bounded so that a regression fails instead of hanging.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use keel_actors::core::config::{ConversationConfig, ModelRef, ProviderKind, ToolPolicy};
+use keel_actors::core::event::{Decision, EventKind};
+use keel_actors::core::retry::RetryPolicy;
+use keel_actors::core::{BusyPolicy, Event, LiveEvent, RecoveryPolicy, Rejection, StateName};
+use keel_actors::provider::{Endpoint, ProviderConfig, Timeouts};
+use keel_actors::store::{self, BackendKind, EventLog};
+use keel_actors::{
+    ConversationHandle, Received, Runtime, RuntimeConfig, Settings, Subscription, Update,
+};
+use serde_json::json;
+
+use crate::harness::{group_is_gone, group_member_states, MockLlm};
+
+/// Longest any wait here may take before the test fails.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+struct Rig {
+    mock: MockLlm,
+    /// Holds the working directory and the data directory.
+    dir: tempfile::TempDir,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        Rig {
+            mock: MockLlm::start(),
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn cwd(&self) -> std::path::PathBuf {
+        let cwd = self.dir.path().join("work");
+        std::fs::create_dir_all(&cwd).unwrap();
+        cwd
+    }
+
+    fn data_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn providers(&self) -> ProviderConfig {
+        ProviderConfig {
+            anthropic: Endpoint {
+                base_url: self.mock.base_url().to_owned(),
+                api_key: Some("sk-ant-e2e".to_owned()),
+            },
+            openai: Endpoint {
+                base_url: format!("{}/v1", self.mock.base_url()),
+                api_key: Some("sk-openai-e2e".to_owned()),
+            },
+            mock_url: None,
+            timeouts: Timeouts::default(),
+        }
+    }
+
+    fn store(&self, kind: BackendKind) -> Arc<dyn EventLog> {
+        store::open(kind, &self.data_dir()).unwrap()
+    }
+
+    async fn runtime(&self, store: Arc<dyn EventLog>) -> Runtime {
+        let (runtime, report) = Runtime::open(RuntimeConfig {
+            store,
+            providers: self.providers(),
+            tools: keel_actors::tool::ToolRegistry::with_defaults(),
+            process_dir: Some(self.data_dir().join("processes")),
+            settings: Settings::default(),
+        })
+        .await
+        .unwrap();
+        assert!(
+            report.failed.is_empty(),
+            "boot failures: {:?}",
+            report.failed
+        );
+        runtime
+    }
+}
+
+fn config() -> ConversationConfig {
+    ConversationConfig {
+        primary: ModelRef {
+            provider: ProviderKind::Anthropic,
+            model: "claude-mock".to_owned(),
+        },
+        ..ConversationConfig::default()
+    }
+}
+
+fn with_policy(busy_policy: BusyPolicy) -> ConversationConfig {
+    ConversationConfig {
+        busy_policy,
+        ..config()
+    }
+}
+
+/// A subscription that remembers the last state it heard of.
+struct Watch {
+    subscription: Subscription,
+    state: StateName,
+}
+
+async fn watch(conversation: &ConversationHandle) -> Watch {
+    let subscription = conversation.subscribe().await.unwrap();
+    let state = subscription.view.state;
+    Watch {
+        subscription,
+        state,
+    }
+}
+
+impl Watch {
+    async fn next(&mut self) -> Received {
+        let received = self.subscription.next().await;
+        if let Received::Update(Update::Live {
+            event: LiveEvent::StateChanged { state },
+        }) = &received
+        {
+            self.state = *state;
+        }
+        received
+    }
+
+    /// Waits until the conversation is in `state` (now or later).
+    async fn reach(&mut self, state: StateName) {
+        let waited = tokio::time::timeout(PATIENCE, async {
+            while self.state != state {
+                if self.next().await == Received::Closed {
+                    panic!("the conversation stopped before reaching {state}");
+                }
+            }
+        })
+        .await;
+        assert!(
+            waited.is_ok(),
+            "the conversation did not reach {state} within {PATIENCE:?} (last: {})",
+            self.state
+        );
+    }
+
+    /// Waits until the conversation enters `state` anew, then until it
+    /// leaves again for `then`.
+    async fn through(&mut self, state: StateName, then: StateName) {
+        let waited = tokio::time::timeout(PATIENCE, async {
+            loop {
+                match self.next().await {
+                    Received::Update(Update::Live {
+                        event: LiveEvent::StateChanged { state: now },
+                    }) if now == state => break,
+                    Received::Closed => panic!("the conversation stopped before reaching {state}"),
+                    _ => {}
+                }
+            }
+        })
+        .await;
+        assert!(
+            waited.is_ok(),
+            "the conversation did not enter {state} within {PATIENCE:?}"
+        );
+        self.reach(then).await;
+    }
+}
+
+fn log(runtime: &Runtime, conversation: &ConversationHandle) -> Vec<Event> {
+    runtime.store().read_all(conversation.id()).unwrap()
+}
+
+fn count(events: &[Event], matches: impl Fn(&EventKind) -> bool) -> usize {
+    events.iter().filter(|event| matches(&event.kind)).count()
+}
+
+/// Invariant 3: every tool_use in the history has exactly one result.
+async fn assert_paired(conversation: &ConversationHandle) {
+    let inspection = conversation.inspect().await.unwrap();
+    let mut uses = Vec::new();
+    let mut results = Vec::new();
+    for message in &inspection.messages {
+        for block in &message.content {
+            match block {
+                keel_actors::core::message::ContentBlock::ToolUse { call } => {
+                    uses.push(call.id.clone())
+                }
+                keel_actors::core::message::ContentBlock::ToolResult { result } => {
+                    results.push(result.tool_call_id.clone())
+                }
+                _ => {}
+            }
+        }
+    }
+    uses.sort();
+    results.sort();
+    assert_eq!(uses, results, "every tool_use has exactly one result");
+}
+
+fn tool_results(events: &[Event]) -> Vec<(String, String, bool)> {
+    events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::ToolResult {
+                tool_call_id,
+                content,
+                synthetic,
+                ..
+            } => Some((tool_call_id.to_string(), content.clone(), *synthetic)),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn wait_group_gone(pgid: i32) {
+    let gone = tokio::time::timeout(PATIENCE, async {
+        while !group_is_gone(pgid) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(
+        gone.is_ok(),
+        "process group {pgid} still runs: {:?}",
+        group_member_states(pgid)
+    );
+}
+
+/// Waits until the mock has received `n` requests (ended or not).
+async fn wait_requests(mock: &MockLlm, n: usize) {
+    let waited = tokio::time::timeout(PATIENCE, async {
+        while mock.requests().await.len() < n {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "the mock never received {n} requests");
+}
+
+/// Waits for a file a tool writes, and returns its contents.
+async fn wait_file(path: &Path) -> String {
+    let read = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Ok(text) = std::fs::read_to_string(path) {
+                if text.ends_with('\n') {
+                    return text;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    read.unwrap_or_else(|_| panic!("{} was never written", path.display()))
+}
+
+// ---------------------------------------------------------------------------
+
+async fn full_turn_with_a_tool_call(kind: BackendKind) {
+    let rig = Rig::new();
+    let runtime = rig.runtime(rig.store(kind)).await;
+    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+    let mut subscription = watch(&conversation).await;
+    assert_eq!(subscription.subscription.view.state, StateName::Idle);
+
+    conversation
+        .send("run: pwd; echo hello", Vec::new())
+        .await
+        .unwrap();
+    subscription.reach(StateName::ExecutingTools).await;
+    subscription.reach(StateName::Idle).await;
+
+    let events = log(&runtime, &conversation);
+    let results = tool_results(&events);
+    assert_eq!(results.len(), 1, "{events:#?}");
+    let (_, content, synthetic) = &results[0];
+    assert!(!synthetic);
+    assert!(content.contains("hello"), "{content}");
+    assert!(
+        content.contains(rig.cwd().to_str().unwrap()),
+        "the tool ran in the conversation's directory: {content}"
+    );
+    assert_eq!(
+        count(&events, |kind| matches!(
+            kind,
+            EventKind::AssistantMessage { .. }
+        )),
+        2
+    );
+    assert_eq!(
+        count(&events, |kind| matches!(
+            kind,
+            EventKind::TurnCompleted { .. }
+        )),
+        1
+    );
+    let inspection = conversation.inspect().await.unwrap();
+    let last = inspection.messages.last().unwrap();
+    assert!(
+        format!("{last:?}").contains("hello"),
+        "the model summarised the tool's output: {last:?}"
+    );
+    assert_paired(&conversation).await;
+    assert_eq!(rig.mock.wait_ended(2).await.len(), 2);
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_full_turn_with_a_tool_call_in_memory() {
+    full_turn_with_a_tool_call(BackendKind::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_full_turn_with_a_tool_call_on_redb() {
+    full_turn_with_a_tool_call(BackendKind::Redb).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_full_turn_with_a_tool_call_on_sled() {
+    full_turn_with_a_tool_call(BackendKind::Sled).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_live_tail_follows_the_view_without_gap_or_duplicate() {
+    let rig = Rig::new();
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+    conversation.send("first", Vec::new()).await.unwrap();
+    let mut first = watch(&conversation).await;
+    first.reach(StateName::Idle).await;
+
+    let mut subscription = watch(&conversation).await;
+    let from = subscription.subscription.view.last_seq;
+    conversation.send("second", Vec::new()).await.unwrap();
+    let mut seqs = Vec::new();
+    let mut deltas = String::new();
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            match subscription.next().await {
+                Received::Update(Update::Event { event }) => {
+                    seqs.push(event.seq);
+                    if matches!(event.kind, EventKind::TurnCompleted { .. }) {
+                        return;
+                    }
+                }
+                Received::Update(Update::Live {
+                    event: LiveEvent::Delta { delta, .. },
+                }) => {
+                    if let keel_actors::core::StreamDelta::Text { text } = delta {
+                        deltas.push_str(&text);
+                    }
+                }
+                Received::Update(_) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let expected: Vec<u64> = (from + 1..=from + seqs.len() as u64).collect();
+    assert_eq!(
+        seqs, expected,
+        "canonical events continue the view's last seq"
+    );
+    assert!(
+        deltas.contains("second"),
+        "the echo streamed live: {deltas:?}"
+    );
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_busy_rejection_says_how_to_cancel() {
+    let rig = Rig::new();
+    rig.mock
+        .push_script(
+            json!([{"endpoint": "anthropic", "text": "one two three four", "drip_ms": 300}]),
+        )
+        .await;
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+    let mut subscription = watch(&conversation).await;
+    conversation.send("slow one", Vec::new()).await.unwrap();
+    subscription.reach(StateName::Streaming).await;
+
+    let before = log(&runtime, &conversation).len();
+    let refused = conversation
+        .send("while busy", Vec::new())
+        .await
+        .unwrap_err();
+    match &refused {
+        keel_actors::Error::Rejected(Rejection::Busy { state }) => {
+            assert_eq!(*state, StateName::Streaming)
+        }
+        other => panic!("expected busy, got {other:?}"),
+    }
+    assert!(refused.to_string().contains("cancel"), "{refused}");
+    assert_eq!(
+        log(&runtime, &conversation).len(),
+        before,
+        "a refused message changes nothing"
+    );
+    subscription.reach(StateName::Idle).await;
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_interrupt_policy_starts_a_new_turn_for_the_new_message() {
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([{"endpoint": "anthropic", "text": "a b c d e f g h", "drip_ms": 500}]))
+        .await;
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let conversation = runtime
+        .create(rig.cwd(), with_policy(BusyPolicy::Interrupt))
+        .await
+        .unwrap();
+    let mut subscription = watch(&conversation).await;
+    conversation
+        .send("long answer please", Vec::new())
+        .await
+        .unwrap();
+    subscription.reach(StateName::Streaming).await;
+    conversation
+        .send("never mind, this instead", Vec::new())
+        .await
+        .unwrap();
+    subscription.reach(StateName::Debouncing).await;
+    subscription.reach(StateName::Idle).await;
+
+    let events = log(&runtime, &conversation);
+    assert_eq!(
+        count(&events, |kind| matches!(
+            kind,
+            EventKind::TurnInterrupted { .. }
+        )),
+        1
+    );
+    assert_eq!(
+        count(&events, |kind| matches!(
+            kind,
+            EventKind::TurnCompleted { .. }
+        )),
+        1
+    );
+    let records = rig.mock.wait_ended(2).await;
+    assert_eq!(
+        records[0]["outcome"], "disconnected",
+        "the interrupted stream was closed"
+    );
+    let last = conversation.inspect().await.unwrap().messages;
+    assert!(format!("{:?}", last.last().unwrap()).contains("this instead"));
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_queue_policy_runs_the_queued_message_after_the_turn() {
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([{"endpoint": "anthropic", "text": "first answer", "drip_ms": 200}]))
+        .await;
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let conversation = runtime
+        .create(rig.cwd(), with_policy(BusyPolicy::Queue))
+        .await
+        .unwrap();
+    let mut subscription = watch(&conversation).await;
+    conversation.send("first", Vec::new()).await.unwrap();
+    subscription.reach(StateName::Streaming).await;
+    conversation
+        .send("queued second", Vec::new())
+        .await
+        .unwrap();
+    let waited = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let events = log(&runtime, &conversation);
+            if count(&events, |kind| {
+                matches!(kind, EventKind::TurnCompleted { .. })
+            }) == 2
+            {
+                return events;
+            }
+            subscription.next().await;
+        }
+    })
+    .await
+    .expect("two turns completed");
+    assert_eq!(
+        count(&waited, |kind| matches!(
+            kind,
+            EventKind::TurnStarted { .. }
+        )),
+        2
+    );
+    let records = rig.mock.wait_ended(2).await;
+    assert!(records[1].to_string().contains("queued second"));
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_cancel_during_streaming_closes_the_connection() {
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([{"endpoint": "anthropic", "hang": true}]))
+        .await;
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+    let mut subscription = watch(&conversation).await;
+    conversation.send("hello?", Vec::new()).await.unwrap();
+    subscription.reach(StateName::Streaming).await;
+    // The request reached the server before we cancel it.
+    wait_requests(&rig.mock, 1).await;
+
+    assert_eq!(conversation.cancel().await.unwrap(), StateName::Idle);
+    let records = rig.mock.wait_ended(1).await;
+    assert_eq!(records[0]["outcome"], "disconnected");
+    let events = log(&runtime, &conversation);
+    assert_eq!(
+        count(&events, |kind| matches!(
+            kind,
+            EventKind::TurnInterrupted { .. }
+        )),
+        1
+    );
+    // The conversation takes the next message.
+    conversation.send("again", Vec::new()).await.unwrap();
+    subscription
+        .through(StateName::Streaming, StateName::Idle)
+        .await;
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_cancel_during_a_tool_kills_its_process_tree() {
+    let rig = Rig::new();
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+    let mut subscription = watch(&conversation).await;
+    conversation
+        .send(
+            "run: echo $$ > pgid; sleep 30 & sleep 30 & wait",
+            Vec::new(),
+        )
+        .await
+        .unwrap();
+    subscription.reach(StateName::ExecutingTools).await;
+    let pgid: i32 = wait_file(&rig.cwd().join("pgid"))
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(!group_is_gone(pgid));
+
+    assert_eq!(conversation.cancel().await.unwrap(), StateName::Idle);
+    wait_group_gone(pgid).await;
+    let events = log(&runtime, &conversation);
+    let results = tool_results(&events);
+    assert_eq!(results.len(), 1);
+    assert!(results[0].2, "the cancelled call got a synthetic result");
+    assert_paired(&conversation).await;
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_cancel_during_retry_wait_ends_idle() {
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([{"endpoint": "anthropic", "status": 503, "retry_after": 30}]))
+        .await;
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+    let mut subscription = watch(&conversation).await;
+    conversation.send("hello", Vec::new()).await.unwrap();
+    let retrying = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Received::Update(Update::Live {
+                event:
+                    LiveEvent::Retrying {
+                        retry, delay_ms, ..
+                    },
+            }) = subscription.next().await
+            {
+                return (retry, delay_ms);
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(retrying, (1, 30_000), "retry-after is honoured");
+    assert_eq!(conversation.cancel().await.unwrap(), StateName::Idle);
+    assert_eq!(conversation.inspect().await.unwrap().state, StateName::Idle);
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_cancel_while_awaiting_approval_pairs_the_call() {
+    let rig = Rig::new();
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let mut config = config();
+    config.tools.insert("bash".to_owned(), ToolPolicy::Approve);
+    let conversation = runtime.create(rig.cwd(), config).await.unwrap();
+    let mut subscription = watch(&conversation).await;
+    conversation
+        .send("run: touch never", Vec::new())
+        .await
+        .unwrap();
+    subscription.reach(StateName::AwaitingInput).await;
+    assert_eq!(conversation.inspect().await.unwrap().pending.len(), 1);
+
+    assert_eq!(conversation.cancel().await.unwrap(), StateName::Idle);
+    assert!(
+        !rig.cwd().join("never").exists(),
+        "the unapproved tool never ran"
+    );
+    assert_paired(&conversation).await;
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_approval_runs_the_tool_and_survives_a_restart() {
+    let rig = Rig::new();
+    let mut config = config();
+    config.tools.insert("bash".to_owned(), ToolPolicy::Approve);
+    let id = {
+        let runtime = rig.runtime(rig.store(BackendKind::Redb)).await;
+        let conversation = runtime.create(rig.cwd(), config).await.unwrap();
+        let mut subscription = watch(&conversation).await;
+        conversation
+            .send("run: touch approved", Vec::new())
+            .await
+            .unwrap();
+        subscription.reach(StateName::AwaitingInput).await;
+        let id = conversation.id().clone();
+        drop(subscription);
+        drop(conversation);
+        runtime.shutdown().await;
+        id
+    };
+    // A new runtime on the same store: the approval is still pending.
+    let runtime = rig.runtime(rig.store(BackendKind::Redb)).await;
+    let conversation = runtime.open_conversation(&id).await.unwrap();
+    let inspection = conversation.inspect().await.unwrap();
+    assert_eq!(inspection.state, StateName::AwaitingInput);
+    let call = inspection.pending[0].call.id.clone();
+    let mut subscription = watch(&conversation).await;
+    conversation.resolve(call, Decision::Approve).await.unwrap();
+    subscription.reach(StateName::Idle).await;
+    assert!(rig.cwd().join("approved").exists());
+    assert_paired(&conversation).await;
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_a_crashed_actor_restarts_with_its_history() {
+    let rig = Rig::new();
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+    let mut subscription = watch(&conversation).await;
+    conversation.send("remember me", Vec::new()).await.unwrap();
+    subscription
+        .through(StateName::Streaming, StateName::Idle)
+        .await;
+    let before = conversation.inspect().await.unwrap().messages;
+
+    conversation.crash().await.unwrap();
+    tokio::time::timeout(PATIENCE, async {
+        while subscription.next().await != Received::Closed {}
+    })
+    .await
+    .expect("the crashed actor's subscribers hear that it stopped");
+    tokio::time::timeout(PATIENCE, async {
+        while runtime.restarts().await.unwrap() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the supervisor restarted the conversation");
+    let after = conversation.inspect().await.unwrap();
+    assert_eq!(after.messages, before);
+    assert_eq!(after.state, StateName::Idle);
+    // It carries on.
+    let mut subscription = watch(&conversation).await;
+    conversation.send("still there?", Vec::new()).await.unwrap();
+    subscription
+        .through(StateName::Streaming, StateName::Idle)
+        .await;
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_two_concurrent_ensure_started_give_one_actor() {
+    let rig = Rig::new();
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+    let id = conversation.id().clone();
+    conversation.evict().await.unwrap();
+    assert!(!runtime.is_live(&id));
+    let sessions_before = count(&log(&runtime, &conversation), |kind| {
+        matches!(kind, EventKind::SessionStarted)
+    });
+
+    for _ in 0..10 {
+        let (one, two) = tokio::join!(
+            runtime.open_conversation(&id),
+            runtime.open_conversation(&id)
+        );
+        one.unwrap();
+        two.unwrap();
+        assert_eq!(runtime.live(), vec![id.clone()]);
+        conversation.evict().await.unwrap();
+    }
+    let sessions = count(&log(&runtime, &conversation), |kind| {
+        matches!(kind, EventKind::SessionStarted)
+    });
+    assert_eq!(
+        sessions,
+        sessions_before + 10,
+        "one actor (one session) per start"
+    );
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_eviction_and_revival_keep_history() {
+    let rig = Rig::new();
+    let runtime = rig.runtime(rig.store(BackendKind::Redb)).await;
+    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+    let mut subscription = watch(&conversation).await;
+    conversation
+        .send("before eviction", Vec::new())
+        .await
+        .unwrap();
+    subscription
+        .through(StateName::Streaming, StateName::Idle)
+        .await;
+    drop(subscription);
+    let before = conversation.inspect().await.unwrap().messages;
+
+    conversation.evict().await.unwrap();
+    assert!(!runtime.is_live(conversation.id()));
+    assert!(
+        runtime
+            .store()
+            .load_snapshot(conversation.id())
+            .unwrap()
+            .is_some(),
+        "eviction saved the snapshot"
+    );
+    let after = conversation.inspect().await.unwrap();
+    assert!(
+        runtime.is_live(conversation.id()),
+        "inspect brought it back"
+    );
+    assert_eq!(after.messages, before);
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_evicts_idle_conversations_on_its_own() {
+    let rig = Rig::new();
+    let (runtime, _) = Runtime::open(RuntimeConfig {
+        store: rig.store(BackendKind::Memory),
+        providers: rig.providers(),
+        tools: keel_actors::tool::ToolRegistry::with_defaults(),
+        process_dir: None,
+        settings: Settings {
+            short_idle: Duration::from_millis(20),
+            long_idle: Duration::from_millis(100),
+            idle_check: Duration::from_millis(10),
+            ..Settings::default()
+        },
+    })
+    .await
+    .unwrap();
+    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+    tokio::time::timeout(PATIENCE, async {
+        while runtime.is_live(conversation.id()) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the idle conversation was evicted");
+    let events = log(&runtime, &conversation);
+    assert!(matches!(
+        events.last().unwrap().kind,
+        EventKind::SessionEnded
+    ));
+    runtime.shutdown().await;
+}
+
+async fn dropped_mid_stream(recovery: RecoveryPolicy) -> (Rig, Vec<Event>) {
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([{"endpoint": "anthropic", "hang": true}]))
+        .await;
+    let config = ConversationConfig {
+        recovery,
+        ..config()
+    };
+    let id = {
+        let runtime = rig.runtime(rig.store(BackendKind::Redb)).await;
+        let conversation = runtime.create(rig.cwd(), config).await.unwrap();
+        let mut subscription = watch(&conversation).await;
+        conversation
+            .send("are you there?", Vec::new())
+            .await
+            .unwrap();
+        subscription.reach(StateName::Streaming).await;
+        wait_requests(&rig.mock, 1).await;
+        let id = conversation.id().clone();
+        drop(subscription);
+        drop(conversation);
+        runtime.shutdown().await;
+        id
+    };
+    let runtime = rig.runtime(rig.store(BackendKind::Redb)).await;
+    let conversation = runtime.handle(id);
+    let mut subscription = watch(&conversation).await;
+    subscription.reach(StateName::Idle).await;
+    let events = log(&runtime, &conversation);
+    drop(subscription);
+    drop(conversation);
+    runtime.shutdown().await;
+    (rig, events)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_reopened_mid_stream_reruns_the_request_under_resume() {
+    let (rig, events) = dropped_mid_stream(RecoveryPolicy::Resume).await;
+    assert_eq!(
+        count(&events, |kind| matches!(kind, EventKind::Recovered { .. })),
+        1
+    );
+    assert_eq!(
+        count(&events, |kind| matches!(
+            kind,
+            EventKind::TurnCompleted { .. }
+        )),
+        1
+    );
+    let records = rig.mock.wait_ended(2).await;
+    assert_eq!(records.len(), 2, "the request was sent again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_reopened_mid_stream_rests_idle_under_idle() {
+    let (rig, events) = dropped_mid_stream(RecoveryPolicy::Idle).await;
+    assert_eq!(
+        count(&events, |kind| matches!(
+            kind,
+            EventKind::TurnInterrupted { .. }
+        )),
+        1
+    );
+    assert_eq!(
+        count(&events, |kind| matches!(
+            kind,
+            EventKind::TurnCompleted { .. }
+        )),
+        0
+    );
+    assert_eq!(rig.mock.requests().await.len(), 1, "nothing was sent again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_reopened_mid_tool_redispatches_the_same_call_under_resume() {
+    let rig = Rig::new();
+    let id = {
+        let runtime = rig.runtime(rig.store(BackendKind::Redb)).await;
+        let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+        let mut subscription = watch(&conversation).await;
+        conversation
+            .send(
+                "run: echo $$ >> runs; if [ -f done ]; then echo second; else touch done; echo $$ > pgid; sleep 30; fi",
+                Vec::new(),
+            )
+            .await
+            .unwrap();
+        subscription.reach(StateName::ExecutingTools).await;
+        let first_pgid: i32 = wait_file(&rig.cwd().join("pgid"))
+            .await
+            .trim()
+            .parse()
+            .unwrap();
+        let id = conversation.id().clone();
+        drop(subscription);
+        drop(conversation);
+        runtime.shutdown().await;
+        // Shutting down killed the running tool's process group.
+        wait_group_gone(first_pgid).await;
+        id
+    };
+    let runtime = rig.runtime(rig.store(BackendKind::Redb)).await;
+    let conversation = runtime.handle(id);
+    let mut subscription = watch(&conversation).await;
+    subscription.reach(StateName::Idle).await;
+    let events = log(&runtime, &conversation);
+    let call_ids: Vec<String> = events
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::AssistantMessage { blocks, .. } => Some(blocks),
+            _ => None,
+        })
+        .flatten()
+        .filter_map(|block| match block {
+            keel_actors::core::message::AssistantBlock::ToolUse { call } => {
+                Some(call.id.to_string())
+            }
+            _ => None,
+        })
+        .collect();
+    let results = tool_results(&events);
+    assert_eq!(
+        call_ids.len(),
+        1,
+        "the model was not asked again for the call"
+    );
+    assert_eq!(results.len(), 1);
+    assert_eq!(
+        results[0].0, call_ids[0],
+        "re-dispatched with the same tool_call_id"
+    );
+    assert!(results[0].1.contains("second"), "{}", results[0].1);
+    let runs = std::fs::read_to_string(rig.cwd().join("runs")).unwrap();
+    assert_eq!(runs.lines().count(), 2, "the tool ran twice: {runs}");
+    assert_paired(&conversation).await;
+    drop(subscription);
+    drop(conversation);
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_unknown_conversation_is_not_found() {
+    let rig = Rig::new();
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let id = keel_actors::core::ConversationId::new("c-nope").unwrap();
+    let error = runtime.handle(id).send("hi", Vec::new()).await.unwrap_err();
+    assert!(
+        matches!(error, keel_actors::Error::NotFound(_)),
+        "{error:?}"
+    );
+    let missing = runtime.create(rig.cwd().join("missing"), config()).await;
+    assert!(matches!(
+        missing,
+        Err(keel_actors::Error::InvalidCwd { .. })
+    ));
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_retries_then_answers() {
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([
+            {"endpoint": "anthropic", "status": 503, "retry_after": 0},
+            {"endpoint": "anthropic", "text": "after a retry"}
+        ]))
+        .await;
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let config = ConversationConfig {
+        retry: RetryPolicy {
+            base_delay_ms: 10,
+            ..RetryPolicy::default()
+        },
+        ..config()
+    };
+    let conversation = runtime.create(rig.cwd(), config).await.unwrap();
+    let mut subscription = watch(&conversation).await;
+    conversation.send("hello", Vec::new()).await.unwrap();
+    subscription.reach(StateName::RetryWait).await;
+    subscription.reach(StateName::Idle).await;
+    let last = conversation.inspect().await.unwrap().messages;
+    assert!(format!("{:?}", last.last().unwrap()).contains("after a retry"));
+    runtime.shutdown().await;
+}
