@@ -34,7 +34,7 @@ use keel_store::rehydrate;
 
 use crate::conversation::{Inspection, WorkerInfo};
 use crate::pubsub::{Publisher, Subscription, View, VIEW_MESSAGES};
-use crate::runtime::Shared;
+use crate::runtime::{Alive, Shared};
 use crate::tool::ToolOutcome;
 
 /// Out-of-band signals from handles to the actor, read at the top of every
@@ -164,6 +164,8 @@ pub(crate) struct ConversationState {
     pub(crate) hibernated: bool,
     pub(crate) _idle_ticker: Option<AbortOnDrop>,
     pub(crate) span: tracing::Span,
+    /// Last, so that it drops after `shared`.
+    pub(crate) _alive: Alive,
 }
 
 impl ConversationState {
@@ -216,6 +218,7 @@ impl Actor for ConversationActor {
             hibernated: false,
             _idle_ticker: None,
             span,
+            _alive: shared.alive(),
             shared,
         })
     }
@@ -259,7 +262,12 @@ impl Actor for ConversationActor {
         if !is_cancel {
             cancel_if_requested(&myself, state).await?;
         }
-        if !matches!(message, ConversationMsg::IdleCheck) {
+        // Looking at a conversation is not activity: an inspect must neither
+        // wake a hibernating actor nor keep an idle one from eviction.
+        if !matches!(
+            message,
+            ConversationMsg::IdleCheck | ConversationMsg::Inspect { .. }
+        ) {
             state.last_touched = Instant::now();
             state.hibernated = false;
         }

@@ -9,7 +9,7 @@ mod supervisor;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -97,9 +97,27 @@ pub(crate) struct Shared {
     pub(crate) clock: Clock,
     pub(crate) settings: Settings,
     controls: Mutex<HashMap<ConversationId, Arc<Control>>>,
+    /// Actors and workers that hold this `Shared` now (see [`Alive`]).
+    alive: Arc<AtomicUsize>,
+}
+
+/// Counts an actor or worker that holds the runtime's `Shared` for as long
+/// as it lives. Declared as the last field of a state, it drops after the
+/// state's `Arc<Shared>`, so `shutdown` knows when the store is let go.
+pub(crate) struct Alive(Arc<AtomicUsize>);
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Shared {
+    pub(crate) fn alive(&self) -> Alive {
+        self.alive.fetch_add(1, Ordering::SeqCst);
+        Alive(self.alive.clone())
+    }
+
     /// The out-of-band control block of a conversation, shared by its actor
     /// (whichever life of it) and every handle.
     pub(crate) fn control(&self, id: &ConversationId) -> Arc<Control> {
@@ -168,6 +186,7 @@ impl Runtime {
             clock: Clock::system(),
             settings,
             controls: Mutex::new(HashMap::new()),
+            alive: Arc::new(AtomicUsize::new(0)),
         });
         let (supervisor, _) = SupervisorActor::spawn(
             Some(format!("{instance}/supervisor")),
@@ -296,9 +315,9 @@ impl Runtime {
     }
 
     /// Stop every conversation and the supervisor, and return once every
-    /// actor has let go of the runtime (so a disk store is closed and its
-    /// lock free, unless a caller still holds a handle or a clone of this
-    /// runtime). Running tools are killed, their process groups with them;
+    /// actor has let go of the runtime: a disk store is then closed and its
+    /// lock free, unless the caller still holds a handle or a clone of this
+    /// runtime (both keep the store open). Running tools are killed, their process groups with them;
     /// turns in flight stay in flight in the log, and the next `open`
     /// recovers them as it would after a crash.
     pub async fn shutdown(self) {
@@ -317,17 +336,15 @@ impl Runtime {
             .await;
         // An actor's state (which holds `Shared`) is dropped just after the
         // actor reports that it stopped; wait for the last of them.
-        let Runtime { shared, supervisor } = self;
-        drop(supervisor);
+        let alive = self.shared.alive.clone();
+        drop(self);
         let deadline = tokio::time::Instant::now() + PATIENCE;
-        while Arc::strong_count(&shared) > 1 && tokio::time::Instant::now() < deadline {
+        while alive.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        if Arc::strong_count(&shared) > 1 {
-            tracing::warn!(
-                holders = Arc::strong_count(&shared) - 1,
-                "runtime shut down while handles or clones of it are still held; the store stays open until they are dropped"
-            );
+        let left = alive.load(Ordering::SeqCst);
+        if left > 0 {
+            tracing::warn!(left, "some actors did not stop within {PATIENCE:?}");
         }
     }
 }

@@ -22,7 +22,7 @@ use keel_core::{AssistantResponse, Generation, LlmFailure, ModelRef};
 
 use crate::conversation_actor::ConversationMsg;
 use crate::image::{image_data, refit_blocking, ImageLimits};
-use crate::runtime::Shared;
+use crate::runtime::{Alive, Shared};
 
 /// Everything one request is built from, owned: the worker outlives the
 /// step that started it.
@@ -41,6 +41,8 @@ pub(crate) struct StreamArgs {
     pub(crate) shared: Arc<Shared>,
     pub(crate) report: ActorRef<ConversationMsg>,
     pub(crate) span: tracing::Span,
+    /// Last, so that it drops after `shared`.
+    pub(crate) _alive: Alive,
 }
 
 pub(crate) enum StreamMsg {

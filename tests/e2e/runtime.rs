@@ -430,6 +430,7 @@ async fn runtime_interrupt_policy_starts_a_new_turn_for_the_new_message() {
         .await
         .unwrap();
     subscription.reach(StateName::Streaming).await;
+    wait_requests(&rig.mock, 1).await;
     conversation
         .send("never mind, this instead", Vec::new())
         .await
@@ -980,5 +981,220 @@ async fn runtime_retries_then_answers() {
     subscription.reach(StateName::Idle).await;
     let last = conversation.inspect().await.unwrap().messages;
     assert!(format!("{:?}", last.last().unwrap()).contains("after a retry"));
+    runtime.shutdown().await;
+}
+
+/// A custom tool that panics.
+struct Explode;
+
+#[async_trait::async_trait]
+impl keel_actors::tool::Tool for Explode {
+    fn spec(&self) -> keel_actors::core::wire::ToolSpec {
+        keel_actors::core::wire::ToolSpec {
+            name: "explode".to_owned(),
+            description: "Panics.".to_owned(),
+            input_schema: json!({"type": "object"}),
+        }
+    }
+
+    async fn run(
+        &self,
+        _context: keel_actors::tool::ToolContext,
+    ) -> keel_actors::tool::ToolOutcome {
+        panic!("boom in a custom tool")
+    }
+}
+
+/// A custom tool that never finishes; it records when it starts running and
+/// when its future is dropped.
+struct Forever {
+    started: Arc<std::sync::atomic::AtomicBool>,
+    dropped: Arc<std::sync::atomic::AtomicBool>,
+}
+
+struct SetOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[async_trait::async_trait]
+impl keel_actors::tool::Tool for Forever {
+    fn spec(&self) -> keel_actors::core::wire::ToolSpec {
+        keel_actors::core::wire::ToolSpec {
+            name: "forever".to_owned(),
+            description: "Never finishes.".to_owned(),
+            input_schema: json!({"type": "object"}),
+        }
+    }
+
+    async fn run(
+        &self,
+        _context: keel_actors::tool::ToolContext,
+    ) -> keel_actors::tool::ToolOutcome {
+        let _guard = SetOnDrop(self.dropped.clone());
+        self.started
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        keel_actors::tool::ToolOutcome::ok("done")
+    }
+}
+
+async fn runtime_with_tools(rig: &Rig, tools: keel_actors::tool::ToolRegistry) -> Runtime {
+    let (runtime, _) = Runtime::open(RuntimeConfig {
+        store: rig.store(BackendKind::Memory),
+        providers: rig.providers(),
+        tools,
+        process_dir: None,
+        settings: Settings::default(),
+    })
+    .await
+    .unwrap();
+    runtime
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_a_panicking_tool_becomes_an_error_result() {
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([{"endpoint": "anthropic", "tool_calls": [{"name": "explode"}]}]))
+        .await;
+    let mut tools = keel_actors::tool::ToolRegistry::with_defaults();
+    tools.register(Explode);
+    let runtime = runtime_with_tools(&rig, tools).await;
+    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+    let mut subscription = watch(&conversation).await;
+    conversation.send("blow up", Vec::new()).await.unwrap();
+    subscription.reach(StateName::ExecutingTools).await;
+    subscription.reach(StateName::Idle).await;
+
+    let events = log(&runtime, &conversation);
+    let result = events
+        .iter()
+        .find_map(|event| match &event.kind {
+            EventKind::ToolResult {
+                content, is_error, ..
+            } => Some((content.clone(), *is_error)),
+            _ => None,
+        })
+        .expect("the panicking call has a result");
+    assert!(result.1, "it is an error result");
+    assert!(result.0.contains("boom in a custom tool"), "{}", result.0);
+    assert_eq!(
+        count(&events, |kind| matches!(
+            kind,
+            EventKind::TurnCompleted { .. }
+        )),
+        1
+    );
+    assert_eq!(
+        runtime.restarts().await.unwrap(),
+        0,
+        "the conversation never crashed"
+    );
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_cancel_drops_a_running_custom_tool() {
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([{"endpoint": "anthropic", "tool_calls": [{"name": "forever"}]}]))
+        .await;
+    let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tools = keel_actors::tool::ToolRegistry::with_defaults();
+    tools.register(Forever {
+        started: started.clone(),
+        dropped: dropped.clone(),
+    });
+    let runtime = runtime_with_tools(&rig, tools).await;
+    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+    let mut subscription = watch(&conversation).await;
+    conversation.send("wait forever", Vec::new()).await.unwrap();
+    subscription.reach(StateName::ExecutingTools).await;
+    tokio::time::timeout(PATIENCE, async {
+        while !started.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the tool started");
+    assert!(!dropped.load(std::sync::atomic::Ordering::SeqCst));
+
+    assert_eq!(conversation.cancel().await.unwrap(), StateName::Idle);
+    tokio::time::timeout(PATIENCE, async {
+        while !dropped.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the tool's future was dropped");
+    assert_paired(&conversation).await;
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_unknown_tool_is_an_error_result_not_a_stuck_turn() {
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([{"endpoint": "anthropic", "tool_calls": [{"name": "no_such_tool"}]}]))
+        .await;
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+    let mut subscription = watch(&conversation).await;
+    conversation
+        .send("call something odd", Vec::new())
+        .await
+        .unwrap();
+    subscription
+        .through(StateName::Streaming, StateName::Idle)
+        .await;
+    let results = tool_results(&log(&runtime, &conversation));
+    assert_eq!(results.len(), 1);
+    assert!(results[0].1.contains("no tool named"), "{}", results[0].1);
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_a_subscriber_that_never_reads_lags_and_never_slows_the_conversation() {
+    let rig = Rig::new();
+    let words: Vec<String> = (0..3000).map(|n| format!("w{n}")).collect();
+    rig.mock
+        .push_script(json!([{"endpoint": "anthropic", "text": words.join(" ")}]))
+        .await;
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+    // Subscribed, and never read until the turn is over.
+    let mut sleeper = conversation.subscribe().await.unwrap();
+    let mut subscription = watch(&conversation).await;
+    conversation.send("talk a lot", Vec::new()).await.unwrap();
+    let mut deltas = 0;
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            match subscription.next().await {
+                Received::Update(Update::Live {
+                    event: LiveEvent::Delta { .. },
+                }) => deltas += 1,
+                Received::Update(Update::Event { event })
+                    if matches!(event.kind, EventKind::TurnCompleted { .. }) =>
+                {
+                    return
+                }
+                Received::Lagged { .. } => {}
+                Received::Closed => panic!("closed"),
+                Received::Update(_) => {}
+            }
+        }
+    })
+    .await
+    .expect("the turn completed while a subscriber slept");
+    assert!(deltas > 1024, "the reader kept up with {deltas} deltas");
+    match sleeper.next().await {
+        Received::Lagged { missed } => assert!(missed > 0),
+        other => panic!("the sleeping subscriber should have lagged, got {other:?}"),
+    }
     runtime.shutdown().await;
 }

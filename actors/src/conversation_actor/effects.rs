@@ -183,6 +183,7 @@ async fn start_stream(
         shared: state.shared.clone(),
         report: myself.clone(),
         span: tracing::info_span!(parent: &state.span, "llm_request", turn = generation.turn, attempt = generation.attempt),
+        _alive: state.shared.alive(),
     };
     match LlmStreamActor::spawn_linked(None, LlmStreamActor, args, myself.get_cell()).await {
         Ok((worker, _)) => {
