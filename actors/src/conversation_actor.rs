@@ -16,7 +16,6 @@ mod effects;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::time::Instant;
@@ -76,7 +75,7 @@ pub(crate) enum ConversationMsg {
     /// Panic on purpose: the crash drill. The supervisor brings the
     /// conversation back from its log.
     Crash,
-    /// The idle ticker: see whether to hibernate or evict.
+    /// The runtime's idle sweeper: see whether to hibernate or evict.
     IdleCheck,
     // Reports from workers and timers.
     StreamDelta {
@@ -162,7 +161,6 @@ pub(crate) struct ConversationState {
     pub(crate) last_touched: Instant,
     /// Short-idle tier done: buffers released until the next input.
     pub(crate) hibernated: bool,
-    pub(crate) _idle_ticker: Option<AbortOnDrop>,
     pub(crate) span: tracing::Span,
     /// Last, so that it drops after `shared`.
     pub(crate) _alive: Alive,
@@ -216,7 +214,6 @@ impl Actor for ConversationActor {
             pending_start: Some(pending_start),
             last_touched: Instant::now(),
             hibernated: false,
-            _idle_ticker: None,
             span,
             _alive: shared.alive(),
             shared,
@@ -228,7 +225,6 @@ impl Actor for ConversationActor {
         myself: ActorRef<ConversationMsg>,
         state: &mut ConversationState,
     ) -> Result<(), ActorProcessingErr> {
-        state._idle_ticker = Some(idle_ticker(&myself, state.shared.settings.idle_check));
         match state.pending_start.take() {
             Some(PendingStart::Effects(effects)) => {
                 for effect in effects {
@@ -458,21 +454,6 @@ async fn cancel_if_requested(
         effects::step(myself, state, Input::Cancel).await?;
     }
     Ok(())
-}
-
-fn idle_ticker(myself: &ActorRef<ConversationMsg>, every: Duration) -> AbortOnDrop {
-    let myself = myself.clone();
-    AbortOnDrop(tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(every);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        ticks.tick().await;
-        loop {
-            ticks.tick().await;
-            if myself.cast(ConversationMsg::IdleCheck).is_err() {
-                return;
-            }
-        }
-    }))
 }
 
 /// Idle eviction in two tiers (seed 004). Short idle while waiting on a

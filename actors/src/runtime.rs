@@ -9,7 +9,7 @@ mod supervisor;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -99,6 +99,8 @@ pub(crate) struct Shared {
     controls: Mutex<HashMap<ConversationId, Arc<Control>>>,
     /// Actors and workers that hold this `Shared` now (see [`Alive`]).
     alive: Arc<AtomicUsize>,
+    /// `shutdown` ran: background tasks end.
+    closed: AtomicBool,
 }
 
 /// Counts an actor or worker that holds the runtime's `Shared` for as long
@@ -187,6 +189,7 @@ impl Runtime {
             settings,
             controls: Mutex::new(HashMap::new()),
             alive: Arc::new(AtomicUsize::new(0)),
+            closed: AtomicBool::new(false),
         });
         let (supervisor, _) = SupervisorActor::spawn(
             Some(format!("{instance}/supervisor")),
@@ -195,6 +198,7 @@ impl Runtime {
         )
         .await
         .map_err(|error| Error::Actor(error.to_string()))?;
+        spawn_idle_sweeper(&shared);
         let runtime = Runtime { shared, supervisor };
         let report = boot::recover(&runtime).await?;
         Ok((runtime, report))
@@ -322,6 +326,7 @@ impl Runtime {
     /// recovers them as it would after a crash.
     pub async fn shutdown(self) {
         const PATIENCE: Duration = Duration::from_secs(5);
+        self.shared.closed.store(true, Ordering::SeqCst);
         let conversations = self.supervisor.get_children();
         for conversation in &conversations {
             let workers = conversation.get_children();
@@ -388,6 +393,37 @@ pub(crate) async fn ensure_started(
     Err(Error::Actor(format!(
         "could not start conversation {id}: its name stayed taken"
     )))
+}
+
+/// One task per runtime, not one per conversation, tells every live
+/// conversation to look at its idle time every `idle_check`. It holds only a
+/// weak reference, and ends with the runtime.
+fn spawn_idle_sweeper(shared: &Arc<Shared>) {
+    let weak = Arc::downgrade(shared);
+    let every = shared.settings.idle_check;
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await;
+        loop {
+            ticks.tick().await;
+            let Some(shared) = weak.upgrade() else {
+                return;
+            };
+            if shared.closed.load(Ordering::SeqCst) {
+                return;
+            }
+            for name in ractor::registry::registered() {
+                if conversation_of(&shared.instance, &name).is_none() {
+                    continue;
+                }
+                if let Some(cell) = ractor::registry::where_is(name) {
+                    let actor: ActorRef<ConversationMsg> = cell.into();
+                    let _ = actor.cast(ConversationMsg::IdleCheck);
+                }
+            }
+        }
+    });
 }
 
 /// A fresh conversation id: `c-` and 16 random hex digits.

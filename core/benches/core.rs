@@ -4,7 +4,8 @@
 //! - `transition/delta`: one streamed text delta through `transition()`.
 //! - `transition/turn`: a whole tool-using turn, reported per input.
 //! - `replay/10k`: `WorkingSet::replay` of a 10,000-event log.
-//! - `codec/decode_10k`, `codec/encode_10k`: the same log through the codec.
+//! - `codec/decode_10k`, `codec/encode_10k`: the same log through the codec
+//!   (record version 2); `codec/{decode,encode}_v1_10k`: through version 1.
 //!
 //! Every conversation, history and log here is built by driving real
 //! transitions, so the benchmarks measure states keel can actually reach.
@@ -483,6 +484,22 @@ fn replay_benches(c: &mut Criterion) {
         b.iter(|| {
             for event in &log {
                 black_box(codec::encode(black_box(event)));
+            }
+        });
+    });
+    // Version 1 (JSON), which older logs hold, for comparison.
+    let records_v1: Vec<Vec<u8>> = log.iter().map(codec::encode_v1).collect();
+    group.bench_function("decode_v1_10k", |b| {
+        b.iter(|| {
+            for record in &records_v1 {
+                black_box(codec::decode(black_box(record)).unwrap());
+            }
+        });
+    });
+    group.bench_function("encode_v1_10k", |b| {
+        b.iter(|| {
+            for event in &log {
+                black_box(codec::encode_v1(black_box(event)));
             }
         });
     });

@@ -1473,6 +1473,48 @@ fn an_unknown_future_encoding_version_is_a_clear_error() {
     assert!(error.to_string().contains("version 99"), "{error}");
     let error = keel_core::codec::decode(b"not json").unwrap_err();
     assert!(error.to_string().contains("malformed"), "{error}");
+    // A MessagePack record from a newer keel.
+    #[derive(serde::Serialize)]
+    struct Future {
+        v: u32,
+        event: String,
+    }
+    let bytes = rmp_serde::to_vec_named(&Future {
+        v: 3,
+        event: "something new".to_owned(),
+    })
+    .unwrap();
+    let error = keel_core::codec::decode(&bytes).unwrap_err();
+    assert!(error.to_string().contains("version 3"), "{error}");
+    for garbage in [&b""[..], &[0xc1][..], &[0x82, 0xa1, b'v'][..]] {
+        let error = keel_core::codec::decode(garbage).unwrap_err();
+        assert!(
+            error.to_string().contains("malformed"),
+            "{garbage:?}: {error}"
+        );
+    }
+}
+
+#[test]
+fn records_are_written_in_the_current_version_and_version_1_stays_readable() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    harness.call_tools(&[("t1", "bash")]);
+    harness.tool_done("t1", "x", false);
+    harness.reply("ok");
+    for event in &harness.log {
+        let current = keel_core::codec::encode(event);
+        assert_ne!(
+            current.first(),
+            Some(&b'{'),
+            "the current version is not JSON"
+        );
+        let v1 = keel_core::codec::encode_v1(event);
+        assert!(v1.starts_with(br#"{"v":1,"#));
+        assert_eq!(&keel_core::codec::decode(&v1).unwrap(), event);
+        assert_eq!(&keel_core::codec::decode(&current).unwrap(), event);
+    }
+    assert_eq!(keel_core::codec::CURRENT_VERSION, 2);
 }
 
 #[test]

@@ -4,6 +4,8 @@
 //! fails the actor, whose supervisor brings it back from the log, so memory
 //! never runs ahead of disk.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
@@ -27,7 +29,18 @@ pub(crate) struct Outcome {
     pub(crate) user_message: Option<Seq>,
 }
 
-pub(crate) async fn step(
+/// A boxed step: every handler awaits one, and ractor keeps the largest
+/// handler future inline in each actor for its whole life, so boxing keeps
+/// an idle conversation small (about 2.5 KB less each).
+pub(crate) fn step<'a>(
+    myself: &'a ActorRef<ConversationMsg>,
+    state: &'a mut ConversationState,
+    input: Input,
+) -> Pin<Box<dyn Future<Output = Result<Outcome, ActorProcessingErr>> + Send + 'a>> {
+    Box::pin(run_step(myself, state, input))
+}
+
+async fn run_step(
     myself: &ActorRef<ConversationMsg>,
     state: &mut ConversationState,
     input: Input,
@@ -86,7 +99,16 @@ async fn append(
     Ok(())
 }
 
-pub(crate) async fn carry_out(
+/// Carry out one effect (boxed, like [`step`]).
+pub(crate) fn carry_out<'a>(
+    myself: &'a ActorRef<ConversationMsg>,
+    state: &'a mut ConversationState,
+    effect: Effect,
+) -> Pin<Box<dyn Future<Output = Result<(), ActorProcessingErr>> + Send + 'a>> {
+    Box::pin(run_effect(myself, state, effect))
+}
+
+async fn run_effect(
     myself: &ActorRef<ConversationMsg>,
     state: &mut ConversationState,
     effect: Effect,
