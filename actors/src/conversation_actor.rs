@@ -149,7 +149,8 @@ pub(crate) struct ConversationState {
     pub(crate) id: ConversationId,
     pub(crate) shared: Arc<Shared>,
     pub(crate) control: Arc<Control>,
-    /// `None` only inside a step, between `transition()` and the append.
+    /// `None` inside a step (between `transition()` and the append) and
+    /// while hibernating (rebuilt from the log by `hydrate`).
     pub(crate) conversation: Option<Conversation>,
     pub(crate) stream: Option<Worker<Generation>>,
     pub(crate) tool: Option<Worker<ToolCallId>>,
@@ -159,7 +160,8 @@ pub(crate) struct ConversationState {
     pub(crate) pending_start: Option<PendingStart>,
     /// Last time a user, a worker or a timer did something here.
     pub(crate) last_touched: Instant,
-    /// Short-idle tier done: buffers released until the next input.
+    /// Short-idle tier taken: the working set is released until the next
+    /// message rebuilds it.
     pub(crate) hibernated: bool,
     pub(crate) span: tracing::Span,
     /// Last, so that it drops after `shared`.
@@ -254,18 +256,21 @@ impl Actor for ConversationActor {
         message: ConversationMsg,
         state: &mut ConversationState,
     ) -> Result<(), ActorProcessingErr> {
+        let was_hibernating = state.hibernated;
+        if !matches!(message, ConversationMsg::IdleCheck) {
+            hydrate(state).await?;
+        }
         let is_cancel = matches!(message, ConversationMsg::Cancel { .. });
         if !is_cancel {
             cancel_if_requested(&myself, state).await?;
         }
-        // Looking at a conversation is not activity: an inspect must neither
-        // wake a hibernating actor nor keep an idle one from eviction.
+        // Looking at a conversation is not activity: an inspect must not keep
+        // an idle actor from hibernating again or from eviction.
         if !matches!(
             message,
             ConversationMsg::IdleCheck | ConversationMsg::Inspect { .. }
         ) {
             state.last_touched = Instant::now();
-            state.hibernated = false;
         }
         match message {
             ConversationMsg::Send {
@@ -319,7 +324,9 @@ impl Actor for ConversationActor {
                 let _ = reply.send(Subscription::new(view, receiver));
             }
             ConversationMsg::Inspect { reply } => {
-                let _ = reply.send(inspect(state)?);
+                let mut inspection = inspect(state)?;
+                inspection.hibernated = was_hibernating;
+                let _ = reply.send(inspection);
             }
             ConversationMsg::Evict { reply } => {
                 let outcome = effects::step(&myself, state, Input::Stop).await?;
@@ -398,6 +405,7 @@ impl Actor for ConversationActor {
         event: SupervisionEvent,
         state: &mut ConversationState,
     ) -> Result<(), ActorProcessingErr> {
+        hydrate(state).await?;
         cancel_if_requested(&myself, state).await?;
         let (cell, why) = match event {
             SupervisionEvent::ActorFailed(cell, error) => (cell, format!("crashed: {error}")),
@@ -466,42 +474,56 @@ async fn idle_check(
 ) -> Result<(), ActorProcessingErr> {
     let idle = state.last_touched.elapsed();
     let settings = state.shared.settings;
-    let phase = &state.conversation()?.phase;
-    let clean = matches!(
-        phase,
-        Phase::Idle
-            | Phase::Error { .. }
-            | Phase::AwaitingInput
-            | Phase::Completed { .. }
-            | Phase::Failed { .. }
-    );
+    // A hibernating conversation was in a clean state when it hibernated and
+    // nothing has happened to it since.
+    let clean = state.hibernated
+        || matches!(
+            state.conversation()?.phase,
+            Phase::Idle
+                | Phase::Error { .. }
+                | Phase::AwaitingInput
+                | Phase::Completed { .. }
+                | Phase::Failed { .. }
+        );
     if clean && idle >= settings.long_idle && state.publisher.subscribers() == 0 {
         tracing::debug!(parent: &state.span, idle_ms = idle.as_millis() as u64, "evicting");
+        hydrate(state).await?;
         effects::step(myself, state, Input::Stop).await?;
         return Ok(());
     }
-    if !state.hibernated && idle >= settings.short_idle && clean {
+    let running = state.stream.is_some() || state.tool.is_some() || !state.timers.is_empty();
+    if !state.hibernated && idle >= settings.short_idle && clean && !running {
         hibernate(state);
     }
     Ok(())
 }
 
-/// Give back memory the actor can rebuild when it is next needed: the live
-/// channel's buffer when nobody listens, and the slack in the working set's
-/// growable buffers.
+/// The short-idle tier: give back everything the log can rebuild. The
+/// working set (the history above all) is dropped and rebuilt from the
+/// store by `hydrate` when the next message arrives, so a conversation
+/// parked on a human costs about as much as one with no history. Only
+/// taken in a clean state with no worker and no timer, where the working
+/// set and the phase are exactly what the log folds to.
 fn hibernate(state: &mut ConversationState) {
     state.publisher.release_if_unwatched();
     state.timers.shrink_to_fit();
-    if let Some(conversation) = state.conversation.as_mut() {
-        let working = &mut conversation.working;
-        working.messages.shrink_to_fit();
-        working.open_calls.shrink_to_fit();
-        working.pending.shrink_to_fit();
-        working.approved.shrink_to_fit();
-        working.queued.shrink_to_fit();
-    }
+    state.conversation = None;
     state.hibernated = true;
     tracing::debug!(parent: &state.span, "hibernated");
+}
+
+/// Rebuild the working set of a hibernating conversation from the store.
+async fn hydrate(state: &mut ConversationState) -> Result<(), ActorProcessingErr> {
+    if state.conversation.is_some() {
+        return Ok(());
+    }
+    let rehydrated = rehydrate(state.shared.store.as_ref(), &state.id)
+        .await?
+        .ok_or_else(|| format!("conversation {} vanished from the store", state.id))?;
+    state.conversation = Some(rehydrated.conversation);
+    state.hibernated = false;
+    tracing::debug!(parent: &state.span, "woke from hibernation");
+    Ok(())
 }
 
 fn view(state: &ConversationState) -> Result<View, ActorProcessingErr> {

@@ -1198,3 +1198,63 @@ async fn runtime_a_subscriber_that_never_reads_lags_and_never_slows_the_conversa
     }
     runtime.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_a_hibernating_conversation_wakes_for_its_approval() {
+    let rig = Rig::new();
+    let (runtime, _) = Runtime::open(RuntimeConfig {
+        store: rig.store(BackendKind::Redb),
+        providers: rig.providers(),
+        tools: keel_actors::tool::ToolRegistry::with_defaults(),
+        process_dir: None,
+        settings: Settings {
+            short_idle: Duration::from_millis(30),
+            long_idle: Duration::from_secs(3600),
+            idle_check: Duration::from_millis(10),
+            ..Settings::default()
+        },
+    })
+    .await
+    .unwrap();
+    let mut config = config();
+    config.tools.insert("bash".to_owned(), ToolPolicy::Approve);
+    let conversation = runtime.create(rig.cwd(), config).await.unwrap();
+    let mut subscription = watch(&conversation).await;
+    conversation
+        .send("run: touch woken", Vec::new())
+        .await
+        .unwrap();
+    subscription.reach(StateName::AwaitingInput).await;
+    let before = conversation.inspect().await.unwrap();
+    drop(subscription);
+
+    let hibernated = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let inspection = conversation.inspect().await.unwrap();
+            if inspection.hibernated {
+                return inspection;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the conversation hibernated while waiting on a human");
+    assert!(
+        runtime.is_live(conversation.id()),
+        "hibernating is not eviction"
+    );
+    assert_eq!(
+        hibernated.messages, before.messages,
+        "the history rebuilt from the log is the same"
+    );
+    assert_eq!(hibernated.pending, before.pending);
+
+    let mut subscription = watch(&conversation).await;
+    let call = before.pending[0].call.id.clone();
+    conversation.resolve(call, Decision::Approve).await.unwrap();
+    subscription.reach(StateName::Idle).await;
+    assert!(rig.cwd().join("woken").exists());
+    assert_paired(&conversation).await;
+    drop(subscription);
+    runtime.shutdown().await;
+}
