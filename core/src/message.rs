@@ -96,6 +96,7 @@ pub enum AssistantBlock {
 }
 
 impl AssistantBlock {
+    /// The block as prompt content, copied (the caller keeps the block).
     pub fn to_content(&self) -> ContentBlock {
         match self {
             AssistantBlock::Text { text } => ContentBlock::Text { text: text.clone() },
@@ -104,6 +105,19 @@ impl AssistantBlock {
                 signature: signature.clone(),
             },
             AssistantBlock::ToolUse { call } => ContentBlock::ToolUse { call: call.clone() },
+        }
+    }
+
+    /// [`to_content`](AssistantBlock::to_content), moving instead of
+    /// copying: replay of an owned log uses this so that texts and tool
+    /// inputs are not copied.
+    pub fn into_content(self) -> ContentBlock {
+        match self {
+            AssistantBlock::Text { text } => ContentBlock::Text { text },
+            AssistantBlock::Thinking { text, signature } => {
+                ContentBlock::Thinking { text, signature }
+            }
+            AssistantBlock::ToolUse { call } => ContentBlock::ToolUse { call },
         }
     }
 

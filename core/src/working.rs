@@ -4,15 +4,24 @@
 //! The transition function never edits the working set directly: it emits
 //! events and applies them through [`WorkingSet::apply`], the same code replay
 //! runs. That is what makes `replay(log) == live state` hold by construction.
+//!
+//! A rebuild from the store owns the events it decoded and drops them after
+//! replay, so [`WorkingSet::replay_owned`] moves their texts, tool calls and
+//! results into the working set instead of copying them. Borrowed and owned
+//! events go through the same reducer, `WorkingSet::fold`; they differ only
+//! in how `Payload` takes the event apart.
 
+use std::borrow::{Borrow, Cow};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
 use crate::config::ConversationConfig;
-use crate::event::{Decision, Event, EventKind, Outcome, PendingCall, RecoveryAction};
+use crate::event::{Decision, Event, EventKind, NudgeReason, Outcome, PendingCall, RecoveryAction};
 use crate::ids::{ConversationId, Seq, ToolCallId};
-use crate::message::{ContentBlock, ImageRef, Message, Role, ToolCall, ToolResult, Usage};
+use crate::message::{
+    AssistantBlock, ContentBlock, ImageRef, Message, Role, ToolCall, ToolResult, Usage,
+};
 use crate::time::Timestamp;
 
 /// Everything derived from the log. Two working sets are equal exactly when
@@ -168,19 +177,37 @@ impl WorkingSet {
     pub fn replay<'a>(
         events: impl IntoIterator<Item = &'a Event>,
     ) -> Result<WorkingSet, ReplayError> {
+        WorkingSet::replay_with(events, WorkingSet::apply)
+    }
+
+    /// [`replay`](WorkingSet::replay) of a log the caller gives up: the same
+    /// working set, but strings, tool calls and results move out of the
+    /// events instead of being copied. For rebuilds, which decode the log
+    /// only to replay it.
+    pub fn replay_owned(
+        events: impl IntoIterator<Item = Event>,
+    ) -> Result<WorkingSet, ReplayError> {
+        WorkingSet::replay_with(events, WorkingSet::apply_owned)
+    }
+
+    /// The checks both replays make (a log starts with `Created` and its
+    /// seqs run without gaps), folding each event in with `apply`.
+    fn replay_with<E: Borrow<Event>>(
+        events: impl IntoIterator<Item = E>,
+        apply: impl Fn(&mut WorkingSet, E),
+    ) -> Result<WorkingSet, ReplayError> {
         let mut events = events.into_iter();
         let first = events.next().ok_or(ReplayError::Empty)?;
+        let first = first.borrow();
         let mut working =
             WorkingSet::from_created(first).ok_or(ReplayError::NotCreated { seq: first.seq })?;
         for event in events {
             let expected = working.last_seq + 1;
-            if event.seq != expected {
-                return Err(ReplayError::Gap {
-                    expected,
-                    found: event.seq,
-                });
+            let found = event.borrow().seq;
+            if found != expected {
+                return Err(ReplayError::Gap { expected, found });
             }
-            working.apply(event);
+            apply(&mut working, event);
         }
         Ok(working)
     }
@@ -220,103 +247,146 @@ impl WorkingSet {
     }
 
     /// Fold one event in. Events must come in seq order; `replay` checks that.
+    /// The caller keeps the event (the live path still has to append it), so
+    /// whatever the working set keeps is copied.
     pub fn apply(&mut self, event: &Event) {
-        self.last_seq = event.seq;
-        self.last_activity = event.at;
-        match &event.kind {
+        self.fold(
+            event.seq,
+            event.at,
+            event.triggers_turn,
+            Payload::borrowed(&event.kind),
+        );
+    }
+
+    /// [`apply`](WorkingSet::apply) of an event the caller gives up: the same
+    /// result, with whatever the working set keeps moved out of the event.
+    pub fn apply_owned(&mut self, event: Event) {
+        let Event {
+            seq,
+            at,
+            triggers_turn,
+            kind,
+            parent: _,
+        } = event;
+        self.fold(seq, at, triggers_turn, Payload::owned(kind));
+    }
+
+    /// The reducer itself, for borrowed and owned events alike.
+    ///
+    /// Inlined into `apply` and `apply_owned`, so that each is compiled for
+    /// the payloads it makes and the `Cow`s cost nothing: called, `fold`
+    /// made `replay` of a borrowed log run 2% more instructions than the
+    /// reducer did before owned replay existed; inlined, 0.2%.
+    #[inline(always)]
+    fn fold(&mut self, seq: Seq, at: Timestamp, triggers_turn: bool, payload: Payload<'_>) {
+        self.last_seq = seq;
+        self.last_activity = at;
+        match payload {
             // Created only ever starts a log; `from_created` handles it.
-            EventKind::Created { .. } | EventKind::SessionStarted | EventKind::SessionEnded => {}
-            EventKind::UserMessage { text, images } => {
+            Payload::Created | Payload::SessionStarted | Payload::SessionEnded => {}
+            Payload::UserMessage { text, images } => {
                 self.consecutive_resumes = 0;
                 if self.current_turn.is_some() {
                     self.queued.push(QueuedMessage {
-                        seq: event.seq,
-                        text: text.clone(),
-                        images: images.clone(),
+                        seq,
+                        text: text.into_owned(),
+                        images: images.into_owned(),
                     });
                 } else {
-                    self.push_user_text(text, images);
-                    if event.triggers_turn {
-                        self.untriggered = Some(event.seq);
+                    self.push_user_text(text.into_owned(), images.into_owned());
+                    if triggers_turn {
+                        self.untriggered = Some(seq);
                     }
                 }
             }
-            EventKind::TurnStarted { turn } => {
-                self.turn = *turn;
+            Payload::TurnStarted { turn } => {
+                self.turn = turn;
                 self.current_turn = Some(TurnInProgress {
-                    turn: *turn,
-                    started_seq: event.seq,
-                    started_at: event.at,
+                    turn,
+                    started_seq: seq,
+                    started_at: at,
                     responses: 0,
                     grace_used: false,
                 });
                 self.last_error = None;
                 self.untriggered = None;
             }
-            EventKind::AssistantMessage { blocks, usage, .. } => {
-                self.messages.push(Message {
-                    role: Role::Assistant,
-                    content: blocks.iter().map(|block| block.to_content()).collect(),
-                });
+            Payload::AssistantMessage { blocks, usage } => {
+                // The calls are both prompt content and open calls: one of
+                // the two is a copy even when the event is owned.
                 self.open_calls = blocks
                     .iter()
                     .filter_map(|block| block.tool_call().cloned())
                     .collect();
-                self.usage = *usage;
+                let content = match blocks {
+                    Cow::Borrowed(blocks) => {
+                        blocks.iter().map(AssistantBlock::to_content).collect()
+                    }
+                    Cow::Owned(blocks) => blocks
+                        .into_iter()
+                        .map(AssistantBlock::into_content)
+                        .collect(),
+                };
+                self.messages.push(Message {
+                    role: Role::Assistant,
+                    content,
+                });
+                self.usage = usage;
                 if let Some(turn) = &mut self.current_turn {
                     turn.responses += 1;
                 }
             }
-            EventKind::ToolResult {
+            Payload::ToolResult {
                 tool_call_id,
                 content,
                 is_error,
-                ..
             } => {
                 self.open_calls.retain(|call| call.id != *tool_call_id);
                 self.pending
                     .retain(|pending| pending.call.id != *tool_call_id);
-                self.approved.retain(|id| id != tool_call_id);
+                self.approved.retain(|id| *id != *tool_call_id);
                 self.push_user_block(ContentBlock::ToolResult {
                     result: ToolResult {
-                        tool_call_id: tool_call_id.clone(),
-                        content: content.clone(),
-                        is_error: *is_error,
+                        tool_call_id: tool_call_id.into_owned(),
+                        content: content.into_owned(),
+                        is_error,
                     },
                 });
             }
-            EventKind::Suspended { pending } => self.pending.extend(pending.iter().cloned()),
-            EventKind::Resolved {
+            Payload::Suspended { pending } => self.pending.extend(pending.into_owned()),
+            Payload::Resolved {
                 tool_call_id,
                 decision,
             } => {
                 self.pending
                     .retain(|pending| pending.call.id != *tool_call_id);
                 if *decision == Decision::Approve {
-                    self.approved.push(tool_call_id.clone());
+                    self.approved.push(tool_call_id.into_owned());
                 }
             }
-            EventKind::TurnCompleted { .. } | EventKind::TurnInterrupted { .. } => self.end_turn(),
-            EventKind::TurnFailed { error, .. } => {
+            Payload::TurnCompleted | Payload::TurnInterrupted => self.end_turn(),
+            Payload::TurnFailed { error } => {
                 self.end_turn();
-                self.last_error = Some(error.clone());
+                self.last_error = Some(error.into_owned());
             }
-            EventKind::ConfigChanged { config } => self.config = config.clone(),
-            EventKind::Recovered { action } => match action {
+            Payload::ConfigChanged { config } => self.config = config.into_owned(),
+            Payload::Recovered { action } => match action {
                 RecoveryAction::RerunRequest | RecoveryAction::Redispatch => {
                     self.consecutive_resumes += 1;
                 }
             },
-            EventKind::Nudge { reason, text } => {
-                if *reason == crate::event::NudgeReason::TurnCap {
+            Payload::Nudge { reason, text } => {
+                if reason == NudgeReason::TurnCap {
                     if let Some(turn) = &mut self.current_turn {
                         turn.grace_used = true;
                     }
                 }
-                self.push_user_block(ContentBlock::Text { text: text.clone() });
+                self.push_user_block(ContentBlock::Text {
+                    text: text.into_owned(),
+                });
             }
-            EventKind::Finished { outcome } => self.outcome = Some(outcome.clone()),
-            EventKind::DebounceCancelled => self.untriggered = None,
+            Payload::Finished { outcome } => self.outcome = Some(outcome.into_owned()),
+            Payload::DebounceCancelled => self.untriggered = None,
         }
     }
 
@@ -327,20 +397,16 @@ impl WorkingSet {
         self.pending.clear();
         self.approved.clear();
         for queued in std::mem::take(&mut self.queued) {
-            self.push_user_text(&queued.text, &queued.images);
+            self.push_user_text(queued.text, queued.images);
         }
     }
 
-    fn push_user_text(&mut self, text: &str, images: &[ImageRef]) {
+    fn push_user_text(&mut self, text: String, images: Vec<ImageRef>) {
         if !text.is_empty() {
-            self.push_user_block(ContentBlock::Text {
-                text: text.to_owned(),
-            });
+            self.push_user_block(ContentBlock::Text { text });
         }
         for image in images {
-            self.push_user_block(ContentBlock::Image {
-                image: image.clone(),
-            });
+            self.push_user_block(ContentBlock::Image { image });
         }
     }
 
@@ -352,6 +418,170 @@ impl WorkingSet {
                 role: Role::User,
                 content: vec![block],
             }),
+        }
+    }
+}
+
+/// What the reducer reads of an event's kind, one variant per [`EventKind`].
+/// Every value the working set keeps is a `Cow`: borrowed from an event the
+/// caller keeps ([`WorkingSet::apply`]), owned when the caller gives the
+/// event up ([`WorkingSet::apply_owned`]), so that `into_owned` copies only
+/// in the first case. The two constructors only take the event apart; what
+/// happens to each value is decided once, in [`WorkingSet::fold`].
+enum Payload<'a> {
+    Created,
+    SessionStarted,
+    SessionEnded,
+    UserMessage {
+        text: Cow<'a, str>,
+        images: Cow<'a, [ImageRef]>,
+    },
+    TurnStarted {
+        turn: u32,
+    },
+    AssistantMessage {
+        blocks: Cow<'a, [AssistantBlock]>,
+        usage: Usage,
+    },
+    ToolResult {
+        tool_call_id: Cow<'a, ToolCallId>,
+        content: Cow<'a, str>,
+        is_error: bool,
+    },
+    Suspended {
+        pending: Cow<'a, [PendingCall]>,
+    },
+    Resolved {
+        tool_call_id: Cow<'a, ToolCallId>,
+        decision: Cow<'a, Decision>,
+    },
+    TurnCompleted,
+    TurnInterrupted,
+    TurnFailed {
+        error: Cow<'a, str>,
+    },
+    ConfigChanged {
+        config: Cow<'a, ConversationConfig>,
+    },
+    Recovered {
+        action: RecoveryAction,
+    },
+    Nudge {
+        reason: NudgeReason,
+        text: Cow<'a, str>,
+    },
+    Finished {
+        outcome: Cow<'a, Outcome>,
+    },
+    DebounceCancelled,
+}
+
+impl<'a> Payload<'a> {
+    fn borrowed(kind: &'a EventKind) -> Payload<'a> {
+        match kind {
+            EventKind::Created { .. } => Payload::Created,
+            EventKind::SessionStarted => Payload::SessionStarted,
+            EventKind::SessionEnded => Payload::SessionEnded,
+            EventKind::UserMessage { text, images } => Payload::UserMessage {
+                text: Cow::Borrowed(text.as_str()),
+                images: Cow::Borrowed(images.as_slice()),
+            },
+            EventKind::TurnStarted { turn } => Payload::TurnStarted { turn: *turn },
+            EventKind::AssistantMessage { blocks, usage, .. } => Payload::AssistantMessage {
+                blocks: Cow::Borrowed(blocks.as_slice()),
+                usage: *usage,
+            },
+            EventKind::ToolResult {
+                tool_call_id,
+                content,
+                is_error,
+                ..
+            } => Payload::ToolResult {
+                tool_call_id: Cow::Borrowed(tool_call_id),
+                content: Cow::Borrowed(content.as_str()),
+                is_error: *is_error,
+            },
+            EventKind::Suspended { pending } => Payload::Suspended {
+                pending: Cow::Borrowed(pending.as_slice()),
+            },
+            EventKind::Resolved {
+                tool_call_id,
+                decision,
+            } => Payload::Resolved {
+                tool_call_id: Cow::Borrowed(tool_call_id),
+                decision: Cow::Borrowed(decision),
+            },
+            EventKind::TurnCompleted { .. } => Payload::TurnCompleted,
+            EventKind::TurnInterrupted { .. } => Payload::TurnInterrupted,
+            EventKind::TurnFailed { error, .. } => Payload::TurnFailed {
+                error: Cow::Borrowed(error.as_str()),
+            },
+            EventKind::ConfigChanged { config } => Payload::ConfigChanged {
+                config: Cow::Borrowed(config),
+            },
+            EventKind::Recovered { action } => Payload::Recovered { action: *action },
+            EventKind::Nudge { reason, text } => Payload::Nudge {
+                reason: *reason,
+                text: Cow::Borrowed(text.as_str()),
+            },
+            EventKind::Finished { outcome } => Payload::Finished {
+                outcome: Cow::Borrowed(outcome),
+            },
+            EventKind::DebounceCancelled => Payload::DebounceCancelled,
+        }
+    }
+
+    fn owned(kind: EventKind) -> Payload<'static> {
+        match kind {
+            EventKind::Created { .. } => Payload::Created,
+            EventKind::SessionStarted => Payload::SessionStarted,
+            EventKind::SessionEnded => Payload::SessionEnded,
+            EventKind::UserMessage { text, images } => Payload::UserMessage {
+                text: Cow::Owned(text),
+                images: Cow::Owned(images),
+            },
+            EventKind::TurnStarted { turn } => Payload::TurnStarted { turn },
+            EventKind::AssistantMessage { blocks, usage, .. } => Payload::AssistantMessage {
+                blocks: Cow::Owned(blocks),
+                usage,
+            },
+            EventKind::ToolResult {
+                tool_call_id,
+                content,
+                is_error,
+                ..
+            } => Payload::ToolResult {
+                tool_call_id: Cow::Owned(tool_call_id),
+                content: Cow::Owned(content),
+                is_error,
+            },
+            EventKind::Suspended { pending } => Payload::Suspended {
+                pending: Cow::Owned(pending),
+            },
+            EventKind::Resolved {
+                tool_call_id,
+                decision,
+            } => Payload::Resolved {
+                tool_call_id: Cow::Owned(tool_call_id),
+                decision: Cow::Owned(decision),
+            },
+            EventKind::TurnCompleted { .. } => Payload::TurnCompleted,
+            EventKind::TurnInterrupted { .. } => Payload::TurnInterrupted,
+            EventKind::TurnFailed { error, .. } => Payload::TurnFailed {
+                error: Cow::Owned(error),
+            },
+            EventKind::ConfigChanged { config } => Payload::ConfigChanged {
+                config: Cow::Owned(config),
+            },
+            EventKind::Recovered { action } => Payload::Recovered { action },
+            EventKind::Nudge { reason, text } => Payload::Nudge {
+                reason,
+                text: Cow::Owned(text),
+            },
+            EventKind::Finished { outcome } => Payload::Finished {
+                outcome: Cow::Owned(outcome),
+            },
+            EventKind::DebounceCancelled => Payload::DebounceCancelled,
         }
     }
 }

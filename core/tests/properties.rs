@@ -1193,6 +1193,36 @@ proptest! {
         })?;
     }
 
+    /// A rebuild from the store replays a log it owns
+    /// (`WorkingSet::replay_owned`, which moves strings instead of copying
+    /// them): after every step of random runs, restarts included, that gives
+    /// the same working set as replaying the borrowed log, and a log that is
+    /// not a conversation's (no `Created` first, a gap) is refused alike.
+    #[test]
+    fn owned_replay_matches_borrowed_replay(setup in setup(), moves in moves(12)) {
+        run(&setup, &moves, |driver, _| {
+            let log = &driver.log;
+            prop_assert_eq!(
+                WorkingSet::replay_owned(log.clone()),
+                WorkingSet::replay(log)
+            );
+            let headless = &log[1..];
+            prop_assert_eq!(
+                WorkingSet::replay_owned(headless.to_vec()),
+                WorkingSet::replay(headless)
+            );
+            if log.len() > 2 {
+                let mut gapped = log.clone();
+                gapped.remove(log.len() / 2);
+                prop_assert_eq!(
+                    WorkingSet::replay_owned(gapped.clone()),
+                    WorkingSet::replay(&gapped)
+                );
+            }
+            Ok(())
+        })?;
+    }
+
     /// Rejection contract: keel-core answers an ill-timed input with a
     /// Rejection and leaves the conversation as it was, with no effects, for
     /// every step of a run and every kind of input probed from every state.

@@ -14,6 +14,10 @@ use crate::error::Result;
 
 pub type Entry = (Vec<u8>, Vec<u8>);
 
+/// What [`Backend::visit_range`] calls on each entry: its key and value,
+/// borrowed from the engine for the length of the call.
+pub type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> Result<()> + 'a;
+
 pub trait Backend: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 
@@ -23,8 +27,30 @@ pub trait Backend: Send + Sync + 'static {
 
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>>;
 
-    /// Entries with `start <= key < end`, in key order, at most `limit`.
-    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Entry>>;
+    /// Call `visit` on the entries with `start <= key < end`, in key order,
+    /// at most `limit`, with key and value borrowed from the engine: a
+    /// reader that only decodes them (`Store::read`) then copies nothing.
+    /// The first error, the engine's or `visit`'s, ends the scan and is
+    /// returned. `visit` must not call back into the backend: the memory
+    /// backend holds its lock while it runs.
+    fn visit_range(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        visit: &mut Visit<'_>,
+    ) -> Result<()>;
+
+    /// Entries with `start <= key < end`, in key order, at most `limit`,
+    /// copied out of the engine.
+    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Entry>> {
+        let mut entries = Vec::new();
+        self.visit_range(start, end, limit, &mut |key, value| {
+            entries.push((key.to_vec(), value.to_vec()));
+            Ok(())
+        })?;
+        Ok(entries)
+    }
 
     /// The entry with the greatest key in `start <= key < end`.
     fn last(&self, start: &[u8], end: &[u8]) -> Result<Option<Entry>>;

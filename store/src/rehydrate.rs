@@ -35,7 +35,8 @@ pub async fn rehydrate(
     if events.is_empty() {
         return Ok(None);
     }
-    let working = WorkingSet::replay(&events).map_err(|error| {
+    // The events are decoded only to be replayed: move them in.
+    let working = WorkingSet::replay_owned(events).map_err(|error| {
         let seq = match error {
             ReplayError::Empty => 0,
             ReplayError::NotCreated { seq } => seq,

@@ -12,6 +12,13 @@
 //! A failed commit is never retried: the store records the failure and
 //! refuses every later write (`Error::Fatal`); the runtime restarts and
 //! recovers from the log.
+//!
+//! Reads decode records straight from the engine's bytes
+//! ([`Backend::visit_range`]). A long read (a rebuild of a long
+//! conversation) is mostly decoding, so it copies the records out once and
+//! decodes them on every core (`records.rs`).
+
+mod records;
 
 use std::collections::HashMap;
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -34,6 +41,7 @@ use crate::index::IndexEntry;
 use crate::keys;
 use crate::lock::DirLock;
 use crate::log::EventLog;
+use records::{decode_parallel, decode_record, decode_threads, Records, PARALLEL_READ_FROM};
 
 /// Most requests one commit takes, so a flood of writers cannot make one
 /// batch (and its callers' wait) unbounded.
@@ -109,18 +117,18 @@ impl<B: Backend> Store<B> {
         answer.await.map_err(|_| Error::Closed)?
     }
 
-    fn decode_entry(conversation: &ConversationId, (key, value): &Entry) -> Result<Event> {
-        let seq = keys::seq_of(key).unwrap_or(0);
-        let corrupt = |reason: String| Error::Corrupt {
-            conversation: conversation.clone(),
-            seq,
-            reason,
-        };
-        let event = codec::decode(value).map_err(|error| corrupt(error.to_string()))?;
-        if event.seq != seq {
-            return Err(corrupt(format!("record holds seq {}", event.seq)));
-        }
-        Ok(event)
+    /// How many records `read` would return, from the log's last seq
+    /// (seqs are contiguous). Only a hint for choosing how to decode: an
+    /// append landing meanwhile changes nothing but that choice.
+    fn expected_records(
+        &self,
+        conversation: &ConversationId,
+        from: Seq,
+        limit: usize,
+    ) -> Result<usize> {
+        let last = self.last_seq(conversation)?;
+        let count = last.checked_sub(from).map_or(0, |n| n.saturating_add(1));
+        Ok(usize::try_from(count).unwrap_or(usize::MAX).min(limit))
     }
 }
 
@@ -170,12 +178,32 @@ impl<B: Backend> EventLog for Store<B> {
     }
 
     fn read(&self, conversation: &ConversationId, from: Seq, limit: usize) -> Result<Vec<Event>> {
-        let (start, end) = keys::events_from(conversation, from.max(1));
+        let from = from.max(1);
+        let (start, end) = keys::events_from(conversation, from);
+        // Whether a read is long is known from the log's last seq (about
+        // 10 µs to look up on redb), asked only when `limit` allows a long
+        // read; a short read then decodes straight from the engine's bytes,
+        // without the copy a parallel decode needs.
+        let threads = decode_threads();
+        if threads > 1
+            && limit > PARALLEL_READ_FROM
+            && self.expected_records(conversation, from, limit)? > PARALLEL_READ_FROM
+        {
+            let mut records = Records::default();
+            self.backend
+                .visit_range(&start, &end, limit, &mut |key, value| {
+                    records.push(key, value);
+                    Ok(())
+                })?;
+            return decode_parallel(conversation, records, threads);
+        }
+        let mut events = Vec::new();
         self.backend
-            .range(&start, &end, limit)?
-            .iter()
-            .map(|entry| Self::decode_entry(conversation, entry))
-            .collect()
+            .visit_range(&start, &end, limit, &mut |key, value| {
+                events.push(decode_record(conversation, key, value)?);
+                Ok(())
+            })?;
+        Ok(events)
     }
 
     fn read_tail(&self, conversation: &ConversationId, n: usize) -> Result<Vec<Event>> {
@@ -183,7 +211,7 @@ impl<B: Backend> EventLog for Store<B> {
         self.backend
             .tail(&start, &end, n)?
             .iter()
-            .map(|entry| Self::decode_entry(conversation, entry))
+            .map(|(key, value)| decode_record(conversation, key, value))
             .collect()
     }
 
@@ -268,7 +296,7 @@ impl<B: Backend> Store<B> {
     fn freshen(&self, mut entry: IndexEntry) -> Result<IndexEntry> {
         let (start, end) = keys::events_from(&entry.id, entry.last_seq.max(1));
         if let Some(last) = self.backend.last(&start, &end)? {
-            let event = Self::decode_entry(&entry.id, &last)?;
+            let event = decode_record(&entry.id, &last.0, &last.1)?;
             entry.last_seq = event.seq;
             entry.last_activity = event.at;
         }

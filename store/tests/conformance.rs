@@ -141,6 +141,36 @@ pub async fn range_and_tail_reads(log: &dyn EventLog) {
     assert_eq!(log.last_seq(&id("nobody")).unwrap(), 0);
 }
 
+/// Messages in the long conversations below: enough that reading all of
+/// them takes the store's parallel decoding path (more than 2,000 records)
+/// with more than one chunk per thread on any machine.
+const LONG: u64 = 2_600;
+
+/// Reads long enough to be decoded on several threads give exactly what
+/// short reads give: every event, in order, and only this conversation's.
+pub async fn long_reads_come_back_whole_and_in_order(log: &dyn EventLog) {
+    log.append(&id("long"), created("long")).await.unwrap();
+    let appended = messages(2, LONG);
+    log.append(&id("long"), appended.clone()).await.unwrap();
+    seed(log, "long-b", 3).await;
+    let events = log.read_all(&id("long")).unwrap();
+    assert_eq!(seqs(&events), (1..=LONG + 2).collect::<Vec<_>>());
+    assert_eq!(&events[2..], appended.as_slice());
+    assert_eq!(
+        seqs(&log.read(&id("long"), 5, 2_500).unwrap()),
+        (5..2_505).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        seqs(&log.read(&id("long"), 101, usize::MAX).unwrap()),
+        (101..=LONG + 2).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        seqs(&log.read(&id("long"), LONG, usize::MAX).unwrap()),
+        vec![LONG, LONG + 1, LONG + 2]
+    );
+    assert_eq!(log.read_all(&id("long-b")).unwrap().len(), 5);
+}
+
 pub async fn concurrent_writers_each_get_a_contiguous_log(log: Arc<dyn EventLog>) {
     let mut tasks = Vec::new();
     for writer in 0..32 {
@@ -323,6 +353,39 @@ async fn a_corrupted_record_is_named_and_the_rest_stays_readable<B: Backend>(
     assert_eq!(store.read_all(&id("b")).unwrap().len(), 4);
 }
 
+/// A long read, decoded on several threads, names the first bad record in
+/// seq order, as a short read does.
+async fn a_corrupted_record_in_a_long_read_is_named<B: Backend>(store: &keel_store::Store<B>) {
+    seed(store, "a", LONG).await;
+    let named = |error: Error| match error {
+        Error::Corrupt {
+            conversation,
+            seq,
+            reason,
+        } if conversation.as_str() == "a" => (seq, reason),
+        other => panic!("expected a corrupted record of a, got {other}"),
+    };
+    corrupt(store.backend(), "a", 2_400);
+    assert_eq!(named(store.read_all(&id("a")).unwrap_err()).0, 2_400);
+    corrupt(store.backend(), "a", 300);
+    assert_eq!(named(store.read_all(&id("a")).unwrap_err()).0, 300);
+    assert_eq!(
+        named(store.read(&id("a"), 301, usize::MAX).unwrap_err()).0,
+        2_400
+    );
+    // A record under another seq's key is as corrupt as one that does not
+    // decode.
+    let misplaced = keel_store::encode(&messages(9, 1)[0]);
+    store
+        .backend()
+        .commit(&[(keel_store::keys::event(&id("a"), 1_200), misplaced)])
+        .unwrap();
+    let (seq, reason) = named(store.read(&id("a"), 301, usize::MAX).unwrap_err());
+    assert_eq!(seq, 1_200);
+    assert!(reason.contains("record holds seq 10"), "{reason}");
+    assert_eq!(store.read(&id("a"), 1, 299).unwrap().len(), 299);
+}
+
 macro_rules! conformance {
     ($backend:ident, $open:expr) => {
         mod $backend {
@@ -357,6 +420,12 @@ macro_rules! conformance {
             async fn range_and_tail_reads() {
                 let (_dir, log) = open();
                 super::range_and_tail_reads(&*log).await;
+            }
+
+            #[tokio::test]
+            async fn long_reads_come_back_whole_and_in_order() {
+                let (_dir, log) = open();
+                super::long_reads_come_back_whole_and_in_order(&*log).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -416,6 +485,26 @@ async fn redb_a_corrupted_record_is_named_and_the_rest_stays_readable() {
     let dir = tempfile::tempdir().unwrap();
     let store = keel_store::open_redb(dir.path()).unwrap();
     a_corrupted_record_is_named_and_the_rest_stays_readable(&store).await;
+}
+
+#[tokio::test]
+async fn memory_a_corrupted_record_in_a_long_read_is_named() {
+    let store = keel_store::open_memory().unwrap();
+    a_corrupted_record_in_a_long_read_is_named(&store).await;
+}
+
+#[tokio::test]
+async fn sled_a_corrupted_record_in_a_long_read_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = keel_store::open_sled(dir.path()).unwrap();
+    a_corrupted_record_in_a_long_read_is_named(&store).await;
+}
+
+#[tokio::test]
+async fn redb_a_corrupted_record_in_a_long_read_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = keel_store::open_redb(dir.path()).unwrap();
+    a_corrupted_record_in_a_long_read_is_named(&store).await;
 }
 
 async fn survives_reopen_and_refuses_a_second_opener(
@@ -491,13 +580,14 @@ impl Backend for FailingBackend {
     fn get(&self, key: &[u8]) -> keel_store::Result<Option<Vec<u8>>> {
         self.inner.get(key)
     }
-    fn range(
+    fn visit_range(
         &self,
         start: &[u8],
         end: &[u8],
         limit: usize,
-    ) -> keel_store::Result<Vec<keel_store::backend::Entry>> {
-        self.inner.range(start, end, limit)
+        visit: &mut keel_store::backend::Visit<'_>,
+    ) -> keel_store::Result<()> {
+        self.inner.visit_range(start, end, limit, visit)
     }
     fn last(
         &self,

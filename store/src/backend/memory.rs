@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::{Mutex, MutexGuard};
 
-use super::{Backend, Entry};
+use super::{Backend, Entry, Visit};
 use crate::error::{Error, Result};
 
 #[derive(Default)]
@@ -47,16 +47,23 @@ impl Backend for MemoryBackend {
         Ok(self.map()?.get(key).cloned())
     }
 
-    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Entry>> {
+    /// Visits under the map's lock, so a long visit delays writers; this
+    /// backend serves tests, where that does not matter.
+    fn visit_range(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        visit: &mut Visit<'_>,
+    ) -> Result<()> {
         if start >= end {
-            return Ok(Vec::new());
+            return Ok(());
         }
         let map = self.map()?;
-        Ok(map
-            .range::<[u8], _>(bounds(start, end))
-            .take(limit)
-            .map(|(key, value)| (key.clone(), value.clone()))
-            .collect())
+        for (key, value) in map.range::<[u8], _>(bounds(start, end)).take(limit) {
+            visit(key, value)?;
+        }
+        Ok(())
     }
 
     fn last(&self, start: &[u8], end: &[u8]) -> Result<Option<Entry>> {

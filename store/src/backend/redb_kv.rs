@@ -6,7 +6,7 @@ use std::path::Path;
 
 use redb::{Database, TableDefinition};
 
-use super::{Backend, Entry};
+use super::{Backend, Entry, Visit};
 use crate::error::{Error, Result};
 
 const NAME: &str = "redb";
@@ -93,21 +93,17 @@ impl RedbBackend {
         Ok(RedbBackend { db })
     }
 
-    fn scan(&self, start: &[u8], end: &[u8], limit: usize, reverse: bool) -> Result<Vec<Entry>> {
+    /// Up to `limit` entries with the greatest keys in `start <= key < end`,
+    /// copied out, in key order.
+    fn scan_back(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Entry>> {
         if start >= end {
             return Ok(Vec::new());
         }
         let txn = self.db.begin_read().map_err(backend_error)?;
         let table = txn.open_table(TABLE).map_err(backend_error)?;
         let range = table.range(start..end).map_err(backend_error)?;
-        let mut entries: Vec<Entry> = if reverse {
-            range.rev().take(limit).map(owned).collect::<Result<_>>()?
-        } else {
-            range.take(limit).map(owned).collect::<Result<_>>()?
-        };
-        if reverse {
-            entries.reverse();
-        }
+        let mut entries: Vec<Entry> = range.rev().take(limit).map(owned).collect::<Result<_>>()?;
+        entries.reverse();
         Ok(entries)
     }
 }
@@ -137,15 +133,33 @@ impl Backend for RedbBackend {
         Ok(value.map(|guard| guard.value().to_vec()))
     }
 
-    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Entry>> {
-        self.scan(start, end, limit, false)
+    /// Key and value are borrowed from the pages the read transaction holds
+    /// (`AccessGuard::value`): nothing is copied.
+    fn visit_range(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        visit: &mut Visit<'_>,
+    ) -> Result<()> {
+        if start >= end {
+            return Ok(());
+        }
+        let txn = self.db.begin_read().map_err(backend_error)?;
+        let table = txn.open_table(TABLE).map_err(backend_error)?;
+        let range = table.range(start..end).map_err(backend_error)?;
+        for item in range.take(limit) {
+            let (key, value) = item.map_err(backend_error)?;
+            visit(key.value(), value.value())?;
+        }
+        Ok(())
     }
 
     fn last(&self, start: &[u8], end: &[u8]) -> Result<Option<Entry>> {
-        Ok(self.scan(start, end, 1, true)?.pop())
+        Ok(self.scan_back(start, end, 1)?.pop())
     }
 
     fn tail(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Entry>> {
-        self.scan(start, end, limit, true)
+        self.scan_back(start, end, limit)
     }
 }

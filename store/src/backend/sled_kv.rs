@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use super::{Backend, Entry};
+use super::{Backend, Entry, Visit};
 use crate::error::{Error, Result};
 
 pub struct SledBackend {
@@ -80,18 +80,21 @@ impl Backend for SledBackend {
             .map(|value| value.to_vec()))
     }
 
-    fn range(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Entry>> {
+    fn visit_range(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        visit: &mut Visit<'_>,
+    ) -> Result<()> {
         if start >= end {
-            return Ok(Vec::new());
+            return Ok(());
         }
-        self.db
-            .range(start..end)
-            .take(limit)
-            .map(|item| {
-                item.map(|(key, value)| (key.to_vec(), value.to_vec()))
-                    .map_err(backend_error)
-            })
-            .collect()
+        for item in self.db.range(start..end).take(limit) {
+            let (key, value) = item.map_err(backend_error)?;
+            visit(&key, &value)?;
+        }
+        Ok(())
     }
 
     fn last(&self, start: &[u8], end: &[u8]) -> Result<Option<Entry>> {
