@@ -21,7 +21,8 @@
 mod records;
 
 use std::collections::HashMap;
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 
@@ -47,6 +48,10 @@ use records::{decode_parallel, decode_record, decode_threads, Records, PARALLEL_
 /// batch (and its callers' wait) unbounded.
 const MAX_BATCH: usize = 4096;
 
+/// Batches up to this many requests commit on the committer's own thread
+/// when no batch is in flight (see `Committer::run`).
+const INLINE_BATCH: usize = 16;
+
 type Reply = oneshot::Sender<Result<()>>;
 
 enum Request {
@@ -68,6 +73,8 @@ pub struct Store<B: Backend> {
     /// `None` only while dropping.
     requests: Option<Sender<Request>>,
     committer: Option<JoinHandle<()>>,
+    /// Commits what the committer staged; ends after it.
+    writer: Option<JoinHandle<()>>,
     /// Set once, by the first failed commit.
     fatal: Arc<OnceLock<String>>,
     /// Released last, after the committer has finished.
@@ -80,21 +87,34 @@ impl<B: Backend> Store<B> {
         let backend = Arc::new(backend);
         let fatal = Arc::new(OnceLock::new());
         let (requests, receiver) = mpsc::channel();
+        let (staged, to_write) = mpsc::sync_channel::<Staged>(1);
+        let thread_error = |source| Error::Io {
+            path: "committer thread".into(),
+            source,
+        };
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let writer = {
+            let backend = Arc::clone(&backend);
+            let fatal = Arc::clone(&fatal);
+            let in_flight = Arc::clone(&in_flight);
+            std::thread::Builder::new()
+                .name(format!("keel-{}-write", backend.name()))
+                .spawn(move || write_batches(backend.as_ref(), &fatal, &in_flight, to_write))
+                .map_err(thread_error)?
+        };
         let committer = {
             let backend = Arc::clone(&backend);
             let fatal = Arc::clone(&fatal);
             std::thread::Builder::new()
                 .name(format!("keel-{}-commit", backend.name()))
-                .spawn(move || Committer::new(backend, fatal).run(receiver))
-                .map_err(|source| Error::Io {
-                    path: "committer thread".into(),
-                    source,
-                })?
+                .spawn(move || Committer::new(backend, fatal, in_flight).run(receiver, staged))
+                .map_err(thread_error)?
         };
         Ok(Store {
             backend,
             requests: Some(requests),
             committer: Some(committer),
+            writer: Some(writer),
             fatal,
             _lock: lock,
         })
@@ -139,6 +159,11 @@ impl<B: Backend> Drop for Store<B> {
         self.requests = None;
         if let Some(committer) = self.committer.take() {
             let _ = committer.join();
+        }
+        // The committer dropped its end of the staged channel: the writer
+        // finishes what is staged, answers, and ends.
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
         }
     }
 }
@@ -311,26 +336,88 @@ fn decode_index(conversation: &str, bytes: &[u8]) -> Result<IndexEntry> {
     })
 }
 
+/// A checked batch: its writes, and the callers waiting on them.
+struct Staged {
+    writes: Vec<Entry>,
+    waiting: Vec<Reply>,
+}
+
+/// The writer thread: commit each staged batch in order.
+fn write_batches<B: Backend>(
+    backend: &B,
+    fatal: &OnceLock<String>,
+    in_flight: &AtomicUsize,
+    batches: Receiver<Staged>,
+) {
+    while let Ok(batch) = batches.recv() {
+        commit_batch(backend, fatal, batch);
+        in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Commit one batch durably and answer its callers. After a failed commit
+/// nothing more is written (a failed flush is never retried): a batch staged
+/// meanwhile assumed the failed one's seqs, and is refused with it.
+fn commit_batch<B: Backend>(backend: &B, fatal: &OnceLock<String>, batch: Staged) {
+    let Staged { writes, waiting } = batch;
+    let outcome = match fatal.get() {
+        Some(reason) => Err(reason.clone()),
+        None if writes.is_empty() => Ok(()),
+        None => backend.commit(&writes).map_err(|error| {
+            let reason = error.to_string();
+            let _ = fatal.set(reason.clone());
+            reason
+        }),
+    };
+    match outcome {
+        Ok(()) => {
+            for reply in waiting {
+                let _ = reply.send(Ok(()));
+            }
+        }
+        Err(reason) => {
+            for reply in waiting {
+                let _ = reply.send(Err(Error::Fatal {
+                    reason: reason.clone(),
+                }));
+            }
+        }
+    }
+}
+
 /// The committer thread's state: what it knows of each conversation's log
 /// end and index entry, so checking an append costs no read.
 struct Committer<B: Backend> {
     backend: Arc<B>,
     fatal: Arc<OnceLock<String>>,
+    /// Batches handed to the writer and not yet answered.
+    in_flight: Arc<AtomicUsize>,
     last_seqs: HashMap<ConversationId, Seq>,
     index: HashMap<ConversationId, IndexEntry>,
 }
 
 impl<B: Backend> Committer<B> {
-    fn new(backend: Arc<B>, fatal: Arc<OnceLock<String>>) -> Self {
+    fn new(backend: Arc<B>, fatal: Arc<OnceLock<String>>, in_flight: Arc<AtomicUsize>) -> Self {
         Committer {
             backend,
             fatal,
+            in_flight,
             last_seqs: HashMap::new(),
             index: HashMap::new(),
         }
     }
 
-    fn run(mut self, requests: Receiver<Request>) {
+    /// Two stages on two threads: this one takes the waiting requests,
+    /// checks and stages them, and hands the batch to a writer thread that
+    /// commits it and answers its callers. While the engine commits (and
+    /// waits on the disk) batch N, batch N+1 is being staged. At most one
+    /// staged batch waits for the writer, so a caller's wait stays bounded.
+    /// The first of two stages: take the waiting requests, check and stage
+    /// them, and hand each batch to the writer thread, which commits it and
+    /// answers its callers. While the engine commits (and waits on the disk)
+    /// batch N, batch N+1 is being staged. At most one staged batch waits
+    /// for the writer, so a caller's wait stays bounded.
+    fn run(mut self, requests: Receiver<Request>, staged: SyncSender<Staged>) {
         while let Ok(first) = requests.recv() {
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
@@ -339,11 +426,33 @@ impl<B: Backend> Committer<B> {
                     Err(_) => break,
                 }
             }
-            self.commit(batch);
+            let Some(batch) = self.stage_batch(batch) else {
+                continue;
+            };
+            // A small batch with nothing in flight commits right here: the
+            // hand-off to the writer would only add a thread wake-up to a
+            // lone writer's latency. Batches commit in order either way,
+            // because an inline commit happens only when none is pending.
+            if batch.waiting.len() <= INLINE_BATCH && self.in_flight.load(Ordering::SeqCst) == 0 {
+                commit_batch(self.backend.as_ref(), &self.fatal, batch);
+            } else {
+                self.in_flight.fetch_add(1, Ordering::SeqCst);
+                if let Err(mpsc::SendError(batch)) = staged.send(batch) {
+                    // The writer is gone (it panicked): answer here.
+                    commit_batch(self.backend.as_ref(), &self.fatal, batch);
+                    self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+            if self.fatal.get().is_some() {
+                self.last_seqs.clear();
+                self.index.clear();
+            }
         }
     }
 
-    fn commit(&mut self, batch: Vec<Request>) {
+    /// Check and stage every request of `batch`; refused ones are answered
+    /// at once. `None` when nothing is left to write.
+    fn stage_batch(&mut self, batch: Vec<Request>) -> Option<Staged> {
         let mut writes = Vec::new();
         let mut waiting = Vec::with_capacity(batch.len());
         for request in batch {
@@ -378,31 +487,9 @@ impl<B: Backend> Committer<B> {
             }
         }
         if waiting.is_empty() {
-            return;
+            return None;
         }
-        let outcome = if writes.is_empty() {
-            Ok(())
-        } else {
-            self.backend.commit(&writes)
-        };
-        match outcome {
-            Ok(()) => {
-                for reply in waiting {
-                    let _ = reply.send(Ok(()));
-                }
-            }
-            Err(error) => {
-                let reason = error.to_string();
-                let _ = self.fatal.set(reason.clone());
-                self.last_seqs.clear();
-                self.index.clear();
-                for reply in waiting {
-                    let _ = reply.send(Err(Error::Fatal {
-                        reason: reason.clone(),
-                    }));
-                }
-            }
-        }
+        Some(Staged { writes, waiting })
     }
 
     /// Check one append and add its writes; changes nothing if it is refused.
