@@ -247,6 +247,7 @@ impl Actor for ConversationActor {
         state: &mut ConversationState,
     ) -> Result<(), ActorProcessingErr> {
         tracing::debug!(parent: &state.span, "conversation actor stopped");
+        state.shared.forget_control(&state.id, &state.control);
         Ok(())
     }
 

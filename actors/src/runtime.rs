@@ -129,6 +129,22 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         controls.entry(id.clone()).or_default().clone()
     }
+
+    /// A conversation's actor stopped cleanly (eviction): drop its control
+    /// block, so the map holds only conversations that are live, unless a
+    /// newer actor of the same conversation already took a new one.
+    pub(crate) fn forget_control(&self, id: &ConversationId, control: &Arc<Control>) {
+        let mut controls = self
+            .controls
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if controls
+            .get(id)
+            .is_some_and(|current| Arc::ptr_eq(current, control))
+        {
+            controls.remove(id);
+        }
+    }
 }
 
 /// A running keel: cheap to clone, every clone the same runtime.

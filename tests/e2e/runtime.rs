@@ -73,16 +73,19 @@ impl Rig {
         store::open(kind, &self.data_dir()).unwrap()
     }
 
-    async fn runtime(&self, store: Arc<dyn EventLog>) -> Runtime {
-        let (runtime, report) = Runtime::open(RuntimeConfig {
+    /// What the tests open a runtime with, unless they change a field.
+    fn runtime_config(&self, store: Arc<dyn EventLog>) -> RuntimeConfig {
+        RuntimeConfig {
             store,
             providers: self.providers(),
             tools: keel_actors::tool::ToolRegistry::with_defaults(),
             process_dir: Some(self.data_dir().join("processes")),
             settings: Settings::default(),
-        })
-        .await
-        .unwrap();
+        }
+    }
+
+    async fn open(&self, config: RuntimeConfig) -> Runtime {
+        let (runtime, report) = Runtime::open(config).await.unwrap();
         assert!(
             report.failed.is_empty(),
             "boot failures: {:?}",
@@ -90,6 +93,21 @@ impl Rig {
         );
         runtime
     }
+
+    async fn runtime(&self, store: Arc<dyn EventLog>) -> Runtime {
+        self.open(self.runtime_config(store)).await
+    }
+}
+
+/// Waits (bounded) until `check` holds, polling.
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let waited = tokio::time::timeout(PATIENCE, async {
+        while !check() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "{what}: not within {PATIENCE:?}");
 }
 
 fn config() -> ConversationConfig {
@@ -768,28 +786,22 @@ async fn runtime_eviction_and_revival_keep_history() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_evicts_idle_conversations_on_its_own() {
     let rig = Rig::new();
-    let (runtime, _) = Runtime::open(RuntimeConfig {
-        store: rig.store(BackendKind::Memory),
-        providers: rig.providers(),
-        tools: keel_actors::tool::ToolRegistry::with_defaults(),
-        process_dir: None,
-        settings: Settings {
-            short_idle: Duration::from_millis(20),
-            long_idle: Duration::from_millis(100),
-            idle_check: Duration::from_millis(10),
-            ..Settings::default()
-        },
-    })
-    .await
-    .unwrap();
+    let runtime = rig
+        .open(RuntimeConfig {
+            settings: Settings {
+                short_idle: Duration::from_millis(20),
+                long_idle: Duration::from_millis(100),
+                idle_check: Duration::from_millis(10),
+                ..Settings::default()
+            },
+            ..rig.runtime_config(rig.store(BackendKind::Memory))
+        })
+        .await;
     let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
-    tokio::time::timeout(PATIENCE, async {
-        while runtime.is_live(conversation.id()) {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+    eventually("the idle conversation was evicted", || {
+        !runtime.is_live(conversation.id())
     })
-    .await
-    .expect("the idle conversation was evicted");
+    .await;
     let events = log(&runtime, &conversation);
     assert!(matches!(
         events.last().unwrap().kind,
@@ -1043,16 +1055,11 @@ impl keel_actors::tool::Tool for Forever {
 }
 
 async fn runtime_with_tools(rig: &Rig, tools: keel_actors::tool::ToolRegistry) -> Runtime {
-    let (runtime, _) = Runtime::open(RuntimeConfig {
-        store: rig.store(BackendKind::Memory),
-        providers: rig.providers(),
+    rig.open(RuntimeConfig {
         tools,
-        process_dir: None,
-        settings: Settings::default(),
+        ..rig.runtime_config(rig.store(BackendKind::Memory))
     })
     .await
-    .unwrap();
-    runtime
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1115,23 +1122,17 @@ async fn runtime_cancel_drops_a_running_custom_tool() {
     let mut subscription = watch(&conversation).await;
     conversation.send("wait forever", Vec::new()).await.unwrap();
     subscription.reach(StateName::ExecutingTools).await;
-    tokio::time::timeout(PATIENCE, async {
-        while !started.load(std::sync::atomic::Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+    eventually("the tool started", || {
+        started.load(std::sync::atomic::Ordering::SeqCst)
     })
-    .await
-    .expect("the tool started");
+    .await;
     assert!(!dropped.load(std::sync::atomic::Ordering::SeqCst));
 
     assert_eq!(conversation.cancel().await.unwrap(), StateName::Idle);
-    tokio::time::timeout(PATIENCE, async {
-        while !dropped.load(std::sync::atomic::Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+    eventually("the tool's future was dropped", || {
+        dropped.load(std::sync::atomic::Ordering::SeqCst)
     })
-    .await
-    .expect("the tool's future was dropped");
+    .await;
     assert_paired(&conversation).await;
     runtime.shutdown().await;
 }
@@ -1202,20 +1203,17 @@ async fn runtime_a_subscriber_that_never_reads_lags_and_never_slows_the_conversa
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_a_hibernating_conversation_wakes_for_its_approval() {
     let rig = Rig::new();
-    let (runtime, _) = Runtime::open(RuntimeConfig {
-        store: rig.store(BackendKind::Redb),
-        providers: rig.providers(),
-        tools: keel_actors::tool::ToolRegistry::with_defaults(),
-        process_dir: None,
-        settings: Settings {
-            short_idle: Duration::from_millis(30),
-            long_idle: Duration::from_secs(3600),
-            idle_check: Duration::from_millis(10),
-            ..Settings::default()
-        },
-    })
-    .await
-    .unwrap();
+    let runtime = rig
+        .open(RuntimeConfig {
+            settings: Settings {
+                short_idle: Duration::from_millis(30),
+                long_idle: Duration::from_secs(3600),
+                idle_check: Duration::from_millis(10),
+                ..Settings::default()
+            },
+            ..rig.runtime_config(rig.store(BackendKind::Redb))
+        })
+        .await;
     let mut config = config();
     config.tools.insert("bash".to_owned(), ToolPolicy::Approve);
     let conversation = runtime.create(rig.cwd(), config).await.unwrap();
