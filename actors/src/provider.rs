@@ -5,8 +5,9 @@
 //! The wire formats themselves (request bodies, event decoding, status
 //! classification) are pure code in `keel_core::wire`; this module adds only
 //! what needs a socket and a clock: the connection, the headers, the
-//! timeouts, the SSE framing (`eventsource-stream` over reqwest's byte
-//! stream) and the `retry-after` header.
+//! timeouts, the SSE framing (`sseer`'s parser over reqwest's byte
+//! stream; not its `EventSource`, which reconnects and would re-send the
+//! `POST`) and the `retry-after` header.
 //!
 //! # Base URLs
 //!

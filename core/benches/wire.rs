@@ -4,11 +4,11 @@
 //!
 //! - `wire/{anthropic,openai}/decode`: the decoder alone, fed events already
 //!   split out of the stream, from `Decoder::new` to `finish`.
-//! - `wire/{anthropic,openai}/sse`: the SSE framing alone (`eventsource-stream`
+//! - `wire/{anthropic,openai}/sse`: the SSE framing alone (`sseer`
 //!   over 16 KiB chunks), to tell the two costs apart.
 //! - `wire/{anthropic,openai}/sse+decode`: both, as keel-actors runs them
 //!   (`provider::read::decode_events`): 16 KiB chunks of bytes through
-//!   `eventsource-stream`, each event fed to a boxed `StreamDecoder`.
+//!   `sseer`, each event fed to a boxed `StreamDecoder`.
 //!
 //! Each provider's stream is about 1 MB of SSE, built in memory before the
 //! clock starts: one response with a long text answer in deltas of 5 to 30
@@ -21,13 +21,14 @@ use std::hint::black_box;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
-use eventsource_stream::Eventsource;
 use futures_util::{Stream, StreamExt};
 use keel_core::message::AssistantBlock;
 use keel_core::wire::{anthropic, openai, SseEvent, StreamDecoder};
 use keel_core::AssistantResponse;
 use serde_json::{json, Value};
+use sseer::EventStream;
 
 /// The size of the byte chunks handed to the SSE parser.
 const CHUNK: usize = 16 * 1024;
@@ -189,7 +190,7 @@ fn push_event(sse: &mut String, event: Option<&str>, data: &str) {
 /// One provider's stream and what it must decode to.
 struct Sample {
     name: &'static str,
-    sse: Vec<u8>,
+    sse: Bytes,
     decoder: fn() -> Box<dyn StreamDecoder>,
     text: String,
     tool_input: Value,
@@ -261,7 +262,7 @@ fn anthropic_sample() -> Sample {
     event(&mut sse, json!({"type": "message_stop"}));
     Sample {
         name: "anthropic",
-        sse: sse.into_bytes(),
+        sse: Bytes::from(sse),
         decoder: || Box::new(anthropic::Decoder::new("claude-sonnet-4-5")),
         text,
         tool_input,
@@ -314,7 +315,7 @@ fn openai_sample() -> Sample {
     push_event(&mut sse, None, "[DONE]");
     Sample {
         name: "openai",
-        sse: sse.into_bytes(),
+        sse: Bytes::from(sse),
         decoder: || Box::new(openai::Decoder::new("gpt-4o")),
         text,
         tool_input,
@@ -338,14 +339,16 @@ fn next_ready<S: Stream + Unpin>(stream: &mut S) -> Option<S::Item> {
 /// Frames `sse`, handed over in [`CHUNK`]-byte pieces, into events, and
 /// gives each to `on_event` with keel-actors' naming (`message` is "")
 /// until it says stop. Returns the number of events.
-fn frame(sse: &[u8], mut on_event: impl FnMut(SseEvent<'_>) -> bool) -> usize {
-    let chunks = futures_util::stream::iter(sse.chunks(CHUNK).map(Ok::<_, Infallible>));
-    let mut events = chunks.eventsource();
+fn frame(sse: &Bytes, mut on_event: impl FnMut(SseEvent<'_>) -> bool) -> usize {
+    let chunks = (0..sse.len())
+        .step_by(CHUNK)
+        .map(|start| Ok::<_, Infallible>(sse.slice(start..sse.len().min(start + CHUNK))));
+    let mut events = EventStream::new(futures_util::stream::iter(chunks));
     let mut count = 0;
     while let Some(event) = next_ready(&mut events) {
         let event = event.unwrap();
         count += 1;
-        let name = match event.event.as_str() {
+        let name = match &*event.event {
             "message" => "",
             name => name,
         };

@@ -1,6 +1,6 @@
 //! Provider wire formats, as pure code: encode a request from the working
 //! set, decode a response stream event by event, classify errors. The HTTP
-//! (reqwest) and the SSE framing (eventsource-stream) live in keel-actors;
+//! (reqwest) and the SSE framing (sseer) live in keel-actors;
 //! this module sees only parsed SSE events, so every byte of the formats is
 //! testable without a socket.
 

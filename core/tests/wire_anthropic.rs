@@ -4,7 +4,7 @@
 //! Each `tests/data/anthropic/NAME.sse` is a response stream as it comes off
 //! the socket; `NAME.expected.json` holds the deltas the decoder must emit
 //! and how the stream must end. A tiny SSE frame splitter below stands in
-//! for eventsource-stream (which keel-actors uses in production), so the
+//! for the SSE parser keel-actors uses in production (sseer), so the
 //! same files also check that the decoded result does not depend on where
 //! the network cut the bytes.
 
