@@ -280,6 +280,17 @@ async fn cold(counts: &Counts, kind: BackendKind) {
         replays.push(start.elapsed());
         black_box((working, events));
     }
+    // What a cold start does now: the checkpoint eviction saved, and the
+    // events after it (the SessionEnded of that eviction).
+    let mut rehydrates = Vec::with_capacity(counts.cold);
+    for n in 0..counts.cold {
+        let id = &ids[n % ids.len()];
+        let start = Instant::now();
+        let rehydrated = store::rehydrate(store.as_ref(), id).await.unwrap().unwrap();
+        rehydrates.push(start.elapsed());
+        assert!(rehydrated.from_checkpoint, "{id} has a checkpoint");
+        black_box(rehydrated);
+    }
     let scratch_id = fresh_id("append");
     let mut log = opening(&scratch_id, &cwd);
     store.append(&scratch_id, log.clone()).await.unwrap();
@@ -291,6 +302,10 @@ async fn cold(counts: &Counts, kind: BackendKind) {
         store.append(&scratch_id, vec![event]).await.unwrap();
         appends.push(start.elapsed());
     }
+    print_row(
+        &format!("  context: rehydrate from the checkpoint, {kind}"),
+        &rehydrates,
+    );
     print_row(&format!("  context: read_all of the log, {kind}"), &reads);
     print_row("  context: WorkingSet::replay of it", &replays);
     print_row(&format!("  context: one durable append, {kind}"), &appends);
@@ -347,11 +362,15 @@ async fn memory(counts: &Counts) {
 
     let runtime = open_runtime(store.clone(), dir.path(), Settings::default()).await;
     let before_first_pass = ALLOCATOR.allocated();
-    // A first pass opens and evicts every conversation, so that the store's
-    // caches hold their pages, their snapshots exist and the runtime's
-    // per-conversation control blocks are made before any baseline.
-    open_all(&runtime, &short_ids, true).await;
-    open_all(&runtime, &empty_ids, true).await;
+    // Two passes open and evict every conversation, so that their snapshots
+    // and checkpoints exist (the first eviction writes them), the store's
+    // caches hold their pages (the second pass reads the checkpoints) and
+    // the runtime's per-conversation control blocks are made before any
+    // baseline.
+    for _ in 0..2 {
+        open_all(&runtime, &short_ids, true).await;
+        open_all(&runtime, &empty_ids, true).await;
+    }
     settle().await;
     let kept = ALLOCATOR.allocated().saturating_sub(before_first_pass);
     let short = live_bytes(&runtime, &short_ids).await;

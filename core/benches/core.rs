@@ -485,6 +485,25 @@ fn replay_benches(c: &mut Criterion) {
     });
     group.finish();
 
+    // A checkpoint of the same working set: what a cold start decodes
+    // instead of the log (then it replays only the events after it).
+    let checkpoint = codec::checkpoint::encode(&working);
+    assert_eq!(codec::checkpoint::decode(&checkpoint).unwrap(), working);
+    eprintln!("checkpoint of the 10k log: {} bytes", checkpoint.len());
+    let mut group = c.benchmark_group("checkpoint");
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+    // Dropping the decoded working set is left out, as for replay/10k.
+    group.bench_function("decode_10k", |b| {
+        b.iter_with_large_drop(|| codec::checkpoint::decode(black_box(&checkpoint)).unwrap());
+    });
+    group.bench_function("encode_10k", |b| {
+        b.iter(|| black_box(codec::checkpoint::encode(black_box(&working))));
+    });
+    group.finish();
+
     let mut group = c.benchmark_group("codec");
     group
         .sample_size(20)

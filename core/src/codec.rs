@@ -15,6 +15,7 @@
 //! newer keel, with a version this one does not know, is a clear error
 //! rather than a guess.
 
+pub mod checkpoint;
 mod v2;
 
 use std::fmt;

@@ -24,6 +24,12 @@ use crate::message::{
 };
 use crate::time::Timestamp;
 
+/// The version of what [`WorkingSet::apply`] makes of a log. Bump it
+/// whenever the same events would give a different working set, or one
+/// with other fields: checkpoints (`codec::checkpoint`) written by another
+/// version are then ignored and the log replayed.
+pub const REDUCER_VERSION: u32 = 1;
+
 /// Everything derived from the log. Two working sets are equal exactly when
 /// they were built from the same events.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -190,6 +196,16 @@ impl WorkingSet {
         WorkingSet::replay_with(events, WorkingSet::apply_owned)
     }
 
+    /// Carry on from a working set built earlier (a checkpoint) with the
+    /// events that followed it: the same working set as a replay of the
+    /// whole log. The events must continue at `last_seq + 1` without gaps.
+    pub fn resume_owned(
+        self,
+        events: impl IntoIterator<Item = Event>,
+    ) -> Result<WorkingSet, ReplayError> {
+        self.fold_all(events, WorkingSet::apply_owned)
+    }
+
     /// The checks both replays make (a log starts with `Created` and its
     /// seqs run without gaps), folding each event in with `apply`.
     fn replay_with<E: Borrow<Event>>(
@@ -199,17 +215,25 @@ impl WorkingSet {
         let mut events = events.into_iter();
         let first = events.next().ok_or(ReplayError::Empty)?;
         let first = first.borrow();
-        let mut working =
+        let working =
             WorkingSet::from_created(first).ok_or(ReplayError::NotCreated { seq: first.seq })?;
+        working.fold_all(events, apply)
+    }
+
+    fn fold_all<E: Borrow<Event>>(
+        mut self,
+        events: impl IntoIterator<Item = E>,
+        apply: impl Fn(&mut WorkingSet, E),
+    ) -> Result<WorkingSet, ReplayError> {
         for event in events {
-            let expected = working.last_seq + 1;
+            let expected = self.last_seq + 1;
             let found = event.borrow().seq;
             if found != expected {
                 return Err(ReplayError::Gap { expected, found });
             }
-            apply(&mut working, event);
+            apply(&mut self, event);
         }
-        Ok(working)
+        Ok(self)
     }
 
     pub fn is_sub_agent(&self) -> bool {

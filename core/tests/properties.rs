@@ -1223,6 +1223,30 @@ proptest! {
         })?;
     }
 
+    /// A cold start from a checkpoint: the working set of any prefix of the
+    /// log, through the checkpoint encoding, resumed with the rest of the
+    /// log, is the working set of the whole log; a tail that does not follow
+    /// the checkpoint is refused.
+    #[test]
+    fn checkpoint_and_tail_match_replay(setup in setup(), moves in moves(12)) {
+        run(&setup, &moves, |driver, _| {
+            let log = &driver.log;
+            let whole = WorkingSet::replay(log).unwrap();
+            for cut in 1..=log.len() {
+                let prefix = WorkingSet::replay(&log[..cut]).unwrap();
+                let bytes = keel_core::codec::checkpoint::encode(&prefix);
+                let checkpoint = keel_core::codec::checkpoint::decode(&bytes).unwrap();
+                prop_assert_eq!(&checkpoint, &prefix);
+                let resumed = checkpoint.clone().resume_owned(log[cut..].to_vec());
+                prop_assert_eq!(resumed.as_ref(), Ok(&whole));
+                if cut + 1 < log.len() {
+                    prop_assert!(checkpoint.resume_owned(log[cut + 1..].to_vec()).is_err());
+                }
+            }
+            Ok(())
+        })?;
+    }
+
     /// Rejection contract: keel-core answers an ill-timed input with a
     /// Rejection and leaves the conversation as it was, with no effects, for
     /// every step of a run and every kind of input probed from every state.

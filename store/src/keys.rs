@@ -6,6 +6,7 @@
 //! | `e` | conversation id, `0x00`, seq as big-endian u64 | an encoded event (`keel_core::codec`) |
 //! | `i` | conversation id | its `IndexEntry` (JSON) |
 //! | `s` | conversation id | its `FsmSnapshot` (JSON) |
+//! | `c` | conversation id | a checkpoint of its working set (`keel_core::codec::checkpoint`) |
 //! | `b` | SHA-256 hex of the bytes | the blob |
 //!
 //! Conversation ids never contain `0x00`, so a conversation's events are one
@@ -16,6 +17,7 @@ use keel_core::ids::{ConversationId, Seq};
 const EVENT: u8 = b'e';
 const INDEX: u8 = b'i';
 const SNAPSHOT: u8 = b's';
+const CHECKPOINT: u8 = b'c';
 const BLOB: u8 = b'b';
 
 fn with_prefix(prefix: u8, body: &[u8], extra: usize) -> Vec<u8> {
@@ -57,6 +59,10 @@ pub fn index_range() -> (Vec<u8>, Vec<u8>) {
 
 pub fn snapshot(conversation: &ConversationId) -> Vec<u8> {
     with_prefix(SNAPSHOT, conversation.as_str().as_bytes(), 0)
+}
+
+pub fn checkpoint(conversation: &ConversationId) -> Vec<u8> {
+    with_prefix(CHECKPOINT, conversation.as_str().as_bytes(), 0)
 }
 
 pub fn blob(hash: &str) -> Vec<u8> {

@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use keel_core::event::Event;
 use keel_core::ids::{ConversationId, Seq};
 use keel_core::snapshot::FsmSnapshot;
+use keel_core::working::WorkingSet;
 
 use crate::error::Result;
 use crate::index::IndexEntry;
@@ -42,6 +43,20 @@ pub trait EventLog: Send + Sync {
     ) -> Result<()>;
 
     fn load_snapshot(&self, conversation: &ConversationId) -> Result<Option<FsmSnapshot>>;
+
+    /// Persist a checkpoint of the whole working set, and its snapshot when
+    /// it has one, in one durable write. A cache like the snapshot: a cold
+    /// start decodes it and replays only the events after it.
+    async fn save_checkpoint(
+        &self,
+        conversation: &ConversationId,
+        working: &WorkingSet,
+    ) -> Result<()>;
+
+    /// The stored checkpoint, or `None` if there is none or it cannot be
+    /// used (undecodable, or written by another format or reducer). Whether
+    /// it fits the log is the caller's to check.
+    fn load_checkpoint(&self, conversation: &ConversationId) -> Result<Option<WorkingSet>>;
 
     /// Store bytes once under their SHA-256 (lowercase hex), durably; returns the hash.
     async fn put_blob(&self, bytes: Vec<u8>) -> Result<String>;

@@ -1,7 +1,8 @@
 //! Rebuilding a conversation from the store. The log decides; the snapshot is
 //! checked against it and rewritten when it is stale, missing or wrong.
 
-use keel_core::ids::ConversationId;
+use keel_core::event::Event;
+use keel_core::ids::{ConversationId, Seq};
 use keel_core::snapshot::FsmSnapshot;
 use keel_core::state::Conversation;
 use keel_core::working::{ReplayError, WorkingSet};
@@ -24,30 +25,32 @@ pub struct Rehydrated {
     /// Ready for `Input::Started`.
     pub conversation: Conversation,
     pub snapshot: SnapshotCheck,
+    /// Events read and folded in: the whole log, or only those after the
+    /// checkpoint the rebuild started from.
+    pub replayed: usize,
+    /// The rebuild started from a stored checkpoint of the working set.
+    pub from_checkpoint: bool,
 }
 
 /// Rebuild `conversation` from its log, or `None` if it does not exist.
+/// A stored checkpoint of the working set that fits the log saves reading
+/// and replaying the events before it.
 pub async fn rehydrate(
     log: &dyn EventLog,
     conversation: &ConversationId,
 ) -> Result<Option<Rehydrated>> {
-    let events = log.read_all(conversation)?;
-    if events.is_empty() {
+    let last_seq = log.last_seq(conversation)?;
+    if last_seq == 0 {
         return Ok(None);
     }
-    // The events are decoded only to be replayed: move them in.
-    let working = WorkingSet::replay_owned(events).map_err(|error| {
-        let seq = match error {
-            ReplayError::Empty => 0,
-            ReplayError::NotCreated { seq } => seq,
-            ReplayError::Gap { found, .. } => found,
-        };
-        Error::Corrupt {
-            conversation: conversation.clone(),
-            seq,
-            reason: error.to_string(),
+    let (working, replayed, from_checkpoint) = match from_checkpoint(log, conversation, last_seq)? {
+        Some((working, replayed)) => (working, replayed, true),
+        None => {
+            let events = log.read_all(conversation)?;
+            let replayed = events.len();
+            (replay(conversation, events)?, replayed, false)
         }
-    })?;
+    };
     let stored = log.load_snapshot(conversation)?;
     let derived = FsmSnapshot::of(&working);
     let check = match (&stored, &derived) {
@@ -68,5 +71,47 @@ pub async fn rehydrate(
     Ok(Some(Rehydrated {
         conversation: Conversation::rehydrate(working),
         snapshot: check,
+        replayed,
+        from_checkpoint,
     }))
+}
+
+/// The working set from the stored checkpoint and the events after it, if
+/// there is a checkpoint of this conversation that the log continues.
+/// Anything else (none, another conversation's, one ahead of the log, a
+/// tail that does not follow it) is `None`: the log is replayed whole.
+fn from_checkpoint(
+    log: &dyn EventLog,
+    conversation: &ConversationId,
+    last_seq: Seq,
+) -> Result<Option<(WorkingSet, usize)>> {
+    let Some(checkpoint) = log.load_checkpoint(conversation)? else {
+        return Ok(None);
+    };
+    if checkpoint.id != *conversation || checkpoint.last_seq > last_seq {
+        return Ok(None);
+    }
+    let tail = log.read(conversation, checkpoint.last_seq + 1, usize::MAX)?;
+    let replayed = tail.len();
+    Ok(checkpoint
+        .resume_owned(tail)
+        .ok()
+        .filter(|working| working.last_seq == last_seq)
+        .map(|working| (working, replayed)))
+}
+
+fn replay(conversation: &ConversationId, events: Vec<Event>) -> Result<WorkingSet> {
+    // The events are decoded only to be replayed: move them in.
+    WorkingSet::replay_owned(events).map_err(|error| {
+        let seq = match error {
+            ReplayError::Empty => 0,
+            ReplayError::NotCreated { seq } => seq,
+            ReplayError::Gap { found, .. } => found,
+        };
+        Error::Corrupt {
+            conversation: conversation.clone(),
+            seq,
+            reason: error.to_string(),
+        }
+    })
 }

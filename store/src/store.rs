@@ -35,6 +35,7 @@ use keel_core::codec;
 use keel_core::event::Event;
 use keel_core::ids::{ConversationId, Seq};
 use keel_core::snapshot::FsmSnapshot;
+use keel_core::working::WorkingSet;
 
 use crate::backend::{Backend, Entry};
 use crate::error::{Error, Result};
@@ -174,6 +175,17 @@ struct SnapshotRecord {
     snapshot: FsmSnapshot,
 }
 
+fn snapshot_bytes(conversation: &ConversationId, snapshot: &FsmSnapshot) -> Result<Vec<u8>> {
+    let record = SnapshotRecord {
+        v: 1,
+        snapshot: snapshot.clone(),
+    };
+    serde_json::to_vec(&record).map_err(|error| Error::CorruptMeta {
+        what: format!("snapshot of {conversation}"),
+        reason: error.to_string(),
+    })
+}
+
 pub fn blob_hash(bytes: &[u8]) -> String {
     use std::fmt::Write;
     let digest = Sha256::digest(bytes);
@@ -254,16 +266,37 @@ impl<B: Backend> EventLog for Store<B> {
         conversation: &ConversationId,
         snapshot: &FsmSnapshot,
     ) -> Result<()> {
-        let record = SnapshotRecord {
-            v: 1,
-            snapshot: snapshot.clone(),
-        };
-        let bytes = serde_json::to_vec(&record).map_err(|error| Error::CorruptMeta {
-            what: format!("snapshot of {conversation}"),
-            reason: error.to_string(),
-        })?;
-        let writes = vec![(keys::snapshot(conversation), bytes)];
+        let writes = vec![(
+            keys::snapshot(conversation),
+            snapshot_bytes(conversation, snapshot)?,
+        )];
         self.submit(|reply| Request::Put { writes, reply }).await
+    }
+
+    async fn save_checkpoint(
+        &self,
+        conversation: &ConversationId,
+        working: &WorkingSet,
+    ) -> Result<()> {
+        let mut writes = vec![(
+            keys::checkpoint(conversation),
+            codec::checkpoint::encode(working),
+        )];
+        if let Some(snapshot) = FsmSnapshot::of(working) {
+            writes.push((
+                keys::snapshot(conversation),
+                snapshot_bytes(conversation, &snapshot)?,
+            ));
+        }
+        self.submit(|reply| Request::Put { writes, reply }).await
+    }
+
+    fn load_checkpoint(&self, conversation: &ConversationId) -> Result<Option<WorkingSet>> {
+        // A cache: one that cannot be used counts as missing.
+        Ok(self
+            .backend
+            .get(&keys::checkpoint(conversation))?
+            .and_then(|bytes| codec::checkpoint::decode(&bytes).ok()))
     }
 
     fn load_snapshot(&self, conversation: &ConversationId) -> Result<Option<FsmSnapshot>> {

@@ -15,6 +15,7 @@ use keel_core::snapshot::{FsmSnapshot, SnapshotState};
 use keel_core::state::Phase;
 use keel_core::time::Timestamp;
 use keel_core::transition::{create, transition, NewConversation, Step};
+use keel_core::working::WorkingSet;
 use keel_core::ToolPolicy;
 use keel_store::{rehydrate, Backend, Error, EventLog, SnapshotCheck};
 
@@ -263,6 +264,53 @@ pub async fn snapshots_are_a_cache_the_log_overrules(log: &dyn EventLog) {
     assert!(rehydrate(log, &id("nobody")).await.unwrap().is_none());
 }
 
+/// A checkpoint of the working set spares a cold start the events before
+/// it; the log still decides. One that does not fit the log (another
+/// conversation's, ahead of the log) is passed over and the log replayed.
+pub async fn checkpoints_spare_replay_and_never_overrule_the_log(log: &dyn EventLog) {
+    seed(log, "k", 30).await;
+    let whole = log.read_all(&id("k")).unwrap();
+    let at_20 = WorkingSet::replay(&whole[..20]).unwrap();
+    log.save_checkpoint(&id("k"), &at_20).await.unwrap();
+    assert_eq!(log.load_checkpoint(&id("k")).unwrap(), Some(at_20.clone()));
+    // The snapshot goes with it.
+    assert_eq!(
+        log.load_snapshot(&id("k")).unwrap(),
+        FsmSnapshot::of(&at_20)
+    );
+
+    let from_checkpoint = rehydrate(log, &id("k")).await.unwrap().unwrap();
+    assert!(from_checkpoint.from_checkpoint);
+    assert_eq!(from_checkpoint.replayed, 12);
+    let replayed = WorkingSet::replay(&whole).unwrap();
+    assert_eq!(from_checkpoint.conversation.working, replayed);
+
+    // Another conversation's checkpoint is not this one's.
+    seed(log, "other", 1).await;
+    let other = WorkingSet::replay(&log.read_all(&id("other")).unwrap()).unwrap();
+    log.save_checkpoint(&id("k"), &other).await.unwrap();
+    let rebuilt = rehydrate(log, &id("k")).await.unwrap().unwrap();
+    assert!(!rebuilt.from_checkpoint);
+    assert_eq!(rebuilt.replayed, 32);
+    assert_eq!(rebuilt.conversation.working, replayed);
+
+    // Nor is one ahead of the log (of events that were never appended).
+    let mut ahead_log = whole.clone();
+    ahead_log.extend(messages(32, 3));
+    let ahead = WorkingSet::replay(&ahead_log).unwrap();
+    log.save_checkpoint(&id("k"), &ahead).await.unwrap();
+    let rebuilt = rehydrate(log, &id("k")).await.unwrap().unwrap();
+    assert!(!rebuilt.from_checkpoint);
+    assert_eq!(rebuilt.conversation.working, replayed);
+
+    // A checkpoint at the end of the log replays nothing.
+    log.save_checkpoint(&id("k"), &replayed).await.unwrap();
+    let at_end = rehydrate(log, &id("k")).await.unwrap().unwrap();
+    assert!(at_end.from_checkpoint);
+    assert_eq!(at_end.replayed, 0);
+    assert_eq!(at_end.conversation.working, replayed);
+}
+
 pub async fn blobs_are_stored_once_by_content_hash(log: &dyn EventLog) {
     let hash = log.put_blob(b"abc".to_vec()).await.unwrap();
     assert_eq!(
@@ -353,6 +401,25 @@ async fn a_corrupted_record_is_named_and_the_rest_stays_readable<B: Backend>(
     assert_eq!(store.read_all(&id("b")).unwrap().len(), 4);
 }
 
+/// A checkpoint that does not decode counts as missing: the log is replayed.
+async fn an_undecodable_checkpoint_is_passed_over<B: Backend>(store: &keel_store::Store<B>) {
+    seed(store, "g", 5).await;
+    store
+        .backend()
+        .commit(&[(
+            keel_store::keys::checkpoint(&id("g")),
+            b"\x93garbage".to_vec(),
+        )])
+        .unwrap();
+    assert_eq!(store.load_checkpoint(&id("g")).unwrap(), None);
+    let rebuilt = rehydrate(store, &id("g")).await.unwrap().unwrap();
+    assert!(!rebuilt.from_checkpoint);
+    assert_eq!(
+        rebuilt.conversation.working,
+        WorkingSet::replay(&store.read_all(&id("g")).unwrap()).unwrap()
+    );
+}
+
 /// A long read, decoded on several threads, names the first bad record in
 /// seq order, as a short read does.
 async fn a_corrupted_record_in_a_long_read_is_named<B: Backend>(store: &keel_store::Store<B>) {
@@ -441,6 +508,12 @@ macro_rules! conformance {
             }
 
             #[tokio::test]
+            async fn checkpoints_spare_replay_and_never_overrule_the_log() {
+                let (_dir, log) = open();
+                super::checkpoints_spare_replay_and_never_overrule_the_log(&*log).await;
+            }
+
+            #[tokio::test]
             async fn blobs_are_stored_once_by_content_hash() {
                 let (_dir, log) = open();
                 super::blobs_are_stored_once_by_content_hash(&*log).await;
@@ -505,6 +578,19 @@ async fn redb_a_corrupted_record_in_a_long_read_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let store = keel_store::open_redb(dir.path()).unwrap();
     a_corrupted_record_in_a_long_read_is_named(&store).await;
+}
+
+#[tokio::test]
+async fn memory_an_undecodable_checkpoint_is_passed_over() {
+    let store = keel_store::open_memory().unwrap();
+    an_undecodable_checkpoint_is_passed_over(&store).await;
+}
+
+#[tokio::test]
+async fn redb_an_undecodable_checkpoint_is_passed_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = keel_store::open_redb(dir.path()).unwrap();
+    an_undecodable_checkpoint_is_passed_over(&store).await;
 }
 
 async fn survives_reopen_and_refuses_a_second_opener(

@@ -17,6 +17,7 @@ use std::time::Duration;
 use keel_actors::core::config::{ConversationConfig, ModelRef, ProviderKind, ToolPolicy};
 use keel_actors::core::event::{Decision, EventKind};
 use keel_actors::core::retry::RetryPolicy;
+use keel_actors::core::working::WorkingSet;
 use keel_actors::core::{BusyPolicy, Event, LiveEvent, RecoveryPolicy, Rejection, StateName};
 use keel_actors::provider::{Endpoint, ProviderConfig, Timeouts};
 use keel_actors::store::{self, BackendKind, EventLog};
@@ -774,12 +775,38 @@ async fn runtime_eviction_and_revival_keep_history() {
             .is_some(),
         "eviction saved the snapshot"
     );
+    let checkpoint = runtime
+        .store()
+        .load_checkpoint(conversation.id())
+        .unwrap()
+        .expect("eviction saved a checkpoint of the working set");
+    let evicted_log = log(&runtime, &conversation);
+    assert_eq!(checkpoint, WorkingSet::replay(&evicted_log).unwrap());
+
     let after = conversation.inspect().await.unwrap();
     assert!(
         runtime.is_live(conversation.id()),
         "inspect brought it back"
     );
     assert_eq!(after.messages, before);
+
+    // Revived from the checkpoint, it carries on as if never evicted.
+    let mut subscription = watch(&conversation).await;
+    conversation
+        .send("after revival", Vec::new())
+        .await
+        .unwrap();
+    subscription
+        .through(StateName::Streaming, StateName::Idle)
+        .await;
+    let live = conversation.inspect().await.unwrap().messages;
+    assert_eq!(live.len(), before.len() + 2, "{live:?}");
+    assert_eq!(
+        live,
+        WorkingSet::replay(&log(&runtime, &conversation))
+            .unwrap()
+            .messages
+    );
     runtime.shutdown().await;
 }
 

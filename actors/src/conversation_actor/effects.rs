@@ -162,17 +162,23 @@ async fn run_effect(
     Ok(())
 }
 
-/// Snapshots are a cache over the log: failing to write one loses nothing.
+/// Snapshots and checkpoints are caches over the log: failing to write
+/// them loses nothing. The checkpoint (the whole working set) lets the next
+/// cold start replay only the events after it.
 async fn save_snapshot(state: &mut ConversationState) {
-    let Some(snapshot) = state
-        .conversation
-        .as_ref()
-        .and_then(|conversation| FsmSnapshot::of(&conversation.working))
-    else {
+    let Some(conversation) = state.conversation.as_ref() else {
         return;
     };
-    if let Err(error) = state.shared.store.save_snapshot(&state.id, &snapshot).await {
-        tracing::warn!(parent: &state.span, %error, "could not save the snapshot");
+    if FsmSnapshot::of(&conversation.working).is_none() {
+        return;
+    }
+    if let Err(error) = state
+        .shared
+        .store
+        .save_checkpoint(&state.id, &conversation.working)
+        .await
+    {
+        tracing::warn!(parent: &state.span, %error, "could not save the checkpoint");
     }
 }
 
