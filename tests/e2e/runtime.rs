@@ -1283,3 +1283,103 @@ async fn runtime_a_hibernating_conversation_wakes_for_its_approval() {
     drop(subscription);
     runtime.shutdown().await;
 }
+
+/// A runtime host process, killed if a test ends without killing it.
+struct Host(std::process::Child);
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `keel-runtime-host` over `rig`'s data directory and returns it
+/// with the id of the conversation it created once its message is
+/// accepted.
+fn start_host(
+    rig: &Rig,
+    recovery: &str,
+    message: &str,
+) -> (Host, keel_actors::core::ConversationId) {
+    use std::io::BufRead;
+    let mut host = std::process::Command::new(env!("CARGO_BIN_EXE_keel-runtime-host"))
+        .arg(rig.data_dir())
+        .arg(rig.mock.base_url())
+        .arg(rig.cwd())
+        .arg(recovery)
+        .arg(message)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = host.stdout.take().unwrap();
+    let host = Host(host);
+    let mut line = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .unwrap();
+    let id = line
+        .trim()
+        .strip_prefix("conversation ")
+        .unwrap_or_else(|| panic!("unexpected first line from the host: {line:?}"));
+    (host, keel_actors::core::ConversationId::new(id).unwrap())
+}
+
+/// The process hosting the runtime dies by SIGKILL while a tool runs. The
+/// tool's process group outlives it; the next runtime over the same data
+/// kills that group before anything else, and recovers the conversation:
+/// under `idle`, the call gets a synthetic result, and nothing runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_host_killed_mid_tool_leaves_no_process_behind() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+
+    let rig = Rig::new();
+    let (mut host, id) = start_host(
+        &rig,
+        "idle",
+        "run: echo $$ >> runs; echo $$ > pgid; sleep 30 & sleep 30 & wait",
+    );
+    let pgid: i32 = wait_file(&rig.cwd().join("pgid"))
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    kill(Pid::from_raw(host.0.id() as i32), Signal::SIGKILL).unwrap();
+    host.0.wait().unwrap();
+    assert!(
+        !group_is_gone(pgid),
+        "the tool's process group outlived its host, as it would a daemon"
+    );
+
+    let (runtime, report) = Runtime::open(rig.runtime_config(rig.store(BackendKind::Redb)))
+        .await
+        .unwrap();
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert!(
+        report
+            .reaped
+            .iter()
+            .any(|reaped| reaped.pgid as i32 == pgid && reaped.killed),
+        "boot killed the surviving group: {:?}",
+        report.reaped
+    );
+    wait_group_gone(pgid).await;
+    assert_eq!(report.recovered, vec![id.clone()]);
+
+    let conversation = runtime.handle(id);
+    let mut subscription = watch(&conversation).await;
+    subscription.reach(StateName::Idle).await;
+    let events = log(&runtime, &conversation);
+    let results = tool_results(&events);
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert!(results[0].2, "the interrupted call got a synthetic result");
+    assert_paired(&conversation).await;
+    let runs = std::fs::read_to_string(rig.cwd().join("runs")).unwrap();
+    assert_eq!(runs.lines().count(), 1, "nothing ran again: {runs}");
+    drop(subscription);
+    drop(conversation);
+    runtime.shutdown().await;
+}
