@@ -22,14 +22,14 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use keel_core::event::Decision;
-use keel_core::ids::{ConversationId, EventId, ToolCallId};
+use keel_core::ids::{ConversationId, EventId, Seq, ToolCallId};
 use keel_core::message::ImageRef;
 use keel_core::state::{Conversation, Phase};
 use keel_core::{
     AssistantResponse, ConversationConfig, Effect, Generation, Input, LlmFailure, Rejection,
     StateName, StreamDelta, Timer,
 };
-use keel_store::rehydrate;
+use keel_store::{rehydrate, Rehydrated};
 
 use crate::conversation::{Inspection, WorkerInfo};
 use crate::pubsub::{Publisher, Subscription, View, VIEW_MESSAGES};
@@ -163,6 +163,9 @@ pub(crate) struct ConversationState {
     /// Short-idle tier taken: the working set is released until the next
     /// message rebuilds it.
     pub(crate) hibernated: bool,
+    /// The log position of the newest stored checkpoint this actor knows
+    /// of (0: none): hibernating saves one only when it is behind.
+    pub(crate) checkpoint_seq: Seq,
     pub(crate) span: tracing::Span,
     /// Last, so that it drops after `shared`.
     pub(crate) _alive: Alive,
@@ -190,18 +193,29 @@ impl Actor for ConversationActor {
     ) -> Result<ConversationState, ActorProcessingErr> {
         let ConversationArgs { id, shared, start } = args;
         let span = tracing::info_span!("conversation", id = %id);
-        let (conversation, pending_start) = match start {
+        let (conversation, pending_start, checkpoint_seq) = match start {
             Start::Fresh {
                 conversation,
                 effects,
-            } => (*conversation, PendingStart::Effects(effects)),
+            } => (*conversation, PendingStart::Effects(effects), 0),
             Start::Rehydrate => {
                 let rehydrated = rehydrate(shared.store.as_ref(), &id)
                     .instrument(span.clone())
                     .await?
                     .ok_or_else(|| format!("conversation {id} does not exist"))?;
-                tracing::debug!(parent: &span, snapshot = ?rehydrated.snapshot, "rehydrated");
-                (rehydrated.conversation, PendingStart::Started)
+                tracing::debug!(
+                    parent: &span,
+                    snapshot = ?rehydrated.snapshot,
+                    from_checkpoint = rehydrated.from_checkpoint,
+                    replayed = rehydrated.replayed,
+                    "rehydrated"
+                );
+                let checkpoint_seq = checkpoint_seq(&rehydrated);
+                (
+                    rehydrated.conversation,
+                    PendingStart::Started,
+                    checkpoint_seq,
+                )
             }
         };
         let control = shared.control(&id);
@@ -216,6 +230,7 @@ impl Actor for ConversationActor {
             pending_start: Some(pending_start),
             last_touched: Instant::now(),
             hibernated: false,
+            checkpoint_seq,
             span,
             _alive: shared.alive(),
             shared,
@@ -494,6 +509,15 @@ async fn idle_check(
     }
     let running = state.stream.is_some() || state.tool.is_some() || !state.timers.is_empty();
     if !state.hibernated && idle >= settings.short_idle && clean && !running {
+        // Waking reads the checkpoint and the events after it: keep those few.
+        let lag = state
+            .conversation()?
+            .working
+            .last_seq
+            .saturating_sub(state.checkpoint_seq);
+        if lag > settings.checkpoint_lag {
+            effects::save_checkpoint(state).await;
+        }
         hibernate(state);
     }
     Ok(())
@@ -513,6 +537,15 @@ fn hibernate(state: &mut ConversationState) {
     tracing::debug!(parent: &state.span, "hibernated");
 }
 
+/// The log position of the checkpoint a rebuild started from, 0 if none.
+fn checkpoint_seq(rehydrated: &Rehydrated) -> Seq {
+    if rehydrated.from_checkpoint {
+        rehydrated.conversation.working.last_seq - rehydrated.replayed as Seq
+    } else {
+        0
+    }
+}
+
 /// Rebuild the working set of a hibernating conversation from the store.
 async fn hydrate(state: &mut ConversationState) -> Result<(), ActorProcessingErr> {
     if state.conversation.is_some() {
@@ -521,6 +554,7 @@ async fn hydrate(state: &mut ConversationState) -> Result<(), ActorProcessingErr
     let rehydrated = rehydrate(state.shared.store.as_ref(), &state.id)
         .await?
         .ok_or_else(|| format!("conversation {} vanished from the store", state.id))?;
+    state.checkpoint_seq = checkpoint_seq(&rehydrated);
     state.conversation = Some(rehydrated.conversation);
     state.hibernated = false;
     tracing::debug!(parent: &state.span, "woke from hibernation");

@@ -41,6 +41,10 @@ pub struct Settings {
     pub long_idle: Duration,
     /// How often an actor looks at its idle time.
     pub idle_check: Duration,
+    /// Events a hibernating conversation may be ahead of its stored
+    /// checkpoint before hibernating writes a new one (so that waking
+    /// replays at most about this many). Eviction always writes one.
+    pub checkpoint_lag: u64,
     /// A conversation failing more often than this within `restart_window`
     /// is left stopped until it is next addressed.
     pub max_restarts: usize,
@@ -53,6 +57,7 @@ impl Default for Settings {
             short_idle: Duration::from_secs(60),
             long_idle: Duration::from_secs(30 * 60),
             idle_check: Duration::from_secs(30),
+            checkpoint_lag: 64,
             max_restarts: 3,
             restart_window: Duration::from_secs(60),
         }

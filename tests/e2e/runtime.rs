@@ -1236,6 +1236,7 @@ async fn runtime_a_hibernating_conversation_wakes_for_its_approval() {
                 short_idle: Duration::from_millis(30),
                 long_idle: Duration::from_secs(3600),
                 idle_check: Duration::from_millis(10),
+                checkpoint_lag: 2,
                 ..Settings::default()
             },
             ..rig.runtime_config(rig.store(BackendKind::Redb))
@@ -1273,6 +1274,14 @@ async fn runtime_a_hibernating_conversation_wakes_for_its_approval() {
         "the history rebuilt from the log is the same"
     );
     assert_eq!(hibernated.pending, before.pending);
+    // Hibernating saved a checkpoint, so waking replays no event.
+    let checkpoint = runtime
+        .store()
+        .load_checkpoint(conversation.id())
+        .unwrap()
+        .expect("hibernating saved a checkpoint");
+    assert_eq!(checkpoint.last_seq, before.last_seq);
+    assert_eq!(checkpoint.messages, before.messages);
 
     let mut subscription = watch(&conversation).await;
     let call = before.pending[0].call.id.clone();

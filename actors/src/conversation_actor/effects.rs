@@ -153,7 +153,7 @@ async fn run_effect(
             });
             state.timers.insert(timer, AbortOnDrop(task));
         }
-        Effect::SaveSnapshot => save_snapshot(state).await,
+        Effect::SaveSnapshot => save_checkpoint(state).await,
         Effect::Stop => {
             tracing::debug!(parent: &state.span, "stopping");
             myself.stop(Some("stopped".into()));
@@ -162,23 +162,24 @@ async fn run_effect(
     Ok(())
 }
 
-/// Snapshots and checkpoints are caches over the log: failing to write
-/// them loses nothing. The checkpoint (the whole working set) lets the next
-/// cold start replay only the events after it.
-async fn save_snapshot(state: &mut ConversationState) {
+/// Save the snapshot and a checkpoint of the working set, unless the stored
+/// checkpoint is already at the current log position. Both are caches over
+/// the log: failing to write them loses nothing. The checkpoint lets the
+/// next cold start or wake replay only the events after it. Only taken in
+/// a clean state (idle or awaiting input), where a snapshot applies.
+pub(crate) async fn save_checkpoint(state: &mut ConversationState) {
     let Some(conversation) = state.conversation.as_ref() else {
         return;
     };
-    if FsmSnapshot::of(&conversation.working).is_none() {
+    let working = &conversation.working;
+    if FsmSnapshot::of(working).is_none() || working.last_seq == state.checkpoint_seq {
         return;
     }
-    if let Err(error) = state
-        .shared
-        .store
-        .save_checkpoint(&state.id, &conversation.working)
-        .await
-    {
-        tracing::warn!(parent: &state.span, %error, "could not save the checkpoint");
+    match state.shared.store.save_checkpoint(&state.id, working).await {
+        Ok(()) => state.checkpoint_seq = working.last_seq,
+        Err(error) => {
+            tracing::warn!(parent: &state.span, %error, "could not save the checkpoint");
+        }
     }
 }
 
