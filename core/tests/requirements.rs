@@ -1568,3 +1568,51 @@ fn under_idle_recovery_a_debounced_message_waits_for_the_user() {
     assert!(started_streams(&step).is_empty());
     assert_eq!(harness.phase(), &Phase::Idle);
 }
+
+// --- Checkpoints: the reducer's version ---------------------------------------------
+
+/// Checkpoints are trusted only when written by the same reducer
+/// (`working::REDUCER_VERSION`). This pins what the reducer makes of a fixed
+/// log that touches every part of the working set: a change to the reducer
+/// fails here until the version is bumped (so old checkpoints are passed
+/// over) and the fixture rewritten with `KEEL_BLESS=1`.
+#[test]
+fn a_reducer_change_comes_with_a_new_reducer_version() {
+    let mut harness = Harness::new(ConversationConfig {
+        tools: [("deploy".to_owned(), ToolPolicy::Approve)].into(),
+        ..ConversationConfig::default()
+    });
+    harness.send("build it");
+    harness.call_tools(&[("t1", "bash"), ("t2", "bash")]);
+    harness.tool_done("t1", "built", false);
+    harness.tool_done("t2", "command not found", true);
+    harness.reply("done, with one error");
+    harness.send("now ship");
+    harness.call_tools(&[("d1", "deploy"), ("t3", "bash")]);
+    let working = WorkingSet::replay(&harness.log).unwrap();
+    assert_eq!(&working, harness.working());
+    assert_eq!(working.pending.len(), 1);
+
+    let actual = json!({
+        "reducer": keel_core::working::REDUCER_VERSION,
+        "working": working,
+    });
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/checkpoint/reducer.json");
+    if std::env::var_os("KEEL_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let text = serde_json::to_string_pretty(&actual).unwrap();
+        std::fs::write(&path, text + "\n").unwrap();
+    }
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    if expected["reducer"] != actual["reducer"] {
+        panic!("REDUCER_VERSION changed: rewrite the fixture with KEEL_BLESS=1");
+    }
+    assert!(
+        expected["working"] == actual["working"],
+        "the reducer makes something else of this log now: bump \
+         working::REDUCER_VERSION so that older checkpoints are not used, \
+         then rewrite the fixture with KEEL_BLESS=1"
+    );
+}
