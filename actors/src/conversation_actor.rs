@@ -167,11 +167,18 @@ pub(crate) struct ConversationState {
     /// of (0: none): hibernating saves one only when it is behind.
     pub(crate) checkpoint_seq: Seq,
     pub(crate) span: tracing::Span,
+    /// The turn in progress, under `span`; its requests and tools run in it.
+    pub(crate) turn_span: Option<tracing::Span>,
     /// Last, so that it drops after `shared`.
     pub(crate) _alive: Alive,
 }
 
 impl ConversationState {
+    /// The span work runs in: the turn's, or the conversation's between turns.
+    pub(crate) fn work_span(&self) -> &tracing::Span {
+        self.turn_span.as_ref().unwrap_or(&self.span)
+    }
+
     fn conversation(&self) -> Result<&Conversation, ActorProcessingErr> {
         self.conversation
             .as_ref()
@@ -219,6 +226,7 @@ impl Actor for ConversationActor {
             }
         };
         let control = shared.control(&id);
+        let turn_span = open_turn_span(&span, &conversation);
         Ok(ConversationState {
             id,
             control,
@@ -231,6 +239,7 @@ impl Actor for ConversationActor {
             last_touched: Instant::now(),
             hibernated: false,
             checkpoint_seq,
+            turn_span,
             span,
             _alive: shared.alive(),
             shared,
@@ -533,8 +542,16 @@ fn hibernate(state: &mut ConversationState) {
     state.publisher.release_if_unwatched();
     state.timers.shrink_to_fit();
     state.conversation = None;
+    state.turn_span = None;
     state.hibernated = true;
     tracing::debug!(parent: &state.span, "hibernated");
+}
+
+/// The span of the turn a conversation rebuilt from the log is in, if any
+/// (a restart mid-turn, or one awaiting a human).
+fn open_turn_span(span: &tracing::Span, conversation: &Conversation) -> Option<tracing::Span> {
+    let turn = conversation.working.current_turn.as_ref()?;
+    Some(effects::turn_span(span, turn.turn))
 }
 
 /// The log position of the checkpoint a rebuild started from, 0 if none.
@@ -555,6 +572,7 @@ async fn hydrate(state: &mut ConversationState) -> Result<(), ActorProcessingErr
         .await?
         .ok_or_else(|| format!("conversation {} vanished from the store", state.id))?;
     state.checkpoint_seq = checkpoint_seq(&rehydrated);
+    state.turn_span = open_turn_span(&state.span, &rehydrated.conversation);
     state.conversation = Some(rehydrated.conversation);
     state.hibernated = false;
     tracing::debug!(parent: &state.span, "woke from hibernation");

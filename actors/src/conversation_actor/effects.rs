@@ -87,9 +87,16 @@ async fn append(
     } else {
         Vec::new()
     };
+    let turns: Vec<TurnMark> = events.iter().filter_map(TurnMark::of).collect();
     if let Err(error) = state.shared.store.append(&state.id, events).await {
         tracing::error!(parent: &state.span, %error, "append failed; the actor stops and recovers from the log");
         return Err(Box::new(error));
+    }
+    for mark in turns {
+        state.turn_span = match mark {
+            TurnMark::Started(turn) => Some(turn_span(&state.span, turn)),
+            TurnMark::Ended => None,
+        };
     }
     for event in published {
         state.publisher.publish(Update::Event {
@@ -97,6 +104,29 @@ async fn append(
         });
     }
     Ok(())
+}
+
+/// Where a turn begins or ends in the log, for the turn's tracing span.
+enum TurnMark {
+    Started(u32),
+    Ended,
+}
+
+impl TurnMark {
+    fn of(event: &Event) -> Option<TurnMark> {
+        match event.kind {
+            EventKind::TurnStarted { turn } => Some(TurnMark::Started(turn)),
+            EventKind::TurnCompleted { .. }
+            | EventKind::TurnInterrupted { .. }
+            | EventKind::TurnFailed { .. } => Some(TurnMark::Ended),
+            _ => None,
+        }
+    }
+}
+
+/// The span a turn's requests and tools run in, under the conversation's.
+pub(crate) fn turn_span(conversation: &tracing::Span, turn: u32) -> tracing::Span {
+    tracing::info_span!(parent: conversation, "turn", turn)
 }
 
 /// Carry out one effect (boxed, like [`step`]).
@@ -211,7 +241,7 @@ async fn start_stream(
         request,
         shared: state.shared.clone(),
         report: myself.clone(),
-        span: tracing::info_span!(parent: &state.span, "llm_request", turn = generation.turn, attempt = generation.attempt),
+        span: tracing::info_span!(parent: state.work_span(), "llm_request", turn = generation.turn, attempt = generation.attempt),
         _alive: state.shared.alive(),
     };
     match LlmStreamActor::spawn_linked(None, LlmStreamActor, args, myself.get_cell()).await {
@@ -268,7 +298,7 @@ async fn start_tool(
         cwd: cwd.into(),
         ledger: state.shared.ledger.clone(),
         report: myself.clone(),
-        span: tracing::info_span!(parent: &state.span, "tool", id = %tool_call_id),
+        span: tracing::info_span!(parent: state.work_span(), "tool", id = %tool_call_id),
     };
     match ToolActor::spawn_linked(None, ToolActor, args, myself.get_cell()).await {
         Ok((worker, _)) => {

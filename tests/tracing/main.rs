@@ -1,0 +1,175 @@
+//! The runtime's tracing spans, as a subscriber sees them: a span per
+//! conversation, one per turn under it, and the turn's LLM requests and
+//! tools under the turn. Its own test binary, because it installs a global
+//! subscriber (the actors run on the runtime's worker threads).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[allow(dead_code)]
+#[path = "../e2e/harness.rs"]
+mod harness;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keel_actors::core::config::{ConversationConfig, ModelRef, ProviderKind};
+use keel_actors::core::{LiveEvent, StateName};
+use keel_actors::provider::{Endpoint, ProviderConfig, Timeouts};
+use keel_actors::store::{self, BackendKind};
+use keel_actors::{Received, Runtime, RuntimeConfig, Settings, Update};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id};
+use tracing::Subscriber;
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+
+use crate::harness::MockLlm;
+
+/// One span as it was opened: its name, its parent's name and the fields
+/// that name things (`id`, `turn`).
+#[derive(Debug, Clone)]
+struct Opened {
+    id: u64,
+    name: &'static str,
+    parent: Option<u64>,
+    fields: Vec<(String, String)>,
+}
+
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<Opened>>>);
+
+struct Fields(Vec<(String, String)>);
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.push((field.name().to_owned(), format!("{value:?}")));
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.push((field.name().to_owned(), value.to_owned()));
+    }
+}
+
+impl<S> Layer<S> for Recorder
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let mut fields = Fields(Vec::new());
+        attrs.record(&mut fields);
+        let parent = ctx
+            .span(id)
+            .and_then(|span| span.parent())
+            .map(|parent| parent.id().into_u64());
+        self.0.lock().unwrap().push(Opened {
+            id: id.into_u64(),
+            name: attrs.metadata().name(),
+            parent,
+            fields: fields.0,
+        });
+    }
+}
+
+fn field<'a>(span: &'a Opened, name: &str) -> Option<&'a str> {
+    span.fields
+        .iter()
+        .find(|(field, _)| field == name)
+        .map(|(_, value)| value.as_str())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_requests_and_tools_have_their_spans() {
+    let recorder = Recorder::default();
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(recorder.clone()))
+        .unwrap();
+
+    let mock = MockLlm::start();
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path().join("work");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let (runtime, _) = Runtime::open(RuntimeConfig {
+        store: store::open(BackendKind::Memory, &dir.path().join("data")).unwrap(),
+        providers: ProviderConfig {
+            anthropic: Endpoint {
+                base_url: mock.base_url().to_owned(),
+                api_key: Some("sk-ant-tracing".to_owned()),
+            },
+            openai: Endpoint {
+                base_url: format!("{}/v1", mock.base_url()),
+                api_key: Some("sk-openai-tracing".to_owned()),
+            },
+            mock_url: None,
+            timeouts: Timeouts::default(),
+        },
+        tools: keel_actors::tool::ToolRegistry::with_defaults(),
+        process_dir: None,
+        settings: Settings::default(),
+    })
+    .await
+    .unwrap();
+    let conversation = runtime
+        .create(
+            &cwd,
+            ConversationConfig {
+                primary: ModelRef {
+                    provider: ProviderKind::Anthropic,
+                    model: "claude-mock".to_owned(),
+                },
+                ..ConversationConfig::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut subscription = conversation.subscribe().await.unwrap();
+    conversation.send("run: echo hi", Vec::new()).await.unwrap();
+    // The tool call, its result and the summary: back to Idle after a turn.
+    let mut left_idle = false;
+    let waited = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match subscription.next().await {
+                Received::Update(Update::Live {
+                    event: LiveEvent::StateChanged { state },
+                }) => {
+                    if state != StateName::Idle {
+                        left_idle = true;
+                    } else if left_idle {
+                        break;
+                    }
+                }
+                Received::Closed => panic!("the conversation stopped"),
+                _ => {}
+            }
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "the turn did not end");
+    drop(subscription);
+    let id = conversation.id().to_string();
+    runtime.shutdown().await;
+
+    let spans = recorder.0.lock().unwrap().clone();
+    let by_id = |wanted: u64| spans.iter().find(|span| span.id == wanted);
+    let root = spans
+        .iter()
+        .find(|span| span.name == "conversation" && field(span, "id") == Some(id.as_str()))
+        .expect("a span for the conversation");
+    let turns: Vec<&Opened> = spans
+        .iter()
+        .filter(|span| span.name == "turn" && span.parent == Some(root.id))
+        .collect();
+    assert_eq!(turns.len(), 1, "one turn: {spans:#?}");
+    assert_eq!(field(turns[0], "turn"), Some("1"));
+    let under_turn = |name: &str| {
+        spans
+            .iter()
+            .filter(|span| span.name == name)
+            .filter(|span| span.parent.and_then(by_id).map(|p| p.id) == Some(turns[0].id))
+            .count()
+    };
+    assert_eq!(
+        under_turn("llm_request"),
+        2,
+        "the request that called the tool and the one that summarised it: {spans:#?}"
+    );
+    assert_eq!(under_turn("tool"), 1, "{spans:#?}");
+}
