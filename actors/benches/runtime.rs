@@ -51,7 +51,7 @@ use keel_actors::core::{
     Timestamp, ToolCallId, WorkingSet,
 };
 use keel_actors::store::{self, BackendKind, EventLog};
-use keel_actors::{Runtime, RuntimeConfig, Settings};
+use keel_actors::{ConversationHandle, Runtime, RuntimeConfig, Settings};
 use nix::errno::Errno;
 use nix::sys::signal::killpg;
 use nix::unistd::Pid;
@@ -177,17 +177,43 @@ async fn warm(counts: &Counts) {
     }
     print_row("warm open_conversation", &samples);
 
-    for (name, handle, n) in [
-        (
-            "warm inspect (short history)",
-            &short_handle,
-            counts.warm_inspect,
-        ),
-        (
-            "warm inspect (1,000 events)",
-            &long_handle,
-            counts.warm_inspect / 10,
-        ),
+    inspect_rows("warm inspect", &short_handle, &long_handle, counts).await;
+    drop((short_handle, long_handle));
+    runtime.shutdown().await;
+
+    // With short_idle = 0 a conversation at rest holds no working set, so
+    // every message rebuilds it (checkpoint and tail, or the short log)
+    // and lets it go again: what that costs, through inspect.
+    let settings = Settings {
+        short_idle: Duration::ZERO,
+        ..Settings::default()
+    };
+    let runtime = open_runtime(store.clone(), dir.path(), settings).await;
+    let short_handle = runtime.open_conversation(&short).await.unwrap();
+    let long_handle = runtime.open_conversation(&long).await.unwrap();
+    inspect_rows(
+        "short_idle = 0: inspect (rebuild)",
+        &short_handle,
+        &long_handle,
+        counts,
+    )
+    .await;
+    assert!(long_handle.inspect().await.unwrap().hibernated);
+    drop((short_handle, long_handle));
+    runtime.shutdown().await;
+}
+
+/// Round trips of `inspect` to a conversation with a short history and to
+/// one with 1,000 events.
+async fn inspect_rows(
+    what: &str,
+    short: &ConversationHandle,
+    long: &ConversationHandle,
+    counts: &Counts,
+) {
+    for (history, handle, n) in [
+        ("short history", short, counts.warm_inspect),
+        ("1,000 events", long, counts.warm_inspect / 10),
     ] {
         for _ in 0..n / 10 {
             black_box(handle.inspect().await.unwrap());
@@ -199,10 +225,8 @@ async fn warm(counts: &Counts) {
             samples.push(start.elapsed());
             black_box(inspection);
         }
-        print_row(name, &samples);
+        print_row(&format!("{what} ({history})"), &samples);
     }
-    drop((short_handle, long_handle));
-    runtime.shutdown().await;
 }
 
 // ---------------------------------------------------------------------------
@@ -395,6 +419,17 @@ async fn memory(counts: &Counts) {
     evict_all(&runtime, &short_ids).await;
     runtime.shutdown().await;
 
+    // The same with short_idle = 0: released as soon as it is at rest.
+    let settings = Settings {
+        short_idle: Duration::ZERO,
+        ..Settings::default()
+    };
+    let runtime = open_runtime(store.clone(), dir.path(), settings).await;
+    open_all(&runtime, &short_ids, true).await;
+    settle().await;
+    let at_rest = live_bytes(&runtime, &short_ids).await;
+    runtime.shutdown().await;
+
     // ractor's own cost per actor: one with no state that does nothing.
     settle().await;
     let baseline = ALLOCATOR.allocated();
@@ -422,6 +457,10 @@ async fn memory(counts: &Counts) {
         ("  of which freed by evicting it", short.freed),
         ("  (RSS growth, for comparison)", short.rss),
         ("short history, after the short-idle tier", hibernated),
+        (
+            "short history, short_idle = 0 (released at rest)",
+            at_rest.live,
+        ),
         ("no history (Created, SessionStarted)", empty.live),
         ("  of which freed by evicting it", empty.freed),
         ("context: the Conversation (replayed) alone", state_bytes),

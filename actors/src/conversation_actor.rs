@@ -262,6 +262,7 @@ impl Actor for ConversationActor {
             }
             None => {}
         }
+        rest_at_once(state).await?;
         Ok(())
     }
 
@@ -417,6 +418,7 @@ impl Actor for ConversationActor {
                 effects::step(&myself, state, Input::TimerFired { timer }).await?;
             }
         }
+        rest_at_once(state).await?;
         Ok(())
     }
 
@@ -430,7 +432,11 @@ impl Actor for ConversationActor {
         event: SupervisionEvent,
         state: &mut ConversationState,
     ) -> Result<(), ActorProcessingErr> {
-        hydrate(state).await?;
+        // A hibernating conversation has no workers: this is about one it
+        // already let go, and not worth rebuilding the working set for.
+        if state.hibernated {
+            return Ok(());
+        }
         cancel_if_requested(&myself, state).await?;
         let (cell, why) = match event {
             SupervisionEvent::ActorFailed(cell, error) => (cell, format!("crashed: {error}")),
@@ -474,6 +480,7 @@ impl Actor for ConversationActor {
             };
             effects::step(&myself, state, input).await?;
         }
+        rest_at_once(state).await?;
         Ok(())
     }
 }
@@ -501,33 +508,63 @@ async fn idle_check(
     let settings = state.shared.settings;
     // A hibernating conversation was in a clean state when it hibernated and
     // nothing has happened to it since.
-    let clean = state.hibernated
-        || matches!(
-            state.conversation()?.phase,
-            Phase::Idle
-                | Phase::Error { .. }
-                | Phase::AwaitingInput
-                | Phase::Completed { .. }
-                | Phase::Failed { .. }
-        );
+    let clean = state.hibernated || is_clean(&state.conversation()?.phase);
     if clean && idle >= settings.long_idle && state.publisher.subscribers() == 0 {
         tracing::debug!(parent: &state.span, idle_ms = idle.as_millis() as u64, "evicting");
         hydrate(state).await?;
         effects::step(myself, state, Input::Stop).await?;
         return Ok(());
     }
+    if idle >= settings.short_idle && at_rest(state)? {
+        rest(state).await?;
+    }
+    Ok(())
+}
+
+/// No turn is running: the conversation waits on a user or a human, or has
+/// ended.
+fn is_clean(phase: &Phase) -> bool {
+    matches!(
+        phase,
+        Phase::Idle
+            | Phase::Error { .. }
+            | Phase::AwaitingInput
+            | Phase::Completed { .. }
+            | Phase::Failed { .. }
+    )
+}
+
+/// In a clean state with no worker and no timer, where the working set and
+/// the phase are exactly what the log folds to, and not hibernating yet.
+fn at_rest(state: &ConversationState) -> Result<bool, ActorProcessingErr> {
+    if state.hibernated {
+        return Ok(false);
+    }
+    let clean = is_clean(&state.conversation()?.phase);
     let running = state.stream.is_some() || state.tool.is_some() || !state.timers.is_empty();
-    if !state.hibernated && idle >= settings.short_idle && clean && !running {
-        // Waking reads the checkpoint and the events after it: keep those few.
-        let lag = state
-            .conversation()?
-            .working
-            .last_seq
-            .saturating_sub(state.checkpoint_seq);
-        if lag > settings.checkpoint_lag {
-            effects::save_checkpoint(state).await;
-        }
-        hibernate(state);
+    Ok(clean && !running)
+}
+
+/// Hibernate, first saving a checkpoint if the stored one lags: waking
+/// reads the checkpoint and the events after it, so keep those few.
+async fn rest(state: &mut ConversationState) -> Result<(), ActorProcessingErr> {
+    let lag = state
+        .conversation()?
+        .working
+        .last_seq
+        .saturating_sub(state.checkpoint_seq);
+    if lag > state.shared.settings.checkpoint_lag {
+        effects::save_checkpoint(state).await;
+    }
+    hibernate(state);
+    Ok(())
+}
+
+/// With `short_idle` zero, a conversation releases its working set as soon
+/// as it comes to rest, not at the next idle check.
+async fn rest_at_once(state: &mut ConversationState) -> Result<(), ActorProcessingErr> {
+    if state.shared.settings.short_idle.is_zero() && at_rest(state)? {
+        rest(state).await?;
     }
     Ok(())
 }

@@ -35,7 +35,11 @@ use supervisor::{SupervisorActor, SupervisorMsg};
 /// Timings of the runtime; the defaults suit a daemon, tests shorten them.
 #[derive(Debug, Clone, Copy)]
 pub struct Settings {
-    /// Waiting on a human this long, an actor releases what it can rebuild.
+    /// Idle this long in a clean state (waiting on a user or a human), an
+    /// actor releases its working set, which the next message rebuilds from
+    /// the checkpoint and the log's tail. Zero releases it as soon as the
+    /// conversation comes to rest: a live idle conversation then holds no
+    /// history, and every message pays a rebuild.
     pub short_idle: Duration,
     /// Idle this long in a clean state, an actor saves its snapshot and stops.
     pub long_idle: Duration,

@@ -1293,6 +1293,52 @@ async fn runtime_a_hibernating_conversation_wakes_for_its_approval() {
     runtime.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_with_short_idle_zero_holds_no_history_at_rest() {
+    let rig = Rig::new();
+    let runtime = rig
+        .open(RuntimeConfig {
+            settings: Settings {
+                short_idle: Duration::ZERO,
+                ..Settings::default()
+            },
+            ..rig.runtime_config(rig.store(BackendKind::Redb))
+        })
+        .await;
+    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+    assert!(
+        conversation.inspect().await.unwrap().hibernated,
+        "created and at rest: nothing held"
+    );
+    let mut subscription = watch(&conversation).await;
+    conversation
+        .send("run: echo one", Vec::new())
+        .await
+        .unwrap();
+    subscription
+        .through(StateName::ExecutingTools, StateName::Idle)
+        .await;
+    let first = conversation.inspect().await.unwrap();
+    assert!(first.hibernated, "back at rest, the working set was let go");
+
+    conversation.send("and again", Vec::new()).await.unwrap();
+    subscription
+        .through(StateName::Streaming, StateName::Idle)
+        .await;
+    let second = conversation.inspect().await.unwrap();
+    assert!(second.hibernated);
+    assert_eq!(second.messages.len(), first.messages.len() + 2);
+    assert_eq!(
+        second.messages,
+        WorkingSet::replay(&log(&runtime, &conversation))
+            .unwrap()
+            .messages
+    );
+    assert_paired(&conversation).await;
+    drop(subscription);
+    runtime.shutdown().await;
+}
+
 /// A runtime host process, killed if a test ends without killing it.
 struct Host(std::process::Child);
 
