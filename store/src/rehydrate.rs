@@ -1,5 +1,7 @@
-//! Rebuilding a conversation from the store. The log decides; the snapshot is
-//! checked against it and rewritten when it is stale, missing or wrong.
+//! Rebuilding a conversation from the store. The log decides: a stored
+//! checkpoint of the working set is used only when the log continues it
+//! (then only the events after it are read), and the snapshot is checked
+//! against the result and rewritten when it is stale, missing or wrong.
 
 use keel_core::event::Event;
 use keel_core::ids::{ConversationId, Seq};
