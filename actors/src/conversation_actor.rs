@@ -167,8 +167,10 @@ pub(crate) struct ConversationState {
     /// of (0: none): hibernating saves one only when it is behind.
     pub(crate) checkpoint_seq: Seq,
     pub(crate) span: tracing::Span,
-    /// The turn in progress, under `span`; its requests and tools run in it.
-    pub(crate) turn_span: Option<tracing::Span>,
+    /// The span of the working set's turn in progress (its number, the
+    /// span), under `span`; its requests and tools run in it. Kept in step
+    /// by [`ConversationState::sync_turn_span`].
+    pub(crate) turn_span: Option<(u32, tracing::Span)>,
     /// Last, so that it drops after `shared`.
     pub(crate) _alive: Alive,
 }
@@ -176,7 +178,27 @@ pub(crate) struct ConversationState {
 impl ConversationState {
     /// The span work runs in: the turn's, or the conversation's between turns.
     pub(crate) fn work_span(&self) -> &tracing::Span {
-        self.turn_span.as_ref().unwrap_or(&self.span)
+        self.turn_span.as_ref().map_or(&self.span, |(_, span)| span)
+    }
+
+    /// Open, keep or close the turn span to match the turn in progress of
+    /// the working set (none while hibernating): after every step, and
+    /// after a rebuild from the log (a restart mid-turn, or a wake while a
+    /// human is asked).
+    pub(crate) fn sync_turn_span(&mut self) {
+        let turn = self
+            .conversation
+            .as_ref()
+            .and_then(|conversation| conversation.working.current_turn.as_ref())
+            .map(|turn| turn.turn);
+        match (turn, &self.turn_span) {
+            (Some(turn), Some((open, _))) if *open == turn => {}
+            (Some(turn), _) => {
+                let span = tracing::info_span!(parent: &self.span, "turn", turn);
+                self.turn_span = Some((turn, span));
+            }
+            (None, _) => self.turn_span = None,
+        }
     }
 
     fn conversation(&self) -> Result<&Conversation, ActorProcessingErr> {
@@ -226,8 +248,7 @@ impl Actor for ConversationActor {
             }
         };
         let control = shared.control(&id);
-        let turn_span = open_turn_span(&span, &conversation);
-        Ok(ConversationState {
+        let mut state = ConversationState {
             id,
             control,
             conversation: Some(conversation),
@@ -239,11 +260,13 @@ impl Actor for ConversationActor {
             last_touched: Instant::now(),
             hibernated: false,
             checkpoint_seq,
-            turn_span,
+            turn_span: None,
             span,
             _alive: shared.alive(),
             shared,
-        })
+        };
+        state.sync_turn_span();
+        Ok(state)
     }
 
     async fn post_start(
@@ -579,16 +602,9 @@ fn hibernate(state: &mut ConversationState) {
     state.publisher.release_if_unwatched();
     state.timers.shrink_to_fit();
     state.conversation = None;
-    state.turn_span = None;
+    state.sync_turn_span();
     state.hibernated = true;
     tracing::debug!(parent: &state.span, "hibernated");
-}
-
-/// The span of the turn a conversation rebuilt from the log is in, if any
-/// (a restart mid-turn, or one awaiting a human).
-fn open_turn_span(span: &tracing::Span, conversation: &Conversation) -> Option<tracing::Span> {
-    let turn = conversation.working.current_turn.as_ref()?;
-    Some(effects::turn_span(span, turn.turn))
 }
 
 /// The log position of the checkpoint a rebuild started from, 0 if none.
@@ -609,8 +625,8 @@ async fn hydrate(state: &mut ConversationState) -> Result<(), ActorProcessingErr
         .await?
         .ok_or_else(|| format!("conversation {} vanished from the store", state.id))?;
     state.checkpoint_seq = checkpoint_seq(&rehydrated);
-    state.turn_span = open_turn_span(&state.span, &rehydrated.conversation);
     state.conversation = Some(rehydrated.conversation);
+    state.sync_turn_span();
     state.hibernated = false;
     tracing::debug!(parent: &state.span, "woke from hibernation");
     Ok(())

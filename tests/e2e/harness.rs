@@ -8,6 +8,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use keel_actors::provider::{Endpoint, ProviderConfig, Timeouts};
 use serde_json::Value;
 
 /// The `keel` binary Cargo built beside this test: the test runs as
@@ -125,6 +126,24 @@ impl MockLlm {
     /// `http://127.0.0.1:PORT`, without a trailing `/`.
     pub fn base_url(&self) -> &str {
         &self.base
+    }
+
+    /// Both providers on this mock, by their SDK conventions: Anthropic's
+    /// base without the version, OpenAI's with `/v1`. Built explicitly,
+    /// never from the process environment.
+    pub fn provider_config(&self, timeouts: Timeouts) -> ProviderConfig {
+        ProviderConfig {
+            anthropic: Endpoint {
+                base_url: self.base.clone(),
+                api_key: Some("sk-ant-e2e".to_owned()),
+            },
+            openai: Endpoint {
+                base_url: format!("{}/v1", self.base),
+                api_key: Some("sk-openai-e2e".to_owned()),
+            },
+            mock_url: None,
+            timeouts,
+        }
     }
 
     /// Queue script entries (`POST /_mock/script`); panics if the mock

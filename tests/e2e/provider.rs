@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use keel_actors::provider::{Endpoint, ProviderClient, ProviderConfig, Timeouts};
+use keel_actors::provider::{ProviderClient, Timeouts};
 use keel_core::message::{AssistantBlock, ContentBlock, Message, Role, StopReason};
 use keel_core::retry::RetryPolicy;
 use keel_core::state::Phase;
@@ -57,26 +57,8 @@ fn model(kind: ProviderKind) -> &'static str {
     }
 }
 
-/// Both providers on the mock, by their SDK conventions: Anthropic's base
-/// without the version, OpenAI's with `/v1`. Built explicitly, never from
-/// the process environment.
-fn provider_config(mock: &MockLlm, timeouts: Timeouts) -> ProviderConfig {
-    ProviderConfig {
-        anthropic: Endpoint {
-            base_url: mock.base_url().to_owned(),
-            api_key: Some("sk-ant-e2e".to_owned()),
-        },
-        openai: Endpoint {
-            base_url: format!("{}/v1", mock.base_url()),
-            api_key: Some("sk-openai-e2e".to_owned()),
-        },
-        mock_url: None,
-        timeouts,
-    }
-}
-
 fn client(mock: &MockLlm, timeouts: Timeouts) -> ProviderClient {
-    ProviderClient::new(provider_config(mock, timeouts)).expect("an HTTP client")
+    ProviderClient::new(mock.provider_config(timeouts)).expect("an HTTP client")
 }
 
 /// SSE events the mock sends before the `n`th text delta of a text-only

@@ -19,7 +19,7 @@ use keel_actors::core::event::{Decision, EventKind};
 use keel_actors::core::retry::RetryPolicy;
 use keel_actors::core::working::WorkingSet;
 use keel_actors::core::{BusyPolicy, Event, LiveEvent, RecoveryPolicy, Rejection, StateName};
-use keel_actors::provider::{Endpoint, ProviderConfig, Timeouts};
+use keel_actors::provider::Timeouts;
 use keel_actors::store::{self, BackendKind, EventLog};
 use keel_actors::{
     ConversationHandle, Received, Runtime, RuntimeConfig, Settings, Subscription, Update,
@@ -55,21 +55,6 @@ impl Rig {
         self.dir.path().join("data")
     }
 
-    fn providers(&self) -> ProviderConfig {
-        ProviderConfig {
-            anthropic: Endpoint {
-                base_url: self.mock.base_url().to_owned(),
-                api_key: Some("sk-ant-e2e".to_owned()),
-            },
-            openai: Endpoint {
-                base_url: format!("{}/v1", self.mock.base_url()),
-                api_key: Some("sk-openai-e2e".to_owned()),
-            },
-            mock_url: None,
-            timeouts: Timeouts::default(),
-        }
-    }
-
     fn store(&self, kind: BackendKind) -> Arc<dyn EventLog> {
         store::open(kind, &self.data_dir()).unwrap()
     }
@@ -78,7 +63,7 @@ impl Rig {
     fn runtime_config(&self, store: Arc<dyn EventLog>) -> RuntimeConfig {
         RuntimeConfig {
             store,
-            providers: self.providers(),
+            providers: self.mock.provider_config(Timeouts::default()),
             tools: keel_actors::tool::ToolRegistry::with_defaults(),
             process_dir: Some(self.data_dir().join("processes")),
             settings: Settings::default(),
@@ -264,6 +249,17 @@ async fn wait_requests(mock: &MockLlm, n: usize) {
     })
     .await;
     assert!(waited.is_ok(), "the mock never received {n} requests");
+}
+
+/// Waits for the process group id a tool's `echo $$ > pgid` writes in the
+/// working directory.
+async fn wait_pgid(rig: &Rig) -> i32 {
+    let path = rig.cwd().join("pgid");
+    wait_file(&path)
+        .await
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{} holds no process group id", path.display()))
 }
 
 /// Waits for a file a tool writes, and returns its contents.
@@ -573,11 +569,7 @@ async fn runtime_cancel_during_a_tool_kills_its_process_tree() {
         .await
         .unwrap();
     subscription.reach(StateName::ExecutingTools).await;
-    let pgid: i32 = wait_file(&rig.cwd().join("pgid"))
-        .await
-        .trim()
-        .parse()
-        .unwrap();
+    let pgid = wait_pgid(&rig).await;
     assert!(!group_is_gone(pgid));
 
     assert_eq!(conversation.cancel().await.unwrap(), StateName::Idle);
@@ -926,11 +918,7 @@ async fn runtime_reopened_mid_tool_redispatches_the_same_call_under_resume() {
             .await
             .unwrap();
         subscription.reach(StateName::ExecutingTools).await;
-        let first_pgid: i32 = wait_file(&rig.cwd().join("pgid"))
-            .await
-            .trim()
-            .parse()
-            .unwrap();
+        let first_pgid = wait_pgid(&rig).await;
         let id = conversation.id().clone();
         drop(subscription);
         drop(conversation);
@@ -1397,11 +1385,7 @@ async fn runtime_host_killed_mid_tool_leaves_no_process_behind() {
         "idle",
         "run: echo $$ >> runs; echo $$ > pgid; sleep 30 & sleep 30 & wait",
     );
-    let pgid: i32 = wait_file(&rig.cwd().join("pgid"))
-        .await
-        .trim()
-        .parse()
-        .unwrap();
+    let pgid = wait_pgid(&rig).await;
     kill(Pid::from_raw(host.0.id() as i32), Signal::SIGKILL).unwrap();
     host.0.wait().unwrap();
     assert!(

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use keel_actors::core::config::{ConversationConfig, ModelRef, ProviderKind};
 use keel_actors::core::{LiveEvent, StateName};
-use keel_actors::provider::{Endpoint, ProviderConfig, Timeouts};
+use keel_actors::provider::Timeouts;
 use keel_actors::store::{self, BackendKind};
 use keel_actors::{Received, Runtime, RuntimeConfig, Settings, Update};
 use tracing::field::{Field, Visit};
@@ -89,18 +89,7 @@ async fn turns_requests_and_tools_have_their_spans() {
     std::fs::create_dir_all(&cwd).unwrap();
     let (runtime, _) = Runtime::open(RuntimeConfig {
         store: store::open(BackendKind::Memory, &dir.path().join("data")).unwrap(),
-        providers: ProviderConfig {
-            anthropic: Endpoint {
-                base_url: mock.base_url().to_owned(),
-                api_key: Some("sk-ant-tracing".to_owned()),
-            },
-            openai: Endpoint {
-                base_url: format!("{}/v1", mock.base_url()),
-                api_key: Some("sk-openai-tracing".to_owned()),
-            },
-            mock_url: None,
-            timeouts: Timeouts::default(),
-        },
+        providers: mock.provider_config(Timeouts::default()),
         tools: keel_actors::tool::ToolRegistry::with_defaults(),
         process_dir: None,
         settings: Settings::default(),

@@ -68,6 +68,7 @@ async fn run_step(
         append(state, events).await?;
     }
     state.conversation = Some(next);
+    state.sync_turn_span();
     for effect in effects {
         carry_out(myself, state, effect).await?;
     }
@@ -87,16 +88,9 @@ async fn append(
     } else {
         Vec::new()
     };
-    let turns: Vec<TurnMark> = events.iter().filter_map(TurnMark::of).collect();
     if let Err(error) = state.shared.store.append(&state.id, events).await {
         tracing::error!(parent: &state.span, %error, "append failed; the actor stops and recovers from the log");
         return Err(Box::new(error));
-    }
-    for mark in turns {
-        state.turn_span = match mark {
-            TurnMark::Started(turn) => Some(turn_span(&state.span, turn)),
-            TurnMark::Ended => None,
-        };
     }
     for event in published {
         state.publisher.publish(Update::Event {
@@ -104,29 +98,6 @@ async fn append(
         });
     }
     Ok(())
-}
-
-/// Where a turn begins or ends in the log, for the turn's tracing span.
-enum TurnMark {
-    Started(u32),
-    Ended,
-}
-
-impl TurnMark {
-    fn of(event: &Event) -> Option<TurnMark> {
-        match event.kind {
-            EventKind::TurnStarted { turn } => Some(TurnMark::Started(turn)),
-            EventKind::TurnCompleted { .. }
-            | EventKind::TurnInterrupted { .. }
-            | EventKind::TurnFailed { .. } => Some(TurnMark::Ended),
-            _ => None,
-        }
-    }
-}
-
-/// The span a turn's requests and tools run in, under the conversation's.
-pub(crate) fn turn_span(conversation: &tracing::Span, turn: u32) -> tracing::Span {
-    tracing::info_span!(parent: conversation, "turn", turn)
 }
 
 /// Carry out one effect (boxed, like [`step`]).
