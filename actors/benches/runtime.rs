@@ -935,6 +935,7 @@ fn history(conversation: &ConversationId, cwd: &Path, min_events: usize, seed: u
             EventKind::TurnCompleted {
                 turn,
                 duration_ms: 4_200,
+                note: None,
             },
         );
     }

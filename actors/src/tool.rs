@@ -10,8 +10,9 @@
 //! tool is a result for the model, never an error of the runtime.
 //!
 //! `ask_user` and `submit_result` are not tools here: keel-core turns those
-//! calls into a pending question and a sub-agent's result itself. The
-//! registry only tells the model about them ([`ToolRegistry::specs`]).
+//! calls into a pending question and a sub-agent's result itself, and owns
+//! their names and specs (`keel_core::builtin`). The registry only tells the
+//! model about them ([`ToolRegistry::specs`]).
 
 mod bash;
 
@@ -19,6 +20,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use keel_core::builtin;
 use keel_core::message::ToolCall;
 use keel_core::wire::ToolSpec;
 use tokio::sync::mpsc;
@@ -26,15 +28,6 @@ use tokio::sync::mpsc;
 pub use bash::Bash;
 
 use crate::process_group::ProcessLedger;
-
-/// The call keel-core turns into a question for the user. Must equal
-/// `keel_core::transition::stream::ASK_USER` (private to keel-core), and the
-/// question is read from the input field `"question"` as core reads it.
-pub const ASK_USER: &str = "ask_user";
-/// A sub-agent's final answer, handled by keel-core. Must equal
-/// `keel_core::transition::stream::SUBMIT_RESULT`; core reads the input field
-/// `"result"`.
-pub const SUBMIT_RESULT: &str = "submit_result";
 
 /// What a tool gets to run one call.
 #[derive(Debug)]
@@ -139,7 +132,8 @@ impl std::fmt::Debug for ToolRegistry {
 }
 
 impl ToolRegistry {
-    /// No tools at all (`ask_user` is still offered by [`specs`](Self::specs)).
+    /// No tools at all (keel-core's own, such as `ask_user`, are still
+    /// offered by [`specs`](Self::specs)).
     pub fn new() -> Self {
         ToolRegistry::default()
     }
@@ -151,9 +145,10 @@ impl ToolRegistry {
         registry
     }
 
-    /// Add `tool`, replacing a tool of the same name. A tool named `ask_user`
-    /// or `submit_result` would never run (keel-core answers those calls
-    /// itself), so the built-in spec is what the model sees.
+    /// Add `tool`, replacing a tool of the same name. A tool named like one
+    /// of keel-core's own (`ask_user`, `submit_result`, `spawn_agents`)
+    /// would never run (keel-core answers those calls itself), so it is
+    /// never offered either.
     pub fn register(&mut self, tool: impl Tool) -> &mut Self {
         let name = tool.spec().name;
         Arc::make_mut(&mut self.tools).insert(name, Arc::new(tool));
@@ -164,64 +159,19 @@ impl ToolRegistry {
         self.tools.get(name).cloned()
     }
 
-    /// Specs to send to the model, sorted by name: every registered tool plus
-    /// the built-in `ask_user`, and `submit_result` for a sub-agent.
+    /// Specs to send to the model, sorted by name: every registered tool
+    /// plus the built-in tools keel-core offers this kind of conversation
+    /// (`ask_user` to a user's, `submit_result` to a sub-agent, which has
+    /// no human to ask).
     pub fn specs(&self, sub_agent: bool) -> Vec<ToolSpec> {
         let mut specs: Vec<ToolSpec> = self
             .tools
             .iter()
-            .filter(|(name, _)| name.as_str() != ASK_USER && name.as_str() != SUBMIT_RESULT)
+            .filter(|(name, _)| !builtin::is_builtin(name))
             .map(|(_, tool)| tool.spec())
+            .chain(builtin::offered(sub_agent))
             .collect();
-        specs.push(ask_user_spec());
-        if sub_agent {
-            specs.push(submit_result_spec());
-        }
         specs.sort_by(|left, right| left.name.cmp(&right.name));
         specs
-    }
-}
-
-/// `ask_user`: keel-core suspends the turn until the user answers (or
-/// declines), and core refuses it alongside other calls, so the description
-/// says so.
-fn ask_user_spec() -> ToolSpec {
-    ToolSpec {
-        name: ASK_USER.to_owned(),
-        description: "Ask the user a question and wait for the answer. Use it when you \
-                      cannot go on without the user's input. It must be the only tool call \
-                      in its response. The user may decline to answer."
-            .to_owned(),
-        input_schema: serde_json::json!({
-            "type": "object",
-            "properties": {
-                "question": {
-                    "type": "string",
-                    "description": "The question, as the user will read it."
-                }
-            },
-            "required": ["question"]
-        }),
-    }
-}
-
-/// `submit_result`: a sub-agent's answer to its parent; the sub-agent ends.
-fn submit_result_spec() -> ToolSpec {
-    ToolSpec {
-        name: SUBMIT_RESULT.to_owned(),
-        description: "Finish your task and hand its result to the agent that started you. \
-                      Call it once, when the task is done; it must be the only tool call in \
-                      its response, and you stop after it."
-            .to_owned(),
-        input_schema: serde_json::json!({
-            "type": "object",
-            "properties": {
-                "result": {
-                    "type": "string",
-                    "description": "The result of your task, complete: the parent sees only this."
-                }
-            },
-            "required": ["result"]
-        }),
     }
 }

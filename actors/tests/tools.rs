@@ -12,10 +12,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use keel_actors::core::builtin::{ASK_USER, SUBMIT_RESULT};
 use keel_actors::process_group::{ProcessGroup, ProcessLedger, Reaped};
-use keel_actors::tool::{
-    Bash, Tool, ToolContext, ToolOutcome, ToolOutput, ToolRegistry, ASK_USER, SUBMIT_RESULT,
-};
+use keel_actors::tool::{Bash, Tool, ToolContext, ToolOutcome, ToolOutput, ToolRegistry};
 use keel_core::message::ToolCall;
 use keel_core::wire::ToolSpec;
 use keel_core::ToolCallId;
@@ -462,18 +461,19 @@ fn names(specs: &[ToolSpec]) -> Vec<&str> {
 }
 
 #[test]
-fn specs_are_sorted_and_add_ask_user_and_for_sub_agents_submit_result() {
+fn specs_are_sorted_and_offer_ask_user_to_users_and_submit_result_to_sub_agents() {
     let registry = ToolRegistry::with_defaults();
     assert_eq!(names(&registry.specs(false)), [ASK_USER, "bash"]);
     assert_eq!(
         names(&registry.specs(true)),
-        [ASK_USER, "bash", SUBMIT_RESULT]
+        ["bash", SUBMIT_RESULT],
+        "no human answers a sub-agent: it is not offered ask_user"
     );
     assert_eq!(names(&ToolRegistry::new().specs(false)), [ASK_USER]);
 
     let ask_user = &registry.specs(false)[0];
     assert_eq!(ask_user.input_schema["required"], json!(["question"]));
-    let submit_result = &registry.specs(true)[2];
+    let submit_result = &registry.specs(true)[1];
     assert_eq!(submit_result.input_schema["required"], json!(["result"]));
     let bash = &registry.specs(false)[1];
     assert_eq!(bash.input_schema["required"], json!(["command"]));

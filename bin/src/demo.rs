@@ -285,6 +285,10 @@ impl<W: Write> Shell<W> {
                     self.trace.effect(&effect)?;
                     self.timers.push((timer, at));
                 }
+                Effect::CancelTimer { timer } => {
+                    self.trace.effect(&effect)?;
+                    self.timers.retain(|(set, _)| *set != timer);
+                }
                 // Nothing to persist or stop in-process.
                 Effect::SaveSnapshot | Effect::Stop => self.trace.effect(&effect)?,
             }

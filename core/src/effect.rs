@@ -36,7 +36,12 @@ pub enum Effect {
     AbortTool { tool_call_id: ToolCallId },
     /// Feed `Input::TimerFired { timer }` back at `at`.
     SetTimer { timer: Timer, at: Timestamp },
-    /// Persist the small fsm_state (seed 004); only ever in idle or awaiting input.
+    /// Forget a timer set earlier: what it was for is over (a cancel ended
+    /// the retry wait or the debounce). A stale timer would change nothing,
+    /// but it would keep the conversation from counting as at rest.
+    CancelTimer { timer: Timer },
+    /// Persist the small fsm_state and a checkpoint of the working set; only
+    /// ever in idle or awaiting input.
     SaveSnapshot,
     /// Stop the actor.
     Stop,

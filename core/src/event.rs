@@ -15,9 +15,12 @@ pub struct Event {
     /// Position in the conversation's log, from 1, without gaps.
     pub seq: Seq,
     pub at: Timestamp,
-    /// The seq of the causal parent (seed 002): events inside a turn link to
-    /// its `TurnStarted`, a `TurnStarted` links to the message that triggered
-    /// it, and events outside any turn have none.
+    /// The seq of the causal parent; only the first event (`Created`) has
+    /// none. Events inside a turn link to its `TurnStarted`, a `TurnStarted`
+    /// links to the message that triggered it, a `SessionStarted` to the
+    /// event before it, and other events outside a turn to the
+    /// `SessionStarted` of the session that recorded them
+    /// (docs/requirements.md, "Causal links").
     pub parent: Option<Seq>,
     /// Whether this event asks for an LLM turn (user messages do).
     pub triggers_turn: bool,
@@ -78,6 +81,10 @@ pub enum EventKind {
     TurnCompleted {
         turn: u32,
         duration_ms: u64,
+        /// Set when the turn ended for a reason the user should see: the
+        /// response was cut off at `max_tokens`, or the model refused.
+        #[serde(default)]
+        note: Option<TurnNote>,
     },
     TurnInterrupted {
         turn: u32,
@@ -106,8 +113,18 @@ pub enum EventKind {
         text: String,
     },
     /// The user cancelled while a debounce was waiting to start a turn: the
-    /// messages stay in history, and no turn is owed for them.
+    /// messages stay in history, and no turn is owed for them. Written by
+    /// older versions; keel now records [`EventKind::Unanswered`] instead.
     DebounceCancelled,
+    /// Acknowledged user messages that will get no turn of their own, and
+    /// why (the user cancelled, the process stopped under `recovery =
+    /// idle`, …). They stay in history; the model sees them with the next
+    /// message. Every acknowledged message either gets a turn or is named
+    /// in one of these (docs/requirements.md, "Every acknowledged message").
+    Unanswered {
+        messages: Vec<Seq>,
+        reason: InterruptReason,
+    },
     /// A sub-agent reached its terminal state.
     Finished {
         outcome: Outcome,
@@ -158,6 +175,20 @@ pub enum InterruptReason {
     RequestLimit { limit: u32 },
     /// A sub-agent's deadline passed.
     Timeout,
+    /// The runtime stopped gracefully and the turn did not finish before
+    /// the shutdown deadline.
+    Shutdown,
+}
+
+/// Why a completed turn ended the way it did, when the user should know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum TurnNote {
+    /// The response reached the request's `max_tokens` and was cut off; any
+    /// tool call in it was not run (its input may be incomplete).
+    MaxTokens { max_tokens: u32 },
+    /// The model declined to answer; any tool call in it was not run.
+    Refusal,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

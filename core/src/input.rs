@@ -56,8 +56,11 @@ pub enum Input {
     ChangeConfig {
         config: ConversationConfig,
     },
-    /// Stop serving the conversation (idle eviction, shutdown).
+    /// Stop serving the conversation (idle eviction); refused mid-turn.
     Stop,
+    /// The runtime stops gracefully and will not wait any longer: end the
+    /// session now, interrupting a turn still running.
+    Shutdown,
 }
 
 /// A complete response from a provider.

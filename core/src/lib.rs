@@ -7,6 +7,7 @@
 //! come in as inputs, and every decision comes out as data (`Effect`s) for
 //! the shell in keel-actors to carry out.
 
+pub mod builtin;
 pub mod codec;
 pub mod config;
 pub mod effect;
@@ -29,7 +30,9 @@ pub use config::{
     BusyPolicy, ConversationConfig, ModelRef, ProviderKind, RecoveryPolicy, ToolPolicy,
 };
 pub use effect::Effect;
-pub use event::{Decision, Event, EventKind, InterruptReason, Outcome, PendingCall, PendingKind};
+pub use event::{
+    Decision, Event, EventKind, InterruptReason, Outcome, PendingCall, PendingKind, TurnNote,
+};
 pub use ids::{ConversationId, EventId, Seq, ToolCallId};
 pub use input::{AssistantResponse, Input, LlmFailure, Timer};
 pub use live::{LiveEvent, StreamDelta};

@@ -138,6 +138,9 @@ pub enum StopReason {
     MaxTokens,
     StopSequence,
     Refusal,
+    /// Anthropic paused a long-running turn (server tools): the response is
+    /// kept and sent back as it is, and the turn goes on with another request.
+    PauseTurn,
     /// A reason keel does not know; treated like `end_turn`.
     Other,
 }

@@ -1,6 +1,6 @@
 //! Recovery planning: what a conversation rebuilt from its log must do after
-//! a crash or restart, under its recovery policy (DESIGN.md, "Settled
-//! disagreements"; seed 004's two dangling log shapes).
+//! a crash or restart, under its recovery policy (docs/requirements.md,
+//! "Recovery after a crash or restart").
 
 use crate::config::RecoveryPolicy;
 use crate::event::InterruptReason;
@@ -26,9 +26,14 @@ pub enum RecoveryPlan {
     /// No turn is in flight yet calls lack results (a damaged log): answer
     /// them so the history is valid again.
     RepairOrphans,
-    /// A user message was acknowledged but its debounce had not yet started
-    /// the turn (`recovery = resume` only): start it now.
+    /// User messages were acknowledged but no turn answered them yet (a
+    /// debounce had not started it, or they were queued behind a turn a
+    /// graceful shutdown interrupted), and `recovery = resume`: start the
+    /// turn now, triggered by the latest of them.
     StartTurn { trigger: Seq },
+    /// The same under `recovery = idle`: rest, and record plainly that they
+    /// will get no turn of their own.
+    LeaveUnanswered { reason: InterruptReason },
 }
 
 pub fn plan_recovery(working: &WorkingSet) -> RecoveryPlan {
@@ -36,10 +41,15 @@ pub fn plan_recovery(working: &WorkingSet) -> RecoveryPlan {
         Status::Idle | Status::Error if !working.open_calls.is_empty() => {
             RecoveryPlan::RepairOrphans
         }
-        Status::Idle | Status::Error => match (working.config.recovery, working.untriggered) {
-            (RecoveryPolicy::Resume, Some(trigger)) => RecoveryPlan::StartTurn { trigger },
-            (RecoveryPolicy::Resume | RecoveryPolicy::Idle, _) => RecoveryPlan::Nothing,
-        },
+        Status::Idle | Status::Error => {
+            match (working.config.recovery, working.untriggered.last()) {
+                (_, None) => RecoveryPlan::Nothing,
+                (RecoveryPolicy::Resume, Some(&trigger)) => RecoveryPlan::StartTurn { trigger },
+                (RecoveryPolicy::Idle, Some(_)) => RecoveryPlan::LeaveUnanswered {
+                    reason: InterruptReason::Restart,
+                },
+            }
+        }
         Status::AwaitingInput | Status::Completed | Status::Failed => RecoveryPlan::Nothing,
         Status::TurnInFlight => match working.config.recovery {
             RecoveryPolicy::Idle => RecoveryPlan::Interrupt {

@@ -15,6 +15,7 @@ mod lifecycle;
 mod message;
 mod stream;
 mod tools;
+mod turn;
 
 pub use lifecycle::{create, NewConversation};
 
@@ -23,6 +24,7 @@ use crate::event::{Event, EventKind};
 use crate::ids::Seq;
 use crate::input::Input;
 use crate::live::LiveEvent;
+use crate::message::ImageRef;
 use crate::rejection::Rejection;
 use crate::state::{Conversation, Phase, StateName};
 use crate::time::Timestamp;
@@ -79,6 +81,7 @@ pub fn transition(state: Conversation, input: Input, now: Timestamp) -> Step {
         Input::TimerFired { timer } => lifecycle::timer(&mut ctx, timer),
         Input::ChangeConfig { config } => lifecycle::change_config(&mut ctx, config),
         Input::Stop => lifecycle::stop(&mut ctx),
+        Input::Shutdown => lifecycle::shutdown(&mut ctx),
     }
     ctx.finish()
 }
@@ -106,27 +109,48 @@ impl Ctx {
         }
     }
 
-    /// Emit an event whose parent is the turn in progress, if any.
+    /// Emit an event caused by what is going on now (see [`Ctx::cause`]).
     pub(crate) fn emit(&mut self, kind: EventKind) -> Seq {
-        let parent = self
-            .conv
-            .working
-            .current_turn
-            .as_ref()
-            .map(|turn| turn.started_seq);
-        self.emit_with(kind, parent, false)
+        let parent = self.cause();
+        self.push(kind, parent, false)
     }
 
-    pub(crate) fn emit_with(
-        &mut self,
-        kind: EventKind,
-        parent: Option<Seq>,
-        triggers_turn: bool,
-    ) -> Seq {
+    /// A user message; it asks for a turn.
+    pub(crate) fn emit_user_message(&mut self, text: String, images: Vec<ImageRef>) -> Seq {
+        let parent = self.cause();
+        self.push(EventKind::UserMessage { text, images }, parent, true)
+    }
+
+    /// The causal parent of an event emitted now: the turn in progress, or
+    /// else the session that records it (docs/requirements.md, "Causal
+    /// links"). A log from before sessions were tracked falls back to the
+    /// event before.
+    fn cause(&self) -> Seq {
+        let working = &self.conv.working;
+        working
+            .current_turn
+            .as_ref()
+            .map(|turn| turn.started_seq)
+            .or(working.session)
+            .unwrap_or(working.last_seq)
+    }
+
+    /// A session begins: it continues the log from the event before it.
+    pub(crate) fn emit_session_started(&mut self) -> Seq {
+        let parent = self.conv.working.last_seq;
+        self.push(EventKind::SessionStarted, parent, false)
+    }
+
+    /// Turn `turn` starts, caused by the message at `trigger`.
+    pub(crate) fn emit_turn_started(&mut self, turn: u32, trigger: Seq) -> Seq {
+        self.push(EventKind::TurnStarted { turn }, trigger, false)
+    }
+
+    fn push(&mut self, kind: EventKind, parent: Seq, triggers_turn: bool) -> Seq {
         let event = Event {
             seq: self.conv.working.last_seq + 1,
             at: self.now,
-            parent,
+            parent: Some(parent),
             triggers_turn,
             kind,
         };

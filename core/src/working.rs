@@ -28,7 +28,7 @@ use crate::time::Timestamp;
 /// whenever the same events would give a different working set, or one
 /// with other fields: checkpoints (`codec::checkpoint`) written by another
 /// version are then ignored and the log replayed.
-pub const REDUCER_VERSION: u32 = 1;
+pub const REDUCER_VERSION: u32 = 2;
 
 /// Everything derived from the log. Two working sets are equal exactly when
 /// they were built from the same events.
@@ -64,10 +64,16 @@ pub struct WorkingSet {
     pub last_error: Option<String>,
     /// Automatic resumes since the last user message (at most two in a row).
     pub consecutive_resumes: u32,
-    /// Seq of a turn-triggering user message that no turn has picked up yet
-    /// (`busy_policy = interrupt` waits 100 ms before starting the turn). A
-    /// restart under `recovery = resume` starts the turn for it.
-    pub untriggered: Option<Seq>,
+    /// Seqs of acknowledged, turn-triggering user messages that no turn has
+    /// answered yet and no `Unanswered` event has let go: a debounce
+    /// (`busy_policy = interrupt` waits 100 ms before starting the turn) or
+    /// messages queued behind a turn that ended without answering them (a
+    /// graceful shutdown). A restart under `recovery = resume` starts the
+    /// turn for them.
+    pub untriggered: Vec<Seq>,
+    /// Seq of the latest `SessionStarted`: the causal parent of events
+    /// recorded outside a turn.
+    pub session: Option<Seq>,
     /// Set when a sub-agent reached its terminal state.
     pub outcome: Option<Outcome>,
 }
@@ -174,7 +180,8 @@ impl WorkingSet {
             usage: Usage::default(),
             last_error: None,
             consecutive_resumes: 0,
-            untriggered: None,
+            untriggered: Vec::new(),
+            session: None,
             outcome: None,
         })
     }
@@ -307,7 +314,8 @@ impl WorkingSet {
         self.last_activity = at;
         match payload {
             // Created only ever starts a log; `from_created` handles it.
-            Payload::Created | Payload::SessionStarted | Payload::SessionEnded => {}
+            Payload::Created | Payload::SessionEnded => {}
+            Payload::SessionStarted => self.session = Some(seq),
             Payload::UserMessage { text, images } => {
                 self.consecutive_resumes = 0;
                 if self.current_turn.is_some() {
@@ -319,7 +327,7 @@ impl WorkingSet {
                 } else {
                     self.push_user_text(text.into_owned(), images.into_owned());
                     if triggers_turn {
-                        self.untriggered = Some(seq);
+                        self.untriggered.push(seq);
                     }
                 }
             }
@@ -333,7 +341,9 @@ impl WorkingSet {
                     grace_used: false,
                 });
                 self.last_error = None;
-                self.untriggered = None;
+                // The turn answers every message owed so far: they are all
+                // in the prompt it sends.
+                self.untriggered.clear();
             }
             Payload::AssistantMessage { blocks, usage } => {
                 // The calls are both prompt content and open calls: one of
@@ -410,7 +420,10 @@ impl WorkingSet {
                 });
             }
             Payload::Finished { outcome } => self.outcome = Some(outcome.into_owned()),
-            Payload::DebounceCancelled => self.untriggered = None,
+            Payload::DebounceCancelled => self.untriggered.clear(),
+            Payload::Unanswered { messages } => {
+                self.untriggered.retain(|seq| !messages.contains(seq));
+            }
         }
     }
 
@@ -420,7 +433,10 @@ impl WorkingSet {
         // ended; clear defensively so a damaged log cannot wedge the state.
         self.pending.clear();
         self.approved.clear();
+        // Messages queued during the turn join the prompt and are owed a
+        // turn until one starts or an `Unanswered` event lets them go.
         for queued in std::mem::take(&mut self.queued) {
+            self.untriggered.push(queued.seq);
             self.push_user_text(queued.text, queued.images);
         }
     }
@@ -498,6 +514,9 @@ enum Payload<'a> {
         outcome: Cow<'a, Outcome>,
     },
     DebounceCancelled,
+    Unanswered {
+        messages: Cow<'a, [Seq]>,
+    },
 }
 
 impl<'a> Payload<'a> {
@@ -552,6 +571,9 @@ impl<'a> Payload<'a> {
                 outcome: Cow::Borrowed(outcome),
             },
             EventKind::DebounceCancelled => Payload::DebounceCancelled,
+            EventKind::Unanswered { messages, .. } => Payload::Unanswered {
+                messages: Cow::Borrowed(messages.as_slice()),
+            },
         }
     }
 
@@ -606,6 +628,9 @@ impl<'a> Payload<'a> {
                 outcome: Cow::Owned(outcome),
             },
             EventKind::DebounceCancelled => Payload::DebounceCancelled,
+            EventKind::Unanswered { messages, .. } => Payload::Unanswered {
+                messages: Cow::Owned(messages),
+            },
         }
     }
 }

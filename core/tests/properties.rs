@@ -645,6 +645,14 @@ impl Driver {
                     at: *at,
                     done: false,
                 }),
+                // The shell drops a cancelled timer: it never fires.
+                Effect::CancelTimer { timer } => {
+                    for armed in &mut self.timers {
+                        if armed.timer == *timer {
+                            armed.done = true;
+                        }
+                    }
+                }
                 Effect::Append { .. }
                 | Effect::Publish { .. }
                 | Effect::AbortStream { .. }
@@ -1109,6 +1117,110 @@ proptest! {
             // A stopping actor keeps what it had: pending approvals survive.
             if before.phase != Phase::Terminating {
                 check_settled(after)?;
+            }
+            // A timer waiting for what the cancel ended is dropped with it.
+            let dropped = match before.phase {
+                Phase::RetryWait { next, .. } => Some(Timer::Retry { generation: next.generation }),
+                Phase::Debouncing { token } => Some(Timer::Debounce { token }),
+                _ => None,
+            };
+            if let Some(timer) = dropped {
+                prop_assert!(step.effects.contains(&Effect::CancelTimer { timer }),
+                    "cancel kept {:?}: {:?}", timer, step.effects);
+            }
+            Ok(())
+        })?;
+    }
+
+    /// Causal links: the first event has no parent; every other event
+    /// links to an earlier one.
+    #[test]
+    fn every_event_but_the_first_has_an_earlier_parent(setup in setup(), moves in moves(4)) {
+        run(&setup, &moves, |driver, _| {
+            let Some((first, rest)) = driver.log.split_first() else {
+                return Ok(());
+            };
+            prop_assert_eq!(first.parent, None);
+            for event in rest {
+                let parent = event.parent;
+                prop_assert!(
+                    parent.is_some_and(|parent| parent >= 1 && parent < event.seq),
+                    "event {:?} has parent {:?}", event.kind, parent
+                );
+            }
+            Ok(())
+        })?;
+    }
+
+    /// Every acknowledged message gets a turn, or an event says why not.
+    /// Whenever the conversation rests (idle or failed), nothing is owed,
+    /// and every turn-triggering user message in the log was followed by a
+    /// `TurnStarted` or named in an `Unanswered` event.
+    #[test]
+    fn every_acknowledged_message_is_answered_or_let_go(setup in setup(), moves in moves(4)) {
+        run(&setup, &moves, |driver, _| {
+            if !matches!(driver.state.phase, Phase::Idle | Phase::Error { .. }) {
+                return Ok(());
+            }
+            prop_assert!(driver.state.working.untriggered.is_empty(),
+                "resting with owed messages {:?}", driver.state.working.untriggered);
+            for message in driver.log.iter().filter(|event| {
+                event.triggers_turn && matches!(event.kind, EventKind::UserMessage { .. })
+            }) {
+                let settled = driver.log.iter().any(|later| {
+                    later.seq > message.seq
+                        && match &later.kind {
+                            EventKind::TurnStarted { .. } => true,
+                            EventKind::Unanswered { messages, .. } => messages.contains(&message.seq),
+                            _ => false,
+                        }
+                });
+                prop_assert!(settled, "message {} got no turn and no Unanswered", message.seq);
+            }
+            Ok(())
+        })?;
+    }
+
+    /// A graceful shutdown ends every state: from any reachable state it is
+    /// accepted, starts nothing, ends in Terminating (or the terminal state
+    /// it was in) with a Stop, leaves no call open unless it waits behind a
+    /// pending approval or question (those survive), and a start
+    /// from the resulting log sends nothing to a provider again: a request
+    /// it sends belongs to a new turn for owed messages.
+    #[test]
+    fn shutdown_ends_every_state_and_nothing_is_sent_twice(setup in setup(), moves in moves(4)) {
+        run(&setup, &moves, |driver, _| {
+            let before = &driver.state;
+            let step = driver.probe(Input::Shutdown);
+            prop_assert!(step.rejection.is_none());
+            prop_assert!(stream_starts(&step).is_empty(), "shutdown started a stream");
+            prop_assert!(!step.effects.iter().any(|effect| matches!(
+                effect,
+                Effect::StartTool { .. } | Effect::SpawnSubAgents { .. } | Effect::SetTimer { .. }
+            )), "shutdown started work: {:?}", step.effects);
+            if before.phase != Phase::Terminating {
+                prop_assert!(step.effects.contains(&Effect::Stop), "no Stop: {:?}", step.effects);
+                prop_assert!(
+                    step.state.phase == Phase::Terminating || step.state.phase.is_terminal(),
+                    "shutdown left {:?}", step.state.phase
+                );
+                // Calls wait only behind a pending approval or question.
+                let working = &step.state.working;
+                prop_assert!(working.open_calls.is_empty() || !working.pending.is_empty(),
+                    "open calls with nothing pending: {:?}", working.open_calls);
+            }
+            let mut log = driver.log.clone();
+            log.extend(step.appended().iter().cloned());
+            let rebuilt = Conversation::replay(&log).expect("the log replays");
+            let turn_before = rebuilt.working.turn;
+            let started = transition(rebuilt, Input::Started, driver.now);
+            prop_assert!(
+                !started.appended().iter().any(|event| matches!(event.kind, EventKind::Recovered { .. })),
+                "a start after a graceful stop resumed the old turn"
+            );
+            if !stream_starts(&started).is_empty() {
+                prop_assert_eq!(started.state.working.turn, turn_before + 1,
+                    "a request after a graceful stop that is not a new turn");
             }
             Ok(())
         })?;

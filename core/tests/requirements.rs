@@ -220,6 +220,16 @@ fn started_streams(step: &Step) -> Vec<(Generation, ModelRef)> {
         .collect()
 }
 
+fn cancelled_timers(step: &Step) -> Vec<Timer> {
+    step.effects
+        .iter()
+        .filter_map(|effect| match effect {
+            Effect::CancelTimer { timer } => Some(*timer),
+            _ => None,
+        })
+        .collect()
+}
+
 fn started_tools(step: &Step) -> Vec<String> {
     step.effects
         .iter()
@@ -1192,7 +1202,9 @@ fn seed_002_turns_are_numbered_and_completed_with_their_duration() {
         .log
         .iter()
         .filter_map(|event| match event.kind {
-            EventKind::TurnCompleted { turn, duration_ms } => Some((turn, duration_ms)),
+            EventKind::TurnCompleted {
+                turn, duration_ms, ..
+            } => Some((turn, duration_ms)),
             _ => None,
         })
         .collect();
@@ -1547,17 +1559,25 @@ fn a_debounce_the_user_cancelled_is_not_started_by_a_restart() {
     let mut harness = Harness::new(with_policy(BusyPolicy::Interrupt));
     harness.send("hello");
     let step = harness.step(Input::Cancel);
-    assert!(matches!(
+    assert_eq!(
         step.appended()[0].kind,
-        EventKind::DebounceCancelled
-    ));
+        EventKind::Unanswered {
+            messages: vec![3],
+            reason: InterruptReason::Cancelled
+        }
+    );
+    assert!(
+        cancelled_timers(&step).contains(&Timer::Debounce { token: 3 }),
+        "the debounce timer is dropped: {:?}",
+        step.effects
+    );
     let step = harness.restart();
     assert!(started_streams(&step).is_empty());
     assert_eq!(harness.phase(), &Phase::Idle);
 }
 
 #[test]
-fn under_idle_recovery_a_debounced_message_waits_for_the_user() {
+fn under_idle_recovery_a_debounced_message_is_recorded_unanswered() {
     let mut harness = Harness::new(ConversationConfig {
         busy_policy: BusyPolicy::Interrupt,
         recovery: RecoveryPolicy::Idle,
@@ -1567,6 +1587,338 @@ fn under_idle_recovery_a_debounced_message_waits_for_the_user() {
     let step = harness.restart();
     assert!(started_streams(&step).is_empty());
     assert_eq!(harness.phase(), &Phase::Idle);
+    assert_eq!(
+        harness.last_kind(),
+        &EventKind::Unanswered {
+            messages: vec![3],
+            reason: InterruptReason::Restart
+        }
+    );
+    // Nothing is owed any more: the next restart does nothing.
+    let step = harness.restart();
+    assert!(started_streams(&step).is_empty());
+    assert!(matches!(harness.last_kind(), EventKind::SessionStarted));
+}
+
+// --- Every acknowledged message gets a turn, or an event says why not --------------
+
+fn queued_behind_a_running_turn() -> Harness {
+    let mut harness = Harness::new(ConversationConfig {
+        busy_policy: BusyPolicy::Queue,
+        max_requests_per_turn: 2,
+        ..ConversationConfig::default()
+    });
+    harness.send("first");
+    assert!(harness.send("second").rejection.is_none());
+    assert!(harness.send("third").rejection.is_none());
+    harness
+}
+
+#[test]
+fn messages_queued_behind_a_turn_that_hit_its_request_cap_get_their_turn() {
+    let mut harness = queued_behind_a_running_turn();
+    harness.call_tools(&[("t1", "bash")]);
+    harness.tool_done("t1", "x", false);
+    harness.call_tools(&[("t2", "bash")]);
+    let step = harness.tool_done("t2", "x", false);
+    assert_eq!(started_streams(&step).len(), 1, "{:?}", step.effects);
+    assert_eq!(harness.working().turn, 2);
+    assert!(harness.working().untriggered.is_empty());
+}
+
+#[test]
+fn messages_queued_behind_a_failed_turn_get_their_turn() {
+    let mut harness = queued_behind_a_running_turn();
+    let step = harness.fail(false, None);
+    assert!(step
+        .appended()
+        .iter()
+        .any(|event| matches!(event.kind, EventKind::TurnFailed { turn: 1, .. })));
+    assert_eq!(started_streams(&step).len(), 1);
+    assert_eq!(harness.working().turn, 2);
+    // The failed turn got no answer: the new turn's prompt is the first
+    // message and both queued ones.
+    let last = harness.working().messages.last().unwrap();
+    assert_eq!(last.role, Role::User);
+    assert_eq!(last.content.len(), 3);
+}
+
+#[test]
+fn messages_queued_behind_a_cancelled_turn_are_recorded_unanswered() {
+    let mut harness = queued_behind_a_running_turn();
+    let step = harness.step(Input::Cancel);
+    assert!(started_streams(&step).is_empty());
+    assert_eq!(harness.phase(), &Phase::Idle);
+    assert_eq!(
+        harness.last_kind(),
+        &EventKind::Unanswered {
+            messages: vec![5, 6],
+            reason: InterruptReason::Cancelled
+        }
+    );
+    // A restart owes them nothing.
+    let step = harness.restart();
+    assert!(started_streams(&step).is_empty());
+}
+
+#[test]
+fn messages_queued_behind_a_turn_a_restart_ended_under_idle_recovery_are_recorded_unanswered() {
+    let mut harness = queued_behind_a_running_turn();
+    let mut config = harness.working().config.clone();
+    config.recovery = RecoveryPolicy::Idle;
+    harness.step(Input::ChangeConfig { config });
+    let step = harness.restart();
+    assert!(started_streams(&step).is_empty());
+    assert_eq!(
+        harness.last_kind(),
+        &EventKind::Unanswered {
+            messages: vec![5, 6],
+            reason: InterruptReason::Restart
+        }
+    );
+}
+
+// --- Stop reasons -------------------------------------------------------------------
+
+#[test]
+fn a_response_cut_off_at_max_tokens_ends_the_turn_with_a_note_and_runs_no_tool() {
+    let mut harness = Harness::new(ConversationConfig {
+        max_tokens: 100,
+        ..ConversationConfig::default()
+    });
+    harness.send("write a lot");
+    let generation = harness.generation();
+    let step = harness.step(Input::StreamFinished {
+        generation,
+        response: AssistantResponse {
+            blocks: vec![text_block("here goes"), tool_block("t1", "bash", json!({}))],
+            stop_reason: StopReason::MaxTokens,
+            usage: Usage::default(),
+            provider: ProviderKind::Mock,
+            model: "mock".to_owned(),
+        },
+    });
+    assert!(started_tools(&step).is_empty(), "a cut-off call never runs");
+    assert!(started_streams(&step).is_empty());
+    let results = tool_results(&step);
+    assert_eq!(results.len(), 1);
+    assert!(
+        results[0].1.contains("max_tokens (100)"),
+        "{:?}",
+        results[0]
+    );
+    assert!(results[0].2 && results[0].3, "an error, made by keel");
+    assert!(matches!(
+        harness.last_kind(),
+        EventKind::TurnCompleted {
+            note: Some(TurnNote::MaxTokens { max_tokens: 100 }),
+            ..
+        }
+    ));
+    assert_idle_and_paired(&harness);
+}
+
+#[test]
+fn pause_turn_sends_the_response_back_and_the_turn_goes_on() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("search the web");
+    let generation = harness.generation();
+    let step = harness.step(Input::StreamFinished {
+        generation,
+        response: AssistantResponse {
+            blocks: vec![text_block("searching…")],
+            stop_reason: StopReason::PauseTurn,
+            usage: Usage::default(),
+            provider: ProviderKind::Anthropic,
+            model: "claude".to_owned(),
+        },
+    });
+    assert_eq!(started_streams(&step).len(), 1, "the turn continues");
+    assert_eq!(harness.working().turn, 1, "in the same turn");
+    let last = harness.working().messages.last().unwrap();
+    assert_eq!(
+        last.role,
+        Role::Assistant,
+        "the paused response is sent back"
+    );
+    harness.reply("found it");
+    assert!(matches!(
+        harness.last_kind(),
+        EventKind::TurnCompleted { note: None, .. }
+    ));
+}
+
+#[test]
+fn a_refusal_is_recorded_as_such_and_runs_nothing() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("do something bad");
+    let generation = harness.generation();
+    let step = harness.step(Input::StreamFinished {
+        generation,
+        response: AssistantResponse {
+            blocks: vec![text_block("I can't help with that.")],
+            stop_reason: StopReason::Refusal,
+            usage: Usage::default(),
+            provider: ProviderKind::OpenAi,
+            model: "gpt".to_owned(),
+        },
+    });
+    assert!(started_streams(&step).is_empty());
+    assert!(step.appended().iter().any(|event| matches!(
+        event.kind,
+        EventKind::AssistantMessage {
+            stop_reason: StopReason::Refusal,
+            ..
+        }
+    )));
+    assert!(matches!(
+        harness.last_kind(),
+        EventKind::TurnCompleted {
+            note: Some(TurnNote::Refusal),
+            ..
+        }
+    ));
+    assert_idle_and_paired(&harness);
+}
+
+// --- Timers, causal links, sub-agents -----------------------------------------------
+
+#[test]
+fn cancel_in_retry_wait_drops_the_retry_timer() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    let step = harness.fail(true, None);
+    let (timer, _) = timer_of(&step).unwrap();
+    let step = harness.step(Input::Cancel);
+    assert_eq!(cancelled_timers(&step), vec![timer]);
+}
+
+#[test]
+fn every_event_but_the_first_carries_its_causal_parent() {
+    let mut harness = Harness::new(with_policy(BusyPolicy::Queue));
+    harness.send("first");
+    harness.send("queued");
+    harness.call_tools(&[("t1", "bash")]);
+    harness.tool_done("t1", "x", false);
+    harness.reply("done");
+    harness.reply("second done");
+    harness.step(Input::ChangeConfig {
+        config: ConversationConfig {
+            context_window: 1000,
+            ..harness.working().config.clone()
+        },
+    });
+    harness.restart();
+    harness.step(Input::Stop);
+    let (first, rest) = harness.log.split_first().unwrap();
+    assert_eq!(first.parent, None);
+    for event in rest {
+        let parent = event
+            .parent
+            .unwrap_or_else(|| panic!("no parent: {event:?}"));
+        assert!(parent >= 1 && parent < event.seq, "{event:?}");
+        let expected = match &event.kind {
+            EventKind::SessionStarted => "the event before",
+            EventKind::TurnStarted { .. } => "a user message",
+            _ => "a turn or a session",
+        };
+        let parent_kind = &harness.log[parent as usize - 1].kind;
+        let fits = match expected {
+            "the event before" => parent == event.seq - 1,
+            "a user message" => matches!(parent_kind, EventKind::UserMessage { .. }),
+            _ => matches!(
+                parent_kind,
+                EventKind::TurnStarted { .. } | EventKind::SessionStarted
+            ),
+        };
+        assert!(fits, "{event:?} links to {parent_kind:?}, not {expected}");
+    }
+}
+
+#[test]
+fn a_sub_agent_that_asks_the_user_anyway_is_told_no_human_answers() {
+    let mut harness = Harness::sub_agent(sub_agent_config(5));
+    harness.send("task");
+    let step = harness.respond(
+        vec![tool_block("q1", "ask_user", json!({"question": "which?"}))],
+        Usage::default(),
+    );
+    assert!(
+        harness.working().pending.is_empty(),
+        "nothing waits on a human"
+    );
+    let results = tool_results(&step);
+    assert_eq!(results.len(), 1);
+    assert!(
+        results[0].1.contains("no human answers"),
+        "{:?}",
+        results[0]
+    );
+    assert_eq!(started_streams(&step).len(), 1, "the sub-agent goes on");
+}
+
+// --- Graceful shutdown --------------------------------------------------------------
+
+#[test]
+fn shutdown_interrupts_a_running_turn_and_a_restart_sends_nothing_again() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("long job");
+    harness.call_tools(&[("t1", "bash"), ("t2", "bash")]);
+    let step = harness.step(Input::Shutdown);
+    assert!(step
+        .effects
+        .iter()
+        .any(|effect| matches!(effect, Effect::AbortTool { .. })));
+    assert!(step.effects.contains(&Effect::Stop));
+    assert_eq!(harness.phase(), &Phase::Terminating);
+    assert!(matches!(harness.last_kind(), EventKind::SessionEnded));
+    assert!(harness.kinds().iter().any(|kind| matches!(
+        kind,
+        EventKind::TurnInterrupted {
+            reason: InterruptReason::Shutdown,
+            ..
+        }
+    )));
+    assert!(harness.working().tool_uses_paired());
+    let step = harness.restart();
+    assert!(started_streams(&step).is_empty());
+    assert!(started_tools(&step).is_empty());
+}
+
+#[test]
+fn shutdown_leaves_queued_and_debounced_messages_owed_and_the_next_start_answers_them() {
+    let mut harness = queued_behind_a_running_turn();
+    harness.step(Input::Shutdown);
+    assert_eq!(harness.working().untriggered, vec![5, 6]);
+    let step = harness.restart();
+    assert_eq!(started_streams(&step).len(), 1);
+    assert_eq!(
+        harness.working().turn,
+        2,
+        "a new turn, not the old one again"
+    );
+
+    let mut harness = Harness::new(with_policy(BusyPolicy::Interrupt));
+    harness.send("hello");
+    let step = harness.step(Input::Shutdown);
+    assert!(started_streams(&step).is_empty());
+    let step = harness.restart();
+    assert_eq!(started_streams(&step).len(), 1);
+}
+
+#[test]
+fn shutdown_keeps_pending_approvals_pending() {
+    let mut harness = Harness::new(ConversationConfig {
+        tools: [("deploy".to_owned(), ToolPolicy::Approve)].into(),
+        ..ConversationConfig::default()
+    });
+    harness.send("ship it");
+    harness.call_tools(&[("d1", "deploy")]);
+    harness.step(Input::Shutdown);
+    assert!(matches!(harness.last_kind(), EventKind::SessionEnded));
+    harness.restart();
+    assert_eq!(harness.phase(), &Phase::AwaitingInput);
+    assert_eq!(harness.working().pending.len(), 1);
 }
 
 // --- Checkpoints: the reducer's version ---------------------------------------------

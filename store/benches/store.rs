@@ -336,6 +336,7 @@ fn realistic_log(conversation: &ConversationId, len: usize) -> Vec<Event> {
             EventKind::TurnCompleted {
                 turn,
                 duration_ms: 4_200,
+                note: None,
             },
         );
     }

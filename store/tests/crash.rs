@@ -190,6 +190,7 @@ fn make_event(conversation: &ConversationId, seq: Seq, rng: &mut Rng) -> Event {
             EventKind::TurnCompleted {
                 turn: turn.saturating_sub(1),
                 duration_ms: rng.between(100, 20_000),
+                note: None,
             },
         ),
     };

@@ -154,6 +154,8 @@ async fn run_effect(
             });
             state.timers.insert(timer, AbortOnDrop(task));
         }
+        // Dropping the guard aborts the sleeping task.
+        Effect::CancelTimer { timer } => drop(state.timers.remove(&timer)),
         Effect::SaveSnapshot => save_checkpoint(state).await,
         Effect::Stop => {
             tracing::debug!(parent: &state.span, "stopping");

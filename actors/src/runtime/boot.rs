@@ -3,10 +3,13 @@
 //! running is killed (unless its pid now belongs to another process), and
 //! only then are conversations recovered: nothing is re-dispatched while an
 //! old copy of it may still run. Then every conversation the index marks as
-//! mid-turn is started; `Input::Started` carries out its recovery policy
-//! (`resume` re-runs the request or re-dispatches the dangling tool calls
-//! with the same ids, `idle` closes them with synthetic results), and
-//! pending approvals are simply there again.
+//! mid-turn, or as owing a turn to an acknowledged message (a debounce that
+//! had not fired, messages queued behind a turn a graceful stop ended), is
+//! started; `Input::Started` carries out its recovery policy (`resume`
+//! re-runs the request, re-dispatches the dangling tool calls with the same
+//! ids or starts the owed turn; `idle` closes open calls with synthetic
+//! results and records owed messages as unanswered), and pending approvals
+//! are simply there again.
 
 use keel_core::ids::ConversationId;
 
@@ -20,7 +23,7 @@ pub struct BootReport {
     /// Tool process groups found in the ledger, and whether each was still
     /// alive and killed.
     pub reaped: Vec<Reaped>,
-    /// Conversations that were mid-turn and have been started again.
+    /// Conversations that were mid-turn or owed a turn, started again.
     pub recovered: Vec<ConversationId>,
     /// Conversations that could not be started, with why.
     pub failed: Vec<(ConversationId, String)>,
@@ -38,7 +41,7 @@ pub(super) async fn recover(runtime: &Runtime) -> Result<BootReport, Error> {
         }
     }
     for entry in runtime.shared.store.list(true)? {
-        if !entry.turn_in_flight || entry.finished {
+        if !entry.needs_recovery() {
             continue;
         }
         match runtime.ensure_started(&entry.id).await {

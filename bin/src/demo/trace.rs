@@ -9,7 +9,7 @@ use std::io::{self, Write};
 use keel_actors::core::message::AssistantBlock;
 use keel_actors::core::{
     BusyPolicy, ConversationId, Decision, Effect, Event, EventKind, Input, InterruptReason,
-    LiveEvent, Outcome, Rejection, StateName, StreamDelta, Timestamp,
+    LiveEvent, Outcome, Rejection, StateName, StreamDelta, Timestamp, TurnNote,
 };
 use serde::Serialize;
 
@@ -270,8 +270,19 @@ pub fn event_summary(kind: &EventKind) -> String {
             };
             format!("resolved  {tool_call_id} {decision}")
         }
-        EventKind::TurnCompleted { turn, duration_ms } => {
-            format!("turn_completed  turn {turn} in {duration_ms} ms")
+        EventKind::TurnCompleted {
+            turn,
+            duration_ms,
+            note,
+        } => {
+            let note = match note {
+                Some(TurnNote::MaxTokens { max_tokens }) => {
+                    format!(" (cut off at max_tokens {max_tokens})")
+                }
+                Some(TurnNote::Refusal) => " (the model refused)".to_owned(),
+                None => String::new(),
+            };
+            format!("turn_completed  turn {turn} in {duration_ms} ms{note}")
         }
         EventKind::TurnInterrupted {
             turn,
@@ -294,6 +305,9 @@ pub fn event_summary(kind: &EventKind) -> String {
         EventKind::Recovered { action } => format!("recovered  {action:?}"),
         EventKind::Nudge { text, .. } => format!("nudge  {}", quote(text)),
         EventKind::DebounceCancelled => "debounce_cancelled".to_owned(),
+        EventKind::Unanswered { messages, reason } => {
+            format!("unanswered  {messages:?} ({})", interrupt_reason(*reason))
+        }
         EventKind::Finished { outcome } => match outcome {
             Outcome::Completed { result } => format!("finished  completed {}", quote(result)),
             Outcome::Failed { reason } => format!("finished  failed {}", quote(reason)),
@@ -327,6 +341,7 @@ fn interrupt_reason(reason: InterruptReason) -> String {
         InterruptReason::ResumeLimit => "resume limit".to_owned(),
         InterruptReason::RequestLimit { limit } => format!("request limit {limit}"),
         InterruptReason::Timeout => "timeout".to_owned(),
+        InterruptReason::Shutdown => "shutdown".to_owned(),
     }
 }
 
@@ -386,6 +401,7 @@ pub fn effect_summary(effect: &Effect) -> String {
         Effect::SpawnSubAgents { call } => format!("spawn sub-agents for {}", call.id),
         Effect::AbortTool { tool_call_id } => format!("abort tool {tool_call_id}"),
         Effect::SetTimer { timer, at } => format!("set timer {timer:?} at {at}"),
+        Effect::CancelTimer { timer } => format!("cancel timer {timer:?}"),
         Effect::SaveSnapshot => "save snapshot".to_owned(),
         Effect::Stop => "stop".to_owned(),
     }

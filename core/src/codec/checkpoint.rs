@@ -176,6 +176,7 @@ fn without_messages(working: &WorkingSet) -> WorkingSet {
         last_error,
         consecutive_resumes,
         untriggered,
+        session,
         outcome,
     } = working;
     WorkingSet {
@@ -197,7 +198,8 @@ fn without_messages(working: &WorkingSet) -> WorkingSet {
         usage: *usage,
         last_error: last_error.clone(),
         consecutive_resumes: *consecutive_resumes,
-        untriggered: *untriggered,
+        untriggered: untriggered.clone(),
+        session: *session,
         outcome: outcome.clone(),
     }
 }

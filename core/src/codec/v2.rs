@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{ConversationConfig, ProviderKind};
 use crate::event::{
     Decision, Event, EventKind, InterruptReason, NudgeReason, Outcome, PendingCall, RecoveryAction,
+    TurnNote,
 };
 use crate::ids::{ConversationId, Seq, ToolCallId};
 use crate::message::{AssistantBlock, ImageRef, StopReason, ToolCall, Usage};
@@ -86,6 +87,8 @@ enum Kind {
     TurnCompleted {
         turn: u32,
         duration_ms: u64,
+        #[serde(default)]
+        note: Option<TurnNote>,
     },
     TurnInterrupted {
         turn: u32,
@@ -110,6 +113,10 @@ enum Kind {
     DebounceCancelled,
     Finished {
         outcome: Outcome,
+    },
+    Unanswered {
+        messages: Vec<Seq>,
+        reason: InterruptReason,
     },
 }
 
@@ -228,9 +235,15 @@ macro_rules! map_kinds {
                         tool_call_id,
                         decision,
                     },
-                    $from::TurnCompleted { turn, duration_ms } => {
-                        $to::TurnCompleted { turn, duration_ms }
-                    }
+                    $from::TurnCompleted {
+                        turn,
+                        duration_ms,
+                        note,
+                    } => $to::TurnCompleted {
+                        turn,
+                        duration_ms,
+                        note,
+                    },
                     $from::TurnInterrupted {
                         turn,
                         reason,
@@ -246,6 +259,7 @@ macro_rules! map_kinds {
                     $from::Nudge { reason, text } => $to::Nudge { reason, text },
                     $from::DebounceCancelled => $to::DebounceCancelled,
                     $from::Finished { outcome } => $to::Finished { outcome },
+                    $from::Unanswered { messages, reason } => $to::Unanswered { messages, reason },
                 }
             }
         }

@@ -2,7 +2,7 @@
 //! recovering a turn the last one left in flight, timers, configuration
 //! changes, and stopping.
 
-use super::{cancel, message, stream, tools, Ctx, Step};
+use super::{message, stream, tools, turn, Ctx, Step};
 use crate::config::ConversationConfig;
 use crate::effect::Effect;
 use crate::event::{Event, EventKind, InterruptReason, RecoveryAction};
@@ -53,7 +53,7 @@ pub fn create(new: NewConversation, now: Timestamp) -> Step {
         now,
     );
     ctx.events.push(created);
-    ctx.emit(EventKind::SessionStarted);
+    ctx.emit_session_started();
     arm_deadline(&mut ctx);
     ctx.finish()
 }
@@ -86,7 +86,7 @@ pub(super) fn started(ctx: &mut Ctx) {
         | Phase::Completed { .. }
         | Phase::Failed { .. } => return,
     }
-    ctx.emit(EventKind::SessionStarted);
+    ctx.emit_session_started();
     arm_deadline(ctx);
     match plan_recovery(&ctx.conv.working) {
         RecoveryPlan::Nothing => {}
@@ -94,7 +94,7 @@ pub(super) fn started(ctx: &mut Ctx) {
             ctx.emit(EventKind::Recovered {
                 action: RecoveryAction::RerunRequest,
             });
-            stream::send(ctx, Slot::Primary, 0);
+            turn::send(ctx, Slot::Primary, 0);
         }
         RecoveryPlan::Redispatch => {
             ctx.emit(EventKind::Recovered {
@@ -104,14 +104,18 @@ pub(super) fn started(ctx: &mut Ctx) {
         }
         RecoveryPlan::Interrupt { reason } if ctx.conv.working.is_sub_agent() => {
             let why = "interrupted by restart".to_owned();
-            stream::fail_sub_agent(ctx, reason, why, cancel::Stopped::default());
+            turn::fail_sub_agent(ctx, reason, why, turn::Stopped::default());
         }
         RecoveryPlan::Interrupt { reason } => {
-            cancel::end_interrupted(ctx, reason, cancel::Stopped::default());
+            turn::end_interrupted(ctx, reason, turn::Stopped::default());
         }
-        RecoveryPlan::StartTurn { trigger } => stream::begin_turn(ctx, trigger),
+        RecoveryPlan::StartTurn { trigger } => turn::begin(ctx, trigger),
+        RecoveryPlan::LeaveUnanswered { reason } => {
+            let owed = ctx.conv.working.untriggered.clone();
+            turn::unanswered(ctx, owed, reason);
+        }
         RecoveryPlan::RepairOrphans => {
-            cancel::close_open_calls(ctx, "interrupted by restart");
+            turn::close_open_calls(ctx, "interrupted by restart");
         }
     }
 }
@@ -131,12 +135,12 @@ fn deadline(ctx: &mut Ctx) {
     if !working.is_sub_agent() || ctx.conv.phase.is_terminal() || ctx.now < due {
         return;
     }
-    let stopped = cancel::stop_work(ctx);
+    let stopped = turn::stop_work(ctx);
     let reason = format!(
         "timed out after {} s without submitting a result",
         timeout_ms / 1000
     );
-    stream::fail_sub_agent(ctx, InterruptReason::Timeout, reason, stopped);
+    turn::fail_sub_agent(ctx, InterruptReason::Timeout, reason, stopped);
 }
 
 pub(super) fn change_config(ctx: &mut Ctx, config: ConversationConfig) {
@@ -152,8 +156,8 @@ pub(super) fn change_config(ctx: &mut Ctx, config: ConversationConfig) {
     }
 }
 
-/// Stop serving: only from a clean state (seed 004: idle or awaiting input,
-/// plus error and the terminal states). Mid-turn, cancel first.
+/// Stop serving (idle eviction): only from a clean state (idle or awaiting
+/// input, plus error and the terminal states). Mid-turn, cancel first.
 pub(super) fn stop(ctx: &mut Ctx) {
     match &ctx.conv.phase {
         Phase::Idle | Phase::Error { .. } | Phase::AwaitingInput => {
@@ -174,4 +178,41 @@ pub(super) fn stop(ctx: &mut Ctx) {
             ctx.reject(crate::rejection::Rejection::Busy { state });
         }
     }
+}
+
+/// The runtime stops gracefully and this conversation's time is up
+/// (docs/requirements.md, "Graceful stop"): a turn still running is
+/// interrupted, so that nothing is sent to a provider again after the
+/// restart; messages whose debounce had not yet started a turn, or that
+/// were queued behind the interrupted turn, stay owed, and the next start
+/// answers them; pending approvals stay pending. Then the session ends.
+pub(super) fn shutdown(ctx: &mut Ctx) {
+    match &ctx.conv.phase {
+        Phase::Idle | Phase::Error { .. } | Phase::AwaitingInput => {}
+        Phase::Debouncing { token } => {
+            let token = *token;
+            ctx.effect(Effect::CancelTimer {
+                timer: Timer::Debounce { token },
+            });
+            ctx.set_phase(Phase::from_status(&ctx.conv.working));
+        }
+        Phase::Streaming { .. }
+        | Phase::RetryWait { .. }
+        | Phase::ExecutingTools { .. }
+        | Phase::Recovering => {
+            if ctx.conv.working.is_sub_agent() {
+                let stopped = turn::stop_work(ctx);
+                let why = "interrupted: keel shut down".to_owned();
+                turn::fail_sub_agent(ctx, InterruptReason::Shutdown, why, stopped);
+                return ctx.effect(Effect::Stop);
+            }
+            turn::interrupt(ctx, InterruptReason::Shutdown);
+        }
+        Phase::Completed { .. } | Phase::Failed { .. } => return ctx.effect(Effect::Stop),
+        Phase::Terminating => return,
+    }
+    ctx.emit(EventKind::SessionEnded);
+    ctx.set_phase(Phase::Terminating);
+    ctx.effect(Effect::SaveSnapshot);
+    ctx.effect(Effect::Stop);
 }

@@ -1,10 +1,10 @@
 //! User messages: start a turn when idle or failed (REQ-BED-002, REQ-BED-006),
 //! and otherwise follow the conversation's busy policy.
 
-use super::{cancel, stream, Ctx};
+use super::{turn, Ctx};
 use crate::config::BusyPolicy;
 use crate::effect::Effect;
-use crate::event::{EventKind, InterruptReason};
+use crate::event::InterruptReason;
 use crate::input::Timer;
 use crate::message::ImageRef;
 use crate::rejection::Rejection;
@@ -27,8 +27,8 @@ pub(super) fn user_message(ctx: &mut Ctx, text: String, images: Vec<ImageRef>) {
         Phase::Idle | Phase::Error { .. } => match policy {
             BusyPolicy::Interrupt => debounce(ctx, text, images),
             BusyPolicy::Reject | BusyPolicy::Queue => {
-                let seq = ctx.emit_with(EventKind::UserMessage { text, images }, None, true);
-                stream::begin_turn(ctx, seq);
+                let seq = ctx.emit_user_message(text, images);
+                turn::begin(ctx, seq);
             }
         },
         Phase::Debouncing { .. } => debounce(ctx, text, images),
@@ -42,7 +42,7 @@ pub(super) fn user_message(ctx: &mut Ctx, text: String, images: Vec<ImageRef>) {
                 ctx.reject(Rejection::Busy { state });
             }
             BusyPolicy::Interrupt => {
-                cancel::interrupt_turn(ctx, InterruptReason::Superseded);
+                turn::interrupt(ctx, InterruptReason::Superseded);
                 debounce(ctx, text, images);
             }
             BusyPolicy::Queue => {
@@ -50,8 +50,8 @@ pub(super) fn user_message(ctx: &mut Ctx, text: String, images: Vec<ImageRef>) {
                     return ctx.reject(Rejection::QueueFull { limit: MAX_QUEUED });
                 }
                 // The reducer holds a message that arrives mid-turn until the
-                // turn ends; `stream::end_turn` then starts a turn for it.
-                ctx.emit_with(EventKind::UserMessage { text, images }, None, true);
+                // turn ends; the turn's ending (`turn.rs`) answers it.
+                ctx.emit_user_message(text, images);
             }
         },
     }
@@ -60,7 +60,13 @@ pub(super) fn user_message(ctx: &mut Ctx, text: String, images: Vec<ImageRef>) {
 /// Record the message now (it is acknowledged, so it must be durable) and
 /// start the turn only once no other message arrives for `DEBOUNCE_MS`.
 fn debounce(ctx: &mut Ctx, text: String, images: Vec<ImageRef>) {
-    let token = ctx.emit_with(EventKind::UserMessage { text, images }, None, true);
+    // A later message re-arms the debounce: the earlier timer is of no use.
+    if let Phase::Debouncing { token } = ctx.conv.phase {
+        ctx.effect(Effect::CancelTimer {
+            timer: Timer::Debounce { token },
+        });
+    }
+    let token = ctx.emit_user_message(text, images);
     ctx.set_phase(Phase::Debouncing { token });
     let at = ctx.now.plus_millis(DEBOUNCE_MS);
     ctx.effect(Effect::SetTimer {
@@ -72,7 +78,7 @@ fn debounce(ctx: &mut Ctx, text: String, images: Vec<ImageRef>) {
 pub(super) fn debounce_elapsed(ctx: &mut Ctx, token: crate::ids::Seq) {
     match ctx.conv.phase {
         Phase::Debouncing { token: current } if current == token => {
-            stream::begin_turn(ctx, token);
+            turn::begin(ctx, token);
         }
         // A later message re-armed the debounce, or the turn was cancelled.
         _ => {}

@@ -3,8 +3,8 @@
 //! 004's pending kinds), and feed every result, errors included, back to
 //! the model.
 
-use super::stream::{self, ASK_USER, SUBMIT_RESULT};
-use super::Ctx;
+use super::{turn, Ctx};
+use crate::builtin::{self, ASK_USER, SPAWN_AGENTS, SUBMIT_RESULT};
 use crate::config::ToolPolicy;
 use crate::effect::Effect;
 use crate::event::{Decision, EventKind, Outcome, PendingCall, PendingKind};
@@ -14,9 +14,6 @@ use crate::message::ToolCall;
 use crate::rejection::Rejection;
 use crate::state::Phase;
 
-/// The tool that starts sub-agents; the shell runs it, not a ToolActor.
-pub const SPAWN_AGENTS: &str = "spawn_agents";
-
 /// How much of a running tool's output the core keeps for a cancelled result.
 pub const OUTPUT_TAIL_BYTES: usize = 8 * 1024;
 
@@ -25,11 +22,21 @@ pub const OUTPUT_TAIL_BYTES: usize = 8 * 1024;
 pub(super) fn advance(ctx: &mut Ctx) {
     loop {
         let Some(call) = ctx.conv.working.open_calls.first().cloned() else {
-            return stream::next_request(ctx);
+            return turn::next_request(ctx);
         };
         let sub_agent = ctx.conv.working.is_sub_agent();
         if call.name == ASK_USER {
-            let prompt = question(&call);
+            if sub_agent {
+                // No human answers a sub-agent, so it is not offered the
+                // tool; a call to it anyway gets an answer it can act on.
+                refuse(
+                    ctx,
+                    call,
+                    "sub-agents cannot ask the user: no human answers them. Decide yourself, or submit_result saying what you need",
+                );
+                continue;
+            }
+            let prompt = builtin::question(&call);
             return suspend(ctx, call, PendingKind::Elicitation, Some(prompt));
         }
         if call.name == SUBMIT_RESULT {
@@ -88,11 +95,7 @@ fn refuse(ctx: &mut Ctx, call: ToolCall, why: &str) {
 
 /// A sub-agent's `submit_result`: answer it, end the turn, and finish.
 fn submit(ctx: &mut Ctx, call: ToolCall) {
-    let result = match call.input.get("result") {
-        Some(serde_json::Value::String(text)) => text.clone(),
-        Some(other) => other.to_string(),
-        None => call.input.to_string(),
-    };
+    let result = builtin::submitted_result(&call);
     ctx.emit(EventKind::ToolResult {
         tool_call_id: call.id,
         content: "result submitted".to_owned(),
@@ -103,21 +106,10 @@ fn submit(ctx: &mut Ctx, call: ToolCall) {
         ctx.emit(EventKind::TurnCompleted {
             turn: turn.turn,
             duration_ms: ctx.now.millis_since(turn.started_at),
+            note: None,
         });
     }
-    ctx.emit(EventKind::Finished {
-        outcome: Outcome::Completed {
-            result: result.clone(),
-        },
-    });
-    ctx.set_phase(Phase::Completed { result });
-}
-
-fn question(call: &ToolCall) -> String {
-    match call.input.get("question") {
-        Some(serde_json::Value::String(text)) => text.clone(),
-        _ => call.input.to_string(),
-    }
+    turn::finish_sub_agent(ctx, Outcome::Completed { result });
 }
 
 pub(super) fn output(ctx: &mut Ctx, tool_call_id: ToolCallId, chunk: String) {

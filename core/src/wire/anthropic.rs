@@ -368,7 +368,9 @@ impl Decoder {
             input: input @ None,
         } = &mut slot.block
         {
-            *input = Some(parse_input(id, name, json, initial)?);
+            // Input that does not parse is judged at the end, once the stop
+            // reason is known: cut off by max_tokens it is expected.
+            *input = parse_input(id, name, json, initial).ok();
         }
         Ok(Vec::new())
     }
@@ -404,6 +406,7 @@ impl Decoder {
     }
 
     fn into_response(self) -> Result<AssistantResponse, LlmFailure> {
+        let cut_off = self.stop_reason == Some(StopReason::MaxTokens);
         let mut blocks = Vec::with_capacity(self.blocks.len());
         for slot in self.blocks.into_values() {
             match slot.block {
@@ -429,6 +432,12 @@ impl Decoder {
                 } => {
                     let input = match input {
                         Some(input) => input,
+                        // A call cut off mid-input by max_tokens is kept
+                        // with an empty input: keel-core never runs a call
+                        // of a cut-off response, and the provider expects
+                        // every tool_use it sent back in the history.
+                        None if cut_off => parse_input(&id, &name, &json, &initial)
+                            .unwrap_or_else(|_| Value::Object(Map::new())),
                         None => parse_input(&id, &name, &json, &initial)?,
                     };
                     blocks.push(AssistantBlock::ToolUse {
@@ -498,6 +507,7 @@ fn stop_reason(reason: &str) -> StopReason {
         "max_tokens" => StopReason::MaxTokens,
         "stop_sequence" => StopReason::StopSequence,
         "refusal" => StopReason::Refusal,
+        "pause_turn" => StopReason::PauseTurn,
         _ => StopReason::Other,
     }
 }
@@ -611,7 +621,7 @@ mod tests {
             ("max_tokens", StopReason::MaxTokens),
             ("stop_sequence", StopReason::StopSequence),
             ("refusal", StopReason::Refusal),
-            ("pause_turn", StopReason::Other),
+            ("pause_turn", StopReason::PauseTurn),
             ("something_new", StopReason::Other),
         ] {
             let mut decoder = Decoder::new("m");
@@ -660,14 +670,15 @@ mod tests {
                 START,
                 ("content_block_start", &start),
                 ("content_block_delta", &json_delta(0, "{\"path\": \"a")),
+                ("content_block_stop", &block_stop(0)),
+                (
+                    "message_delta",
+                    r#"{"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":3}}"#,
+                ),
+                STOP,
             ],
         );
-        let failure = decoder
-            .feed(SseEvent {
-                event: "content_block_stop",
-                data: &block_stop(0),
-            })
-            .unwrap_err();
+        let failure = finish(decoder).unwrap_err();
         assert!(failure.retryable);
         assert!(
             failure.message.contains("write_file"),
@@ -675,15 +686,31 @@ mod tests {
             failure.message
         );
         assert!(failure.message.contains("toolu_9"), "{}", failure.message);
-        // The failure sticks: later events and finish report it again.
-        assert_eq!(
-            decoder.feed(SseEvent {
-                event: STOP.0,
-                data: STOP.1
-            }),
-            Err(failure.clone())
+    }
+
+    #[test]
+    fn a_tool_input_cut_off_at_max_tokens_is_kept_empty_not_failed() {
+        let mut decoder = Decoder::new("m");
+        let start = tool_start(0, "toolu_9", "write_file");
+        feed_all(
+            &mut decoder,
+            &[
+                START,
+                ("content_block_start", &start),
+                ("content_block_delta", &json_delta(0, "{\"path\": \"a")),
+                ("content_block_stop", &block_stop(0)),
+                (
+                    "message_delta",
+                    r#"{"type":"message_delta","delta":{"stop_reason":"max_tokens"},"usage":{"output_tokens":3}}"#,
+                ),
+                STOP,
+            ],
         );
-        assert_eq!(finish(decoder), Err(failure));
+        let response = finish(decoder).unwrap();
+        assert_eq!(response.stop_reason, StopReason::MaxTokens);
+        let call = response.blocks[0].tool_call().unwrap();
+        assert_eq!(call.id.as_str(), "toolu_9");
+        assert_eq!(call.input, json!({}));
     }
 
     #[test]

@@ -467,6 +467,11 @@ impl Decoder {
     }
 
     fn stop_reason(&self, has_tool_calls: bool) -> StopReason {
+        // A response cut off at max_tokens says so even with tool calls in
+        // it: the last call's arguments may be incomplete, and none may run.
+        if self.finish_reason.as_deref() == Some("length") {
+            return StopReason::MaxTokens;
+        }
         // Whether the model called tools is read from what it sent: vLLM,
         // llama.cpp and others say "stop" after tool calls.
         if has_tool_calls {
@@ -495,17 +500,21 @@ impl Decoder {
                 "tool call {id} arrived without a function name"
             )));
         }
-        let input = parse_arguments(&call.arguments).map_err(|problem| {
-            let cut = if self.finish_reason.as_deref() == Some("length") {
-                " (the response was cut off at max_tokens)"
-            } else {
-                ""
-            };
-            retryable(format!(
-                "tool {} (call {id}) sent arguments that are {problem}{cut}",
-                call.name
-            ))
-        })?;
+        let input = match parse_arguments(&call.arguments) {
+            Ok(input) => input,
+            // Cut off by max_tokens: kept with empty arguments, because
+            // keel-core runs no call of a cut-off response and the history
+            // must still carry every call the model made.
+            Err(_) if self.finish_reason.as_deref() == Some("length") => {
+                Value::Object(serde_json::Map::new())
+            }
+            Err(problem) => {
+                return Err(retryable(format!(
+                    "tool {} (call {id}) sent arguments that are {problem}",
+                    call.name
+                )))
+            }
+        };
         Ok(ToolCall {
             id,
             name: call.name.clone(),
@@ -1081,7 +1090,7 @@ mod tests {
                 tool_chunk(
                     json!([{ "id": "c1", "index": 0, "function": { "name": "write", "arguments": "{\"text\": \"abc" } }]),
                 ),
-                finish_chunk("length"),
+                finish_chunk("tool_calls"),
             ],
         );
         let failure = Box::new(decoder).finish().unwrap_err();
@@ -1093,9 +1102,25 @@ mod tests {
             "{}",
             failure.message
         );
-        assert!(failure
-            .message
-            .ends_with("(the response was cut off at max_tokens)"));
+    }
+
+    #[test]
+    fn arguments_cut_off_at_max_tokens_are_kept_empty_and_the_response_says_so() {
+        let mut decoder = Decoder::new("m");
+        feed_all(
+            &mut decoder,
+            &[
+                tool_chunk(
+                    json!([{ "id": "c1", "index": 0, "function": { "name": "write", "arguments": "{\"text\": \"abc" } }]),
+                ),
+                finish_chunk("length"),
+            ],
+        );
+        let response = Box::new(decoder).finish().unwrap();
+        assert_eq!(response.stop_reason, StopReason::MaxTokens);
+        let call = response.blocks[0].tool_call().unwrap();
+        assert_eq!(call.id.as_str(), "c1");
+        assert_eq!(call.input, json!({}));
     }
 
     #[test]

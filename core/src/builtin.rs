@@ -1,0 +1,144 @@
+//! The tools keel-core handles itself, in one place: their names, the input
+//! fields core reads, the specs the model is shown, and who is offered
+//! which. The shell sends these specs with every request (beside the tools
+//! it runs) and never runs these calls; the transition turns them into a
+//! question for the user (`ask_user`), a sub-agent's result
+//! (`submit_result`) or sub-agents (`spawn_agents`).
+
+use serde_json::{json, Value};
+
+use crate::message::ToolCall;
+use crate::wire::ToolSpec;
+
+/// A question for the user: the turn waits for the answer.
+pub const ASK_USER: &str = "ask_user";
+/// The input field `ask_user` reads its question from.
+pub const ASK_USER_QUESTION: &str = "question";
+
+/// A sub-agent's final answer to its parent; the sub-agent ends.
+pub const SUBMIT_RESULT: &str = "submit_result";
+/// The input field `submit_result` reads the result from.
+pub const SUBMIT_RESULT_RESULT: &str = "result";
+
+/// Starts sub-agents; the shell carries it out as `Effect::SpawnSubAgents`.
+pub const SPAWN_AGENTS: &str = "spawn_agents";
+
+/// Added to a sub-agent's prompt when it answers in text without submitting.
+pub(crate) const NUDGE_SUBMIT: &str = "You are a sub-agent: your work ends only when you call submit_result with your result. Call it now if you are done.";
+/// Added to a sub-agent's prompt when it reaches its turn cap.
+pub(crate) const NUDGE_TURN_CAP: &str = "You have reached your turn limit. This is your last turn: call submit_result now with the best result you have.";
+
+/// Whether `name` is a tool keel-core handles itself: a tool of the shell's
+/// registry by that name would never run.
+pub fn is_builtin(name: &str) -> bool {
+    matches!(name, ASK_USER | SUBMIT_RESULT | SPAWN_AGENTS)
+}
+
+/// Whether a call to `name` must be the only call in its response: asking
+/// the human and ending the sub-agent do not mix with other work.
+pub fn is_exclusive(name: &str) -> bool {
+    matches!(name, ASK_USER | SUBMIT_RESULT)
+}
+
+/// The specs of the built-in tools a conversation is offered: a user's
+/// conversation may ask its user; a sub-agent has no human to ask
+/// (REQ-BED-009: only the result submission tool plus standard tools) and
+/// must submit its result.
+pub fn offered(sub_agent: bool) -> Vec<ToolSpec> {
+    if sub_agent {
+        vec![submit_result_spec()]
+    } else {
+        vec![ask_user_spec()]
+    }
+}
+
+/// The question of an `ask_user` call, as the user will read it.
+pub fn question(call: &ToolCall) -> String {
+    match call.input.get(ASK_USER_QUESTION) {
+        Some(Value::String(text)) => text.clone(),
+        _ => call.input.to_string(),
+    }
+}
+
+/// The result of a `submit_result` call.
+pub fn submitted_result(call: &ToolCall) -> String {
+    match call.input.get(SUBMIT_RESULT_RESULT) {
+        Some(Value::String(text)) => text.clone(),
+        Some(other) => other.to_string(),
+        None => call.input.to_string(),
+    }
+}
+
+/// `ask_user`: the turn waits until the user answers (or declines), and the
+/// call is refused alongside other calls, so the description says so.
+fn ask_user_spec() -> ToolSpec {
+    ToolSpec {
+        name: ASK_USER.to_owned(),
+        description: "Ask the user a question and wait for the answer. Use it when you \
+                      cannot go on without the user's input. It must be the only tool call \
+                      in its response. The user may decline to answer."
+            .to_owned(),
+        input_schema: json!({
+            "type": "object",
+            "properties": {
+                ASK_USER_QUESTION: {
+                    "type": "string",
+                    "description": "The question, as the user will read it."
+                }
+            },
+            "required": [ASK_USER_QUESTION]
+        }),
+    }
+}
+
+/// `submit_result`: a sub-agent's answer to its parent; the sub-agent ends.
+fn submit_result_spec() -> ToolSpec {
+    ToolSpec {
+        name: SUBMIT_RESULT.to_owned(),
+        description: "Finish your task and hand its result to the agent that started you. \
+                      Call it once, when the task is done; it must be the only tool call in \
+                      its response, and you stop after it."
+            .to_owned(),
+        input_schema: json!({
+            "type": "object",
+            "properties": {
+                SUBMIT_RESULT_RESULT: {
+                    "type": "string",
+                    "description": "The result of your task, complete: the parent sees only this."
+                }
+            },
+            "required": [SUBMIT_RESULT_RESULT]
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sub_agent_is_offered_submit_result_and_never_ask_user() {
+        let names =
+            |specs: Vec<ToolSpec>| specs.into_iter().map(|spec| spec.name).collect::<Vec<_>>();
+        assert_eq!(names(offered(true)), [SUBMIT_RESULT]);
+        assert_eq!(names(offered(false)), [ASK_USER]);
+    }
+
+    #[test]
+    fn every_spec_requires_the_field_core_reads() {
+        for spec in offered(false).into_iter().chain(offered(true)) {
+            let field = match spec.name.as_str() {
+                ASK_USER => ASK_USER_QUESTION,
+                SUBMIT_RESULT => SUBMIT_RESULT_RESULT,
+                other => panic!("unexpected built-in {other}"),
+            };
+            assert_eq!(
+                spec.input_schema["required"],
+                json!([field]),
+                "{}",
+                spec.name
+            );
+            assert!(spec.input_schema["properties"].get(field).is_some());
+        }
+    }
+}
