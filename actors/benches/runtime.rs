@@ -980,7 +980,7 @@ fn workdir(root: &Path, name: &str) -> PathBuf {
 /// A runtime over `store` with its process ledger under `root`. Providers
 /// come from the environment; no benchmark makes an LLM request.
 async fn open_runtime(store: Arc<dyn EventLog>, root: &Path, settings: Settings) -> Runtime {
-    let mut config = RuntimeConfig::new(store);
+    let mut config = RuntimeConfig::new(store).unwrap();
     config.process_dir = Some(root.join("processes"));
     config.settings = settings;
     let (runtime, report) = Runtime::open(config).await.unwrap();

@@ -93,7 +93,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut tools = ToolRegistry::with_defaults();
     tools.register(WordCount);
-    let mut config = RuntimeConfig::new(Arc::clone(&store));
+    let mut config = RuntimeConfig::new(Arc::clone(&store))?;
     config.tools = tools;
     config.process_dir = Some(data.path().join("processes"));
     let (runtime, _boot) = Runtime::open(config).await?;

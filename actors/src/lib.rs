@@ -51,6 +51,9 @@ pub enum Error {
     /// A working directory that does not exist or is not a directory.
     #[error("working directory {cwd} is not a directory")]
     InvalidCwd { cwd: String },
+    /// A configuration value (an environment variable, say) is unusable.
+    #[error("{name}: {reason}")]
+    Config { name: &'static str, reason: String },
     /// An actor could not be started.
     #[error("actor runtime: {0}")]
     Actor(String),

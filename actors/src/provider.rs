@@ -29,8 +29,12 @@
 //! Three clocks guard a request, so a provider that stops talking is noticed
 //! while the user still cares: connecting, the wait for the response headers
 //! ("first byte"), and the longest silence between two chunks of the body
-//! ("idle"). Each one firing is a retryable failure. The caller may add a
-//! limit on the whole request (`ConversationConfig::request_timeout_ms`).
+//! ("idle"). Each one firing is a retryable failure, and each is set in
+//! [`Timeouts`] (or the `KEEL_*_TIMEOUT_MS` variables). None of them limits
+//! a long answer that keeps streaming: a slow model writing for minutes is
+//! healthy as long as it keeps sending. A limit on the whole request
+//! (`ConversationConfig::request_timeout_ms`) exists for callers who want
+//! one, and is off by default.
 //!
 //! # Cancellation
 //!
@@ -138,20 +142,34 @@ impl Default for ProviderConfig {
 impl ProviderConfig {
     /// From the process environment: `ANTHROPIC_API_KEY`,
     /// `ANTHROPIC_BASE_URL`, `OPENAI_API_KEY`, `OPENAI_BASE_URL`,
-    /// `KEEL_MOCK_URL`. Unset or empty variables keep the defaults.
-    pub fn from_env() -> ProviderConfig {
+    /// `KEEL_MOCK_URL`, and the three clocks in milliseconds:
+    /// `KEEL_CONNECT_TIMEOUT_MS`, `KEEL_FIRST_BYTE_TIMEOUT_MS`,
+    /// `KEEL_IDLE_TIMEOUT_MS`. Unset or empty variables keep the defaults; a
+    /// timeout that is not a positive whole number of milliseconds is an
+    /// error naming the variable.
+    pub fn from_env() -> Result<ProviderConfig, Error> {
         ProviderConfig::from_lookup(|name| std::env::var(name).ok())
     }
 
     /// Like [`ProviderConfig::from_env`], reading variables through `lookup`.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> ProviderConfig {
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<ProviderConfig, Error> {
         let var = |name: &str| {
             lookup(name)
                 .map(|value| value.trim().to_owned())
                 .filter(|value| !value.is_empty())
         };
+        let millis = |name: &'static str, default: Duration| match var(name) {
+            None => Ok(default),
+            Some(value) => match value.parse::<u64>() {
+                Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+                _ => Err(Error::Config {
+                    name,
+                    reason: format!("{value:?} is not a positive number of milliseconds"),
+                }),
+            },
+        };
         let defaults = ProviderConfig::default();
-        ProviderConfig {
+        Ok(ProviderConfig {
             anthropic: Endpoint {
                 base_url: var("ANTHROPIC_BASE_URL").unwrap_or(defaults.anthropic.base_url),
                 api_key: var("ANTHROPIC_API_KEY"),
@@ -161,8 +179,12 @@ impl ProviderConfig {
                 api_key: var("OPENAI_API_KEY"),
             },
             mock_url: var("KEEL_MOCK_URL"),
-            timeouts: defaults.timeouts,
-        }
+            timeouts: Timeouts {
+                connect: millis("KEEL_CONNECT_TIMEOUT_MS", defaults.timeouts.connect)?,
+                first_byte: millis("KEEL_FIRST_BYTE_TIMEOUT_MS", defaults.timeouts.first_byte)?,
+                idle: millis("KEEL_IDLE_TIMEOUT_MS", defaults.timeouts.idle)?,
+            },
+        })
     }
 }
 

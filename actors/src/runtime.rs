@@ -81,16 +81,17 @@ pub struct RuntimeConfig {
 }
 
 impl RuntimeConfig {
-    /// Defaults around `store`: providers from the environment, the default
-    /// tools, no process ledger.
-    pub fn new(store: Arc<dyn EventLog>) -> RuntimeConfig {
-        RuntimeConfig {
+    /// Defaults around `store`: providers from the environment (an unusable
+    /// value there is an error naming the variable), the default tools, no
+    /// process ledger.
+    pub fn new(store: Arc<dyn EventLog>) -> Result<RuntimeConfig, Error> {
+        Ok(RuntimeConfig {
             store,
-            providers: ProviderConfig::from_env(),
+            providers: ProviderConfig::from_env()?,
             tools: ToolRegistry::with_defaults(),
             process_dir: None,
             settings: Settings::default(),
-        }
+        })
     }
 }
 

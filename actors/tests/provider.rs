@@ -629,7 +629,8 @@ fn configuration_comes_from_the_documented_environment_names() {
         ("OPENAI_API_KEY", ""),
         ("KEEL_MOCK_URL", "http://127.0.0.1:7778"),
     ]);
-    let config = ProviderConfig::from_lookup(|name| env.get(name).map(|value| (*value).to_owned()));
+    let config =
+        ProviderConfig::from_lookup(|name| env.get(name).map(|value| (*value).to_owned())).unwrap();
     assert_eq!(config.anthropic.base_url, "https://api.anthropic.com");
     assert_eq!(config.anthropic.api_key.as_deref(), Some("sk-ant-secret"));
     assert_eq!(config.openai.base_url, "http://localhost:11434/v1");
@@ -640,4 +641,48 @@ fn configuration_comes_from_the_documented_environment_names() {
     let shown = format!("{config:?}");
     assert!(!shown.contains("sk-ant-secret"), "{shown}");
     assert!(shown.contains("<redacted>"), "{shown}");
+}
+
+#[test]
+fn each_clock_is_configurable_and_a_bad_value_names_its_variable() {
+    let env = BTreeMap::from([
+        ("KEEL_CONNECT_TIMEOUT_MS", "1500"),
+        ("KEEL_FIRST_BYTE_TIMEOUT_MS", "90000"),
+        ("KEEL_IDLE_TIMEOUT_MS", " 30000 "),
+    ]);
+    let config =
+        ProviderConfig::from_lookup(|name| env.get(name).map(|value| (*value).to_owned())).unwrap();
+    assert_eq!(
+        config.timeouts,
+        Timeouts {
+            connect: Duration::from_millis(1500),
+            first_byte: Duration::from_secs(90),
+            idle: Duration::from_secs(30),
+        }
+    );
+    for bad in ["0", "-5", "soon", "1.5"] {
+        let error = ProviderConfig::from_lookup(|name| {
+            (name == "KEEL_IDLE_TIMEOUT_MS").then(|| bad.to_owned())
+        })
+        .unwrap_err();
+        assert!(
+            error.to_string().starts_with("KEEL_IDLE_TIMEOUT_MS: "),
+            "{error}"
+        );
+    }
+}
+
+/// A long answer from a slow model is healthy while it keeps streaming: no
+/// clock limits the whole request unless the caller asks for one.
+#[test]
+fn no_clock_caps_a_whole_answer_by_default() {
+    assert_eq!(
+        keel_core::ConversationConfig::default().request_timeout_ms,
+        0,
+        "the total cap is off by default"
+    );
+    let timeouts = Timeouts::default();
+    assert!(
+        timeouts.idle < Duration::from_secs(120) && timeouts.first_byte <= Duration::from_secs(60)
+    );
 }

@@ -113,7 +113,10 @@ pub struct ConversationConfig {
     pub primary: ModelRef,
     /// Asked with the same request once the primary's retries are exhausted.
     pub fallback: Option<ModelRef>,
-    /// Longest a single LLM request may take before it counts as a (retryable) timeout.
+    /// Longest a whole LLM request may take before it counts as a
+    /// (retryable) timeout; 0, the default, sets no limit. A slow model's
+    /// long answer is healthy while it keeps streaming: the shell's connect,
+    /// first-byte and idle clocks catch a provider that stops talking.
     pub request_timeout_ms: u64,
     pub busy_policy: BusyPolicy,
     pub recovery: RecoveryPolicy,
@@ -138,7 +141,7 @@ impl Default for ConversationConfig {
                 model: "mock".to_owned(),
             },
             fallback: None,
-            request_timeout_ms: 120_000,
+            request_timeout_ms: 0,
             busy_policy: BusyPolicy::default(),
             recovery: RecoveryPolicy::default(),
             retry: RetryPolicy::default(),
