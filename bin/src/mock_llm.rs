@@ -229,6 +229,7 @@ impl Mock {
                                 content: Content::Default,
                                 drip_ms: None,
                                 ending: Ending::Complete,
+                                stop: None,
                             })
                         },
                         |entry| entry.action,
@@ -319,7 +320,7 @@ impl Mock {
         mut exchange: Exchange,
     ) -> Response {
         let n_message = self.n_messages.fetch_add(1, Ordering::Relaxed) + 1;
-        let answer = reply::answer(endpoint, request, &reply.content, || {
+        let answer = reply::answer(endpoint, request, &reply.content, reply.stop, || {
             self.n_tool_calls.fetch_add(1, Ordering::Relaxed) + 1
         });
         let model = request["model"].as_str().unwrap_or("mock-model");
@@ -524,7 +525,7 @@ mod tests {
     use serde_json::json;
 
     use super::reply::{self, Answer};
-    use super::script::{Content, Ending, Endpoint, ErrorSpec, ScriptedCall};
+    use super::script::{Content, Ending, Endpoint, ErrorSpec, ScriptedCall, Stop};
     use super::{anthropic, openai, plan};
 
     fn answer(endpoint: Endpoint) -> Answer {
@@ -536,7 +537,7 @@ mod tests {
                 id: None,
             }],
         };
-        reply::answer(endpoint, &json!({"messages": []}), &content, || 1)
+        reply::answer(endpoint, &json!({"messages": []}), &content, None, || 1)
     }
 
     fn frames(endpoint: Endpoint, answer: &Answer, ending: &Ending) -> Vec<String> {
@@ -614,6 +615,45 @@ mod tests {
             assert_eq!(call.name, "bash");
             assert_eq!(call.input, json!({"command": "echo \"São Paulo\""}));
             assert_eq!(response.usage.output_tokens, answer.usage.output_tokens);
+        }
+    }
+
+    #[test]
+    fn scripted_stop_reasons_reach_keels_decoders() {
+        let cases = [
+            (
+                Stop::MaxTokens,
+                StopReason::MaxTokens,
+                StopReason::MaxTokens,
+            ),
+            (Stop::PauseTurn, StopReason::PauseTurn, StopReason::ToolUse),
+            (Stop::Refusal, StopReason::Refusal, StopReason::ToolUse),
+        ];
+        for (stop, on_anthropic, on_openai) in cases {
+            for endpoint in [Endpoint::Anthropic, Endpoint::Openai] {
+                let mut answer = answer(endpoint);
+                answer.stop = Some(stop);
+                let mut decoder = new_decoder(endpoint);
+                feed(
+                    decoder.as_mut(),
+                    &frames(endpoint, &answer, &Ending::Complete),
+                )
+                .unwrap();
+                let response = decoder.finish().unwrap();
+                let expected = match endpoint {
+                    Endpoint::Anthropic => on_anthropic,
+                    // Tool calls decide an OpenAI stop reason, except a
+                    // cut-off, which says so whatever it holds.
+                    Endpoint::Openai => on_openai,
+                };
+                assert_eq!(response.stop_reason, expected, "{stop:?} on {endpoint:?}");
+                let call = response.blocks[1].tool_call().unwrap();
+                if stop == Stop::MaxTokens {
+                    assert_eq!(call.input, json!({}), "a cut input is kept empty");
+                } else {
+                    assert_eq!(call.input, json!({"command": "echo \"São Paulo\""}));
+                }
+            }
         }
     }
 

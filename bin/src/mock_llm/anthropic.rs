@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use super::plan::{Frame, Frames};
 use super::reply::{json_fragments, text_deltas, Answer};
-use super::script::ErrorSpec;
+use super::script::{ErrorSpec, Stop};
 
 /// Longest `partial_json` piece of a streamed tool input, in characters.
 const JSON_PIECE: usize = 12;
@@ -23,10 +23,12 @@ fn sse(event: &str, data: &Value) -> String {
 }
 
 fn stop_reason(answer: &Answer) -> &'static str {
-    if answer.tool_calls.is_empty() {
-        "end_turn"
-    } else {
-        "tool_use"
+    match answer.stop {
+        Some(Stop::MaxTokens) => "max_tokens",
+        Some(Stop::PauseTurn) => "pause_turn",
+        Some(Stop::Refusal) => "refusal",
+        None if answer.tool_calls.is_empty() => "end_turn",
+        None => "tool_use",
     }
 }
 
@@ -81,7 +83,7 @@ pub fn stream(answer: &Answer, message_id: &str, model: &str) -> Frames {
         events.push(block_stop(block_idx));
         block_idx += 1;
     }
-    for call in &answer.tool_calls {
+    for (call_idx, call) in answer.tool_calls.iter().enumerate() {
         events.push(Frame::event(sse(
             "content_block_start",
             &json!({
@@ -98,7 +100,7 @@ pub fn stream(answer: &Answer, message_id: &str, model: &str) -> Frames {
         if block_idx == 0 {
             events.push(ping.clone());
         }
-        let input = call.input.to_string();
+        let input = answer.wire_input(call_idx);
         let pieces = std::iter::once("").chain(json_fragments(&input, JSON_PIECE));
         for piece in pieces {
             events.push(Frame::delta(sse(
@@ -273,6 +275,7 @@ mod tests {
                 input_tokens: 10,
                 output_tokens: 7,
             },
+            stop: None,
         };
         let frames = stream(&answer, "msg_mock_1", "claude-test");
         let names = event_names(&frames);
@@ -324,6 +327,7 @@ mod tests {
                 input_tokens: 1,
                 output_tokens: 1,
             },
+            stop: None,
         };
         let frames = stream(&answer, "msg", "m");
         assert_eq!(

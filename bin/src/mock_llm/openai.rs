@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use super::plan::{Frame, Frames};
 use super::reply::{json_fragments, text_deltas, Answer};
-use super::script::ErrorSpec;
+use super::script::{ErrorSpec, Stop};
 
 /// Longest `arguments` piece of a streamed tool call, in characters.
 const JSON_PIECE: usize = 12;
@@ -34,10 +34,11 @@ fn data(value: &Value) -> String {
 }
 
 fn finish_reason(answer: &Answer) -> &'static str {
-    if answer.tool_calls.is_empty() {
-        "stop"
-    } else {
-        "tool_calls"
+    match answer.stop {
+        Some(Stop::MaxTokens) => "length",
+        Some(Stop::Refusal) => "content_filter",
+        Some(Stop::PauseTurn) | None if answer.tool_calls.is_empty() => "stop",
+        Some(Stop::PauseTurn) | None => "tool_calls",
     }
 }
 
@@ -89,7 +90,7 @@ pub fn stream(answer: &Answer, meta: ChunkMeta<'_>) -> Frames {
             }]}),
             None,
         ))));
-        let arguments = call.input.to_string();
+        let arguments = answer.wire_input(call_idx);
         for piece in json_fragments(&arguments, JSON_PIECE) {
             events.push(Frame::delta(data(&chunk(
                 meta,
@@ -267,6 +268,7 @@ mod tests {
                 input_tokens: 12,
                 output_tokens: 5,
             },
+            stop: None,
         };
         let frames = stream(&answer, meta(true));
         let chunks = chunks(&frames);
@@ -310,6 +312,7 @@ mod tests {
                 input_tokens: 1,
                 output_tokens: 2,
             },
+            stop: None,
         };
         let frames = stream(&answer, meta(false));
         let chunks = chunks(&frames);

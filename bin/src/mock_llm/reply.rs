@@ -9,7 +9,7 @@
 
 use serde_json::{json, Value};
 
-use super::script::{Content, Endpoint, ScriptedCall};
+use super::script::{Content, Endpoint, ScriptedCall, Stop};
 
 /// A reply ready to be put on the wire.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,6 +18,24 @@ pub struct Answer {
     pub text: Option<String>,
     pub tool_calls: Vec<AnswerCall>,
     pub usage: Usage,
+    /// A stop reason the script asked for; `None`: `end_turn` / `tool_use`.
+    pub stop: Option<Stop>,
+}
+
+impl Answer {
+    /// A call's input as sent on the wire: whole, except the last call of
+    /// an answer cut off at max_tokens, which stops halfway.
+    pub fn wire_input(&self, call_idx: usize) -> String {
+        let input = self.tool_calls[call_idx].input.to_string();
+        if self.stop == Some(Stop::MaxTokens) && call_idx + 1 == self.tool_calls.len() {
+            let mut cut = input.len() / 2;
+            while !input.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            return input[..cut].to_owned();
+        }
+        input
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -40,6 +58,7 @@ pub fn answer(
     endpoint: Endpoint,
     body: &Value,
     content: &Content,
+    stop: Option<Stop>,
     mut next_id: impl FnMut() -> u64,
 ) -> Answer {
     let (text, calls) = match content {
@@ -71,6 +90,7 @@ pub fn answer(
             input_tokens: input_words.max(1),
             output_tokens: output_words.max(1),
         },
+        stop,
     }
 }
 
@@ -371,7 +391,7 @@ mod tests {
     fn an_answer_numbers_its_calls_and_counts_words() {
         let body = json!({"system": "one two", "messages": [{"role": "user", "content": "run: echo a b"}]});
         let mut counter = 6;
-        let answer = answer(Endpoint::Anthropic, &body, &Content::Default, || {
+        let answer = answer(Endpoint::Anthropic, &body, &Content::Default, None, || {
             counter += 1;
             counter
         });
@@ -388,7 +408,7 @@ mod tests {
                 id: Some("fixed".to_owned()),
             }],
         };
-        let answer = super::answer(Endpoint::Openai, &json!({}), &given, || 99);
+        let answer = super::answer(Endpoint::Openai, &json!({}), &given, None, || 99);
         assert_eq!(answer.tool_calls[0].id, "fixed");
         assert_eq!(answer.usage.input_tokens, 1, "never zero");
         assert_eq!(answer.usage.output_tokens, 5);

@@ -63,6 +63,23 @@ pub struct Reply {
     /// Wait this long before each content delta (a slow token drip).
     pub drip_ms: Option<u64>,
     pub ending: Ending,
+    /// Why the model says it stopped, when not the usual `end_turn` /
+    /// `tool_use`.
+    pub stop: Option<Stop>,
+}
+
+/// A stop reason a script can ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stop {
+    /// Cut off at the request's max_tokens: the last tool call's input is
+    /// sent only half (invalid JSON), as a real cut-off leaves it.
+    /// Anthropic `max_tokens`, OpenAI `length`.
+    MaxTokens,
+    /// Anthropic `pause_turn` (OpenAI has none; it says `stop`).
+    PauseTurn,
+    /// Anthropic `refusal`, OpenAI `content_filter`.
+    Refusal,
 }
 
 /// What the answer says.
@@ -152,6 +169,7 @@ struct RawEntry {
     drip_ms: Option<u64>,
     hang: Option<bool>,
     hang_after_events: Option<usize>,
+    stop_reason: Option<Stop>,
 }
 
 const STATUS_FIELDS: &[&str] = &[
@@ -173,6 +191,7 @@ const REPLY_FIELDS: &[&str] = &[
     "hang_after_events",
     "error_event",
     "after_text",
+    "stop_reason",
 ];
 
 /// A whole script: an array of entries, `{"replies": [..]}`, or one entry.
@@ -305,6 +324,7 @@ struct ReplyFields<'a> {
     hang_after_events: Option<usize>,
     error_event: Option<&'a ErrorSpec>,
     after_text: Option<&'a String>,
+    stop: Option<Stop>,
 }
 
 fn raw_reply_fields(raw: &RawEntry) -> ReplyFields<'_> {
@@ -317,6 +337,7 @@ fn raw_reply_fields(raw: &RawEntry) -> ReplyFields<'_> {
         hang_after_events: raw.hang_after_events,
         error_event: raw.error_event.as_ref(),
         after_text: raw.after_text.as_ref(),
+        stop: raw.stop_reason,
     }
 }
 
@@ -384,6 +405,7 @@ fn reply(fields: ReplyFields<'_>) -> Result<Reply, ScriptError> {
         content,
         drip_ms: fields.drip_ms,
         ending,
+        stop: fields.stop,
     })
 }
 
@@ -449,6 +471,7 @@ mod tests {
                 },
                 drip_ms: None,
                 ending: Ending::Complete,
+                stop: None,
             })
         );
         let calls = entry(json!({"tool_calls": [{"name": "bash", "input": {"command": "ls"}}]}));
@@ -465,6 +488,7 @@ mod tests {
                 },
                 drip_ms: None,
                 ending: Ending::Complete,
+                stop: None,
             })
         );
         assert_eq!(
