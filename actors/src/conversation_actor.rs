@@ -75,6 +75,12 @@ pub(crate) enum ConversationMsg {
     /// Panic on purpose: the crash drill. The supervisor brings the
     /// conversation back from its log.
     Crash,
+    /// The runtime stops gracefully: take no new messages, let the turn in
+    /// flight finish, then end the session and stop.
+    Drain,
+    /// The runtime's grace period is over: end the session now,
+    /// interrupting a turn still running.
+    ShutdownNow,
     /// The runtime's idle sweeper: see whether to hibernate or evict.
     IdleCheck,
     // Reports from workers and timers.
@@ -163,6 +169,9 @@ pub(crate) struct ConversationState {
     /// Short-idle tier taken: the working set is released until the next
     /// message rebuilds it.
     pub(crate) hibernated: bool,
+    /// The runtime is stopping gracefully: new messages are refused, and
+    /// the session ends as soon as no turn runs.
+    pub(crate) draining: bool,
     /// The log position of the newest stored checkpoint this actor knows
     /// of (0: none): hibernating saves one only when it is behind.
     pub(crate) checkpoint_seq: Seq,
@@ -259,6 +268,7 @@ impl Actor for ConversationActor {
             pending_start: Some(pending_start),
             last_touched: Instant::now(),
             hibernated: false,
+            draining: false,
             checkpoint_seq,
             turn_span: None,
             span,
@@ -322,6 +332,9 @@ impl Actor for ConversationActor {
             state.last_touched = Instant::now();
         }
         match message {
+            ConversationMsg::Send { reply, .. } if state.draining => {
+                let _ = reply.send(Err(Rejection::ShuttingDown));
+            }
             ConversationMsg::Send {
                 text,
                 images,
@@ -388,6 +401,11 @@ impl Actor for ConversationActor {
                 return Err("crash requested (drill)".into());
             }
             ConversationMsg::IdleCheck => idle_check(&myself, state).await?,
+            ConversationMsg::Drain => state.draining = true,
+            ConversationMsg::ShutdownNow => {
+                state.draining = true;
+                effects::step(&myself, state, Input::Shutdown).await?;
+            }
             ConversationMsg::StreamDelta { generation, delta } => {
                 effects::step(&myself, state, Input::StreamDelta { generation, delta }).await?;
             }
@@ -441,6 +459,7 @@ impl Actor for ConversationActor {
                 effects::step(&myself, state, Input::TimerFired { timer }).await?;
             }
         }
+        settle_drain(&myself, state).await?;
         rest_at_once(state).await?;
         Ok(())
     }
@@ -503,9 +522,32 @@ impl Actor for ConversationActor {
             };
             effects::step(&myself, state, input).await?;
         }
+        settle_drain(&myself, state).await?;
         rest_at_once(state).await?;
         Ok(())
     }
+}
+
+/// While the runtime drains, end the session as soon as no turn runs: at
+/// rest, waiting on a human (pending calls survive), or with a debounce
+/// not yet started (its messages stay owed and the next start answers
+/// them). A turn in flight is left to finish until `ShutdownNow`.
+async fn settle_drain(
+    myself: &ActorRef<ConversationMsg>,
+    state: &mut ConversationState,
+) -> Result<(), ActorProcessingErr> {
+    if !state.draining {
+        return Ok(());
+    }
+    hydrate(state).await?;
+    let phase = &state.conversation()?.phase;
+    if phase == &Phase::Terminating {
+        return Ok(());
+    }
+    if is_clean(phase) || matches!(phase, Phase::Debouncing { .. }) {
+        effects::step(myself, state, Input::Shutdown).await?;
+    }
+    Ok(())
 }
 
 /// Carry out a cancel that a handle asked for, before the message at hand.

@@ -57,6 +57,9 @@ pub enum Error {
     /// An actor could not be started.
     #[error("actor runtime: {0}")]
     Actor(String),
+    /// The runtime is stopping: it starts and creates no conversation.
+    #[error("keel is shutting down")]
+    ShuttingDown,
     /// The conversation's actor stopped before it answered.
     #[error("the conversation stopped before it answered; try again")]
     Stopped,

@@ -53,6 +53,9 @@ pub struct Settings {
     /// is left stopped until it is next addressed.
     pub max_restarts: usize,
     pub restart_window: Duration,
+    /// How long a graceful [`Runtime::shutdown`] lets turns in flight run
+    /// to their end before it interrupts them.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for Settings {
@@ -64,6 +67,7 @@ impl Default for Settings {
             checkpoint_lag: 64,
             max_restarts: 3,
             restart_window: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 }
@@ -237,6 +241,9 @@ impl Runtime {
         cwd: impl Into<PathBuf>,
         config: ConversationConfig,
     ) -> Result<ConversationHandle, Error> {
+        if self.shared.closed.load(Ordering::SeqCst) {
+            return Err(Error::ShuttingDown);
+        }
         let cwd = cwd.into();
         let metadata = tokio::fs::metadata(&cwd).await;
         if !metadata.as_ref().is_ok_and(|metadata| metadata.is_dir()) {
@@ -344,23 +351,56 @@ impl Runtime {
         &self.shared.tools
     }
 
-    /// Stop every conversation and the supervisor, and return once every
-    /// actor has let go of the runtime: a disk store is then closed and its
-    /// lock free, unless the caller still holds a handle or a clone of this
-    /// runtime (both keep the store open). Running tools are killed, their process groups with them;
-    /// turns in flight stay in flight in the log, and the next `open`
-    /// recovers them as it would after a crash.
+    /// Stop gracefully (docs/requirements.md, "Graceful stop"), and return
+    /// once every actor has let go of the runtime: a disk store is then
+    /// closed and its lock free, unless the caller still holds a handle or a
+    /// clone of this runtime (both keep the store open).
+    ///
+    /// The rule: no conversation starts any more and live ones refuse new
+    /// messages (`Rejection::ShuttingDown`); a conversation with no turn
+    /// running ends its session at once; a turn in flight has
+    /// `Settings::shutdown_grace` to finish (approvals and answers still
+    /// reach it), after which it is interrupted (`TurnInterrupted`, reason
+    /// `shutdown`, its tools killed and their calls answered). Every
+    /// conversation then writes `SessionEnded` and its checkpoint. Pending
+    /// approvals stay pending, and messages no turn has answered yet stay
+    /// owed: the next `open` answers them. Nothing that was sent to a
+    /// provider is sent again after the restart.
     pub async fn shutdown(self) {
-        const PATIENCE: Duration = Duration::from_secs(5);
         self.shared.closed.store(true, Ordering::SeqCst);
         let conversations = self.supervisor.get_children();
         for conversation in &conversations {
-            let workers = conversation.get_children();
-            let _ = conversation.kill_and_wait(Some(PATIENCE)).await;
-            for worker in workers {
-                let _ = worker.kill_and_wait(Some(PATIENCE)).await;
-            }
+            let _ = conversation.send_message(ConversationMsg::Drain);
         }
+        let grace = self.shared.settings.shutdown_grace;
+        let late = wait_stopped(&conversations, grace).await;
+        for conversation in &late {
+            let _ = conversation.send_message(ConversationMsg::ShutdownNow);
+        }
+        let stuck = wait_stopped(&late, PATIENCE).await;
+        if !stuck.is_empty() {
+            tracing::warn!(
+                n = stuck.len(),
+                "conversations did not stop within {PATIENCE:?} of the shutdown deadline; killing them"
+            );
+        }
+        kill(&stuck).await;
+        self.close().await;
+    }
+
+    /// Stop as a crash would (drills, tests): every conversation and its
+    /// workers are killed where they stand, running tools with their process
+    /// groups. Turns in flight stay in flight in the log, and the next
+    /// `open` recovers them under their recovery policy.
+    pub async fn crash(self) {
+        self.shared.closed.store(true, Ordering::SeqCst);
+        kill(&self.supervisor.get_children()).await;
+        self.close().await;
+    }
+
+    /// Stop the supervisor and wait until every actor has dropped its
+    /// hold on the runtime.
+    async fn close(self) {
         let _ = self
             .supervisor
             .stop_and_wait(Some("shutdown".into()), Some(PATIENCE))
@@ -380,6 +420,36 @@ impl Runtime {
     }
 }
 
+/// How long shutting down waits for an actor that was told to stop.
+const PATIENCE: Duration = Duration::from_secs(5);
+
+/// Wait until every actor of `actors` has stopped or `within` has passed;
+/// returns those still running.
+async fn wait_stopped(actors: &[ActorCell], within: Duration) -> Vec<ActorCell> {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut running = Vec::new();
+    for actor in actors {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if actor.wait(Some(left)).await.is_err() {
+            running.push(actor.clone());
+        }
+    }
+    running
+}
+
+/// Kill conversations and their workers where they stand: a worker's
+/// future is dropped (a stream's socket closes, a tool's process group is
+/// killed) without the conversation recording anything.
+async fn kill(conversations: &[ActorCell]) {
+    for conversation in conversations {
+        let workers = conversation.get_children();
+        let _ = conversation.kill_and_wait(Some(PATIENCE)).await;
+        for worker in workers {
+            let _ = worker.kill_and_wait(Some(PATIENCE)).await;
+        }
+    }
+}
+
 /// Return the live actor of `id`, or start it from the store. Two callers
 /// racing here get the same actor: the registry admits one name once, and the
 /// loser of the spawn race takes the winner's.
@@ -392,6 +462,11 @@ pub(crate) async fn ensure_started(
     for _ in 0..100 {
         if let Some(cell) = ractor::registry::where_is(name.clone()) {
             return Ok(cell.into());
+        }
+        // A runtime that is stopping starts nothing; live conversations
+        // still answer until they end their session.
+        if shared.closed.load(Ordering::SeqCst) {
+            return Err(Error::ShuttingDown);
         }
         if shared.store.last_seq(id)? == 0 {
             return Err(Error::NotFound(id.clone()));

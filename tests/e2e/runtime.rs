@@ -851,7 +851,7 @@ async fn dropped_mid_stream(recovery: RecoveryPolicy) -> (Rig, Vec<Event>) {
         let id = conversation.id().clone();
         drop(subscription);
         drop(conversation);
-        runtime.shutdown().await;
+        runtime.crash().await;
         id
     };
     let runtime = rig.runtime(rig.store(BackendKind::Redb)).await;
@@ -922,8 +922,8 @@ async fn runtime_reopened_mid_tool_redispatches_the_same_call_under_resume() {
         let id = conversation.id().clone();
         drop(subscription);
         drop(conversation);
-        runtime.shutdown().await;
-        // Shutting down killed the running tool's process group.
+        runtime.crash().await;
+        // The crash killed the running tool's process group.
         wait_group_gone(first_pgid).await;
         id
     };
