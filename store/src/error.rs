@@ -8,6 +8,7 @@ use keel_core::ids::{ConversationId, Seq};
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     #[error("data directory {dir} is in use by {}", match .pid { Some(pid) => format!("pid {pid}"), None => "another process".to_owned() })]
     InUse { dir: PathBuf, pid: Option<u32> },
