@@ -440,11 +440,6 @@ impl<B: Backend> Committer<B> {
         }
     }
 
-    /// Two stages on two threads: this one takes the waiting requests,
-    /// checks and stages them, and hands the batch to a writer thread that
-    /// commits it and answers its callers. While the engine commits (and
-    /// waits on the disk) batch N, batch N+1 is being staged. At most one
-    /// staged batch waits for the writer, so a caller's wait stays bounded.
     /// The first of two stages: take the waiting requests, check and stage
     /// them, and hand each batch to the writer thread, which commits it and
     /// answers its callers. While the engine commits (and waits on the disk)
