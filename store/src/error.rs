@@ -51,6 +51,15 @@ pub enum Error {
     #[error("store is closed")]
     Closed,
 
+    /// A read handed to tokio's blocking pool (where every read of the
+    /// engine runs, so that none holds up a runtime thread) did not finish:
+    /// it panicked, or the runtime shut down before it ran.
+    #[error("a store read on the blocking pool {}", if .source.is_panic() { "panicked" } else { "was cancelled" })]
+    ReadAborted {
+        #[source]
+        source: tokio::task::JoinError,
+    },
+
     #[error("{backend} error: {reason}")]
     Backend {
         backend: &'static str,

@@ -37,7 +37,7 @@ pub(super) async fn recover(runtime: &Runtime) -> Result<BootReport, Error> {
             tracing::warn!(pgid = reaped.pgid, label = %reaped.label, "killed a tool process group that outlived the last run");
         }
     }
-    for entry in runtime.shared.store.list(true)? {
+    for entry in runtime.shared.store.list(true).await? {
         if !entry.turn_in_flight || entry.finished {
             continue;
         }
