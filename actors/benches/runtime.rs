@@ -270,7 +270,7 @@ async fn cold(counts: &Counts, kind: BackendKind) {
     for n in 0..counts.cold {
         let id = &ids[n % ids.len()];
         assert!(!runtime.is_live(id), "{id} is still live");
-        let last_seq = store.last_seq(id).unwrap();
+        let last_seq = store.last_seq(id).await.unwrap();
         let start = Instant::now();
         let handle = runtime.open_conversation(id).await.unwrap();
         opened.push(start.elapsed());
@@ -297,7 +297,7 @@ async fn cold(counts: &Counts, kind: BackendKind) {
     for n in 0..counts.cold {
         let id = &ids[n % ids.len()];
         let start = Instant::now();
-        let events = store.read_all(id).unwrap();
+        let events = store.read_all(id).await.unwrap();
         reads.push(start.elapsed());
         let start = Instant::now();
         let working = WorkingSet::replay(&events).unwrap();
@@ -333,7 +333,10 @@ async fn cold(counts: &Counts, kind: BackendKind) {
     print_row(&format!("  context: read_all of the log, {kind}"), &reads);
     print_row("  context: WorkingSet::replay of it", &replays);
     print_row(&format!("  context: one durable append, {kind}"), &appends);
-    let events_after: u64 = ids.iter().map(|id| store.last_seq(id).unwrap()).sum();
+    let mut events_after: u64 = 0;
+    for id in &ids {
+        events_after += store.last_seq(id).await.unwrap();
+    }
     println!(
         "  ({kind}: the logs grew from {events_before} to {events_after} events over the run: \
          SessionStarted and SessionEnded per cold start)"

@@ -312,8 +312,8 @@ impl Runtime {
     }
 
     /// Conversations in the store, oldest first; sub-agents only if asked.
-    pub fn list(&self, include_sub_agents: bool) -> Result<Vec<IndexEntry>, Error> {
-        Ok(self.shared.store.list(include_sub_agents)?)
+    pub async fn list(&self, include_sub_agents: bool) -> Result<Vec<IndexEntry>, Error> {
+        Ok(self.shared.store.list(include_sub_agents).await?)
     }
 
     /// Ids of the conversations with a live actor now.
@@ -468,7 +468,7 @@ pub(crate) async fn ensure_started(
         if shared.closed.load(Ordering::SeqCst) {
             return Err(Error::ShuttingDown);
         }
-        if shared.store.last_seq(id)? == 0 {
+        if shared.store.last_seq(id).await? == 0 {
             return Err(Error::NotFound(id.clone()));
         }
         let args = ConversationArgs {

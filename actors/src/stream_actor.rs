@@ -156,6 +156,7 @@ async fn load_images(
         let bytes = shared
             .store
             .get_blob(&image.hash)
+            .await
             .map_err(|error| LlmFailure {
                 retryable: true,
                 retry_after_ms: None,

@@ -13,6 +13,8 @@
 //!   10,000-event conversation (what `rehydrate` does);
 //!   `rebuild/read_all_10k/{backend}` is the read alone;
 //!   `rebuild/10k_open/{backend}` also opens the store first (a restart).
+//!   `read_all` is awaited on a tokio runtime, so the read runs on its
+//!   blocking pool and the figures include that hand-off, as in the runtime.
 //!
 //! Data directories live under cargo's target tmp dir, on the same disk as
 //! the repository. Setup (creating conversations, filling logs) happens
@@ -484,17 +486,17 @@ fn rebuild(c: &mut Criterion) {
                 store.append(&id, chunk.to_vec()).await.unwrap();
             }
         });
-        let rebuilt = WorkingSet::replay(&store.read_all(&id).unwrap()).unwrap();
+        let rebuilt = WorkingSet::replay(&rt.block_on(store.read_all(&id)).unwrap()).unwrap();
         assert_eq!(rebuilt, expected);
 
         group.bench_function(BenchmarkId::new("10k", backend), |b| {
             b.iter(|| {
-                let events = store.read_all(black_box(&id)).unwrap();
+                let events = rt.block_on(store.read_all(black_box(&id))).unwrap();
                 WorkingSet::replay_owned(events).unwrap()
             })
         });
         group.bench_function(BenchmarkId::new("read_all_10k", backend), |b| {
-            b.iter(|| store.read_all(black_box(&id)).unwrap())
+            b.iter(|| rt.block_on(store.read_all(black_box(&id))).unwrap())
         });
         drop(store);
         dirs.push((backend, dir));
@@ -507,7 +509,7 @@ fn rebuild(c: &mut Criterion) {
                 for _ in 0..iters {
                     let start = Instant::now();
                     let store = open(backend, dir.path());
-                    let events = store.read_all(&id).unwrap();
+                    let events = rt.block_on(store.read_all(&id)).unwrap();
                     black_box(WorkingSet::replay_owned(events).unwrap());
                     total += start.elapsed();
                     drop(store);

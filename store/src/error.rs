@@ -8,6 +8,7 @@ use keel_core::ids::{ConversationId, Seq};
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     #[error("data directory {dir} is in use by {}", match .pid { Some(pid) => format!("pid {pid}"), None => "another process".to_owned() })]
     InUse { dir: PathBuf, pid: Option<u32> },
@@ -49,6 +50,15 @@ pub enum Error {
 
     #[error("store is closed")]
     Closed,
+
+    /// A read handed to tokio's blocking pool (where every read of the
+    /// engine runs, so that none holds up a runtime thread) did not finish:
+    /// it panicked, or the runtime shut down before it ran.
+    #[error("a store read on the blocking pool {}", if .source.is_panic() { "panicked" } else { "was cancelled" })]
+    ReadAborted {
+        #[source]
+        source: tokio::task::JoinError,
+    },
 
     #[error("{backend} error: {reason}")]
     Backend {

@@ -1,4 +1,12 @@
 //! The `EventLog` trait: everything the actors ask of the store.
+//!
+//! Every method that touches storage is async, reads as well as writes:
+//! the actors (and later the daemon's HTTP handlers) call them from tokio
+//! tasks, and a read that blocked would hold up every task its worker
+//! thread serves. An implementation either does its I/O asynchronously (a network
+//! database such as PostgreSQL) or hands it to a thread that may block:
+//! [`Store`](crate::Store) runs its engine reads on tokio's blocking pool
+//! and its writes on its committer thread.
 
 use async_trait::async_trait;
 
@@ -12,7 +20,8 @@ use crate::index::IndexEntry;
 
 #[async_trait]
 pub trait EventLog: Send + Sync {
-    /// Which engine holds the data: `sled`, `redb` or `memory`.
+    /// Which engine holds the data: `sled`, `redb` or `memory`. The one
+    /// method that is not async: it only names the engine, without I/O.
     fn backend(&self) -> &'static str;
 
     /// Append `events` to `conversation`'s log. Returns only once they are
@@ -22,18 +31,23 @@ pub trait EventLog: Send + Sync {
     async fn append(&self, conversation: &ConversationId, events: Vec<Event>) -> Result<()>;
 
     /// Up to `limit` events from seq `from` on, in order.
-    fn read(&self, conversation: &ConversationId, from: Seq, limit: usize) -> Result<Vec<Event>>;
+    async fn read(
+        &self,
+        conversation: &ConversationId,
+        from: Seq,
+        limit: usize,
+    ) -> Result<Vec<Event>>;
 
     /// The whole log of `conversation` (empty if it does not exist).
-    fn read_all(&self, conversation: &ConversationId) -> Result<Vec<Event>> {
-        self.read(conversation, 1, usize::MAX)
+    async fn read_all(&self, conversation: &ConversationId) -> Result<Vec<Event>> {
+        self.read(conversation, 1, usize::MAX).await
     }
 
     /// The last `n` events, in order: what recovery looks at first.
-    fn read_tail(&self, conversation: &ConversationId, n: usize) -> Result<Vec<Event>>;
+    async fn read_tail(&self, conversation: &ConversationId, n: usize) -> Result<Vec<Event>>;
 
     /// The seq of the last event, 0 if the conversation does not exist.
-    fn last_seq(&self, conversation: &ConversationId) -> Result<Seq>;
+    async fn last_seq(&self, conversation: &ConversationId) -> Result<Seq>;
 
     /// Persist the small fsm_state; a cache, so it may lag the log.
     async fn save_snapshot(
@@ -42,7 +56,9 @@ pub trait EventLog: Send + Sync {
         snapshot: &FsmSnapshot,
     ) -> Result<()>;
 
-    fn load_snapshot(&self, conversation: &ConversationId) -> Result<Option<FsmSnapshot>>;
+    /// The stored fsm_state, or `None` if there is none or it cannot be
+    /// read (a cache: the caller checks it against the log).
+    async fn load_snapshot(&self, conversation: &ConversationId) -> Result<Option<FsmSnapshot>>;
 
     /// Persist a checkpoint of the whole working set, and its snapshot when
     /// it has one, in one durable write. A cache like the snapshot: a cold
@@ -56,15 +72,18 @@ pub trait EventLog: Send + Sync {
     /// The stored checkpoint, or `None` if there is none or it cannot be
     /// used (undecodable, or written by another format or reducer). Whether
     /// it fits the log is the caller's to check.
-    fn load_checkpoint(&self, conversation: &ConversationId) -> Result<Option<WorkingSet>>;
+    async fn load_checkpoint(&self, conversation: &ConversationId) -> Result<Option<WorkingSet>>;
 
     /// Store bytes once under their SHA-256 (lowercase hex), durably; returns the hash.
     async fn put_blob(&self, bytes: Vec<u8>) -> Result<String>;
 
-    fn get_blob(&self, hash: &str) -> Result<Option<Vec<u8>>>;
+    /// The bytes stored under `hash`, or `None` if there are none.
+    async fn get_blob(&self, hash: &str) -> Result<Option<Vec<u8>>>;
 
-    fn index_entry(&self, conversation: &ConversationId) -> Result<Option<IndexEntry>>;
+    /// `conversation`'s index entry, its last seq and last activity taken
+    /// from the log; `None` if the conversation does not exist.
+    async fn index_entry(&self, conversation: &ConversationId) -> Result<Option<IndexEntry>>;
 
     /// Conversations in the index, oldest first; sub-agents only when asked.
-    fn list(&self, include_sub_agents: bool) -> Result<Vec<IndexEntry>>;
+    async fn list(&self, include_sub_agents: bool) -> Result<Vec<IndexEntry>>;
 }

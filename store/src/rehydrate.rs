@@ -41,19 +41,20 @@ pub async fn rehydrate(
     log: &dyn EventLog,
     conversation: &ConversationId,
 ) -> Result<Option<Rehydrated>> {
-    let last_seq = log.last_seq(conversation)?;
+    let last_seq = log.last_seq(conversation).await?;
     if last_seq == 0 {
         return Ok(None);
     }
-    let (working, replayed, from_checkpoint) = match from_checkpoint(log, conversation, last_seq)? {
-        Some((working, replayed)) => (working, replayed, true),
-        None => {
-            let events = log.read_all(conversation)?;
-            let replayed = events.len();
-            (replay(conversation, events)?, replayed, false)
-        }
-    };
-    let stored = log.load_snapshot(conversation)?;
+    let (working, replayed, from_checkpoint) =
+        match from_checkpoint(log, conversation, last_seq).await? {
+            Some((working, replayed)) => (working, replayed, true),
+            None => {
+                let events = log.read_all(conversation).await?;
+                let replayed = events.len();
+                (replay(conversation, events)?, replayed, false)
+            }
+        };
+    let stored = log.load_snapshot(conversation).await?;
     let derived = FsmSnapshot::of(&working);
     let check = match (&stored, &derived) {
         (Some(stored), Some(derived)) if stored == derived => SnapshotCheck::Valid,
@@ -82,18 +83,20 @@ pub async fn rehydrate(
 /// there is a checkpoint of this conversation that the log continues.
 /// Anything else (none, another conversation's, one ahead of the log, a
 /// tail that does not follow it) is `None`: the log is replayed whole.
-fn from_checkpoint(
+async fn from_checkpoint(
     log: &dyn EventLog,
     conversation: &ConversationId,
     last_seq: Seq,
 ) -> Result<Option<(WorkingSet, usize)>> {
-    let Some(checkpoint) = log.load_checkpoint(conversation)? else {
+    let Some(checkpoint) = log.load_checkpoint(conversation).await? else {
         return Ok(None);
     };
     if checkpoint.id != *conversation || checkpoint.last_seq > last_seq {
         return Ok(None);
     }
-    let tail = log.read(conversation, checkpoint.last_seq + 1, usize::MAX)?;
+    let tail = log
+        .read(conversation, checkpoint.last_seq + 1, usize::MAX)
+        .await?;
     let replayed = tail.len();
     Ok(checkpoint
         .resume_owned(tail)

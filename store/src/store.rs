@@ -6,18 +6,22 @@
 //! stages its events and index entry, writes the lot as one atomic batch,
 //! makes it durable once, and only then answers each caller. Many
 //! conversations appending at once therefore share a flush, while each
-//! caller still waits for its own durability. Reads go straight to the
-//! backend.
+//! caller still waits for its own durability.
 //!
 //! A failed commit is never retried: the store records the failure and
 //! refuses every later write (`Error::Fatal`); the runtime restarts and
 //! recovers from the log.
 //!
-//! Reads decode records straight from the engine's bytes
-//! ([`Backend::visit_range`]). A long read (a rebuild of a long
-//! conversation) is mostly decoding, so it copies the records out once and
-//! decodes them on every core (`records.rs`).
+//! Reads do not go through the committer: each runs against the engine on
+//! tokio's blocking pool (`reads.rs`), because an engine read blocks on
+//! the disk and a long one is milliseconds of decoding, and a tokio worker
+//! thread stalled by either stalls every task it serves. Reads decode
+//! records straight from the engine's bytes ([`Backend::visit_range`]). A
+//! long read (a rebuild of a long conversation) is mostly decoding, so it
+//! copies the records out once and decodes them on every core
+//! (`records.rs`).
 
+mod reads;
 mod records;
 
 use std::collections::HashMap;
@@ -43,7 +47,6 @@ use crate::index::IndexEntry;
 use crate::keys;
 use crate::lock::DirLock;
 use crate::log::EventLog;
-use records::{decode_parallel, decode_record, decode_threads, Records, PARALLEL_READ_FROM};
 
 /// Most requests one commit takes, so a flood of writers cannot make one
 /// batch (and its callers' wait) unbounded.
@@ -70,7 +73,9 @@ enum Request {
 }
 
 pub struct Store<B: Backend> {
-    backend: Arc<B>,
+    /// Shared with the committer, the writer and every read running on the
+    /// blocking pool.
+    engine: Arc<Engine<B>>,
     /// `None` only while dropping.
     requests: Option<Sender<Request>>,
     committer: Option<JoinHandle<()>>,
@@ -78,14 +83,27 @@ pub struct Store<B: Backend> {
     writer: Option<JoinHandle<()>>,
     /// Set once, by the first failed commit.
     fatal: Arc<OnceLock<String>>,
-    /// Released last, after the committer has finished.
+}
+
+/// The engine and the lock on its data directory, let go of together by
+/// whoever holds them last, the engine first (fields drop in order). That
+/// is the store once its threads have ended, unless a read whose caller
+/// gave up on it is still running on the blocking pool: the directory then
+/// stays locked until that read lets go of the engine, so that no other
+/// store opens the engine's files while this one still has them open.
+struct Engine<B> {
+    backend: B,
+    /// `None` when there is no directory (the memory backend).
     _lock: Option<DirLock>,
 }
 
 impl<B: Backend> Store<B> {
     /// Serve `backend`; `lock` is the data directory's lock, if it has one.
     pub fn new(backend: B, lock: Option<DirLock>) -> Result<Store<B>> {
-        let backend = Arc::new(backend);
+        let engine = Arc::new(Engine {
+            backend,
+            _lock: lock,
+        });
         let fatal = Arc::new(OnceLock::new());
         let (requests, receiver) = mpsc::channel();
         let (staged, to_write) = mpsc::sync_channel::<Staged>(1);
@@ -95,35 +113,55 @@ impl<B: Backend> Store<B> {
         };
         let in_flight = Arc::new(AtomicUsize::new(0));
         let writer = {
-            let backend = Arc::clone(&backend);
+            let engine = Arc::clone(&engine);
             let fatal = Arc::clone(&fatal);
             let in_flight = Arc::clone(&in_flight);
             std::thread::Builder::new()
-                .name(format!("keel-{}-write", backend.name()))
-                .spawn(move || write_batches(backend.as_ref(), &fatal, &in_flight, to_write))
+                .name(format!("keel-{}-write", engine.backend.name()))
+                .spawn(move || write_batches(&engine.backend, &fatal, &in_flight, to_write))
                 .map_err(thread_error)?
         };
         let committer = {
-            let backend = Arc::clone(&backend);
+            let engine = Arc::clone(&engine);
             let fatal = Arc::clone(&fatal);
             std::thread::Builder::new()
-                .name(format!("keel-{}-commit", backend.name()))
-                .spawn(move || Committer::new(backend, fatal, in_flight).run(receiver, staged))
+                .name(format!("keel-{}-commit", engine.backend.name()))
+                .spawn(move || Committer::new(engine, fatal, in_flight).run(receiver, staged))
                 .map_err(thread_error)?
         };
         Ok(Store {
-            backend,
+            engine,
             requests: Some(requests),
             committer: Some(committer),
             writer: Some(writer),
             fatal,
-            _lock: lock,
         })
     }
 
     /// The engine underneath, for tests that need to reach past the log.
     pub fn backend(&self) -> &B {
-        &self.backend
+        &self.engine.backend
+    }
+
+    /// Run `read` against the engine on tokio's blocking pool and await its
+    /// result. An engine read blocks on the disk, and a long one decodes
+    /// for milliseconds: on a runtime thread either would stall every task
+    /// that thread serves. The read holds the engine (and with it the
+    /// directory's lock) until it ends, even if the caller stops waiting.
+    /// Polled outside any tokio runtime, there is no pool to use and no
+    /// runtime thread to keep free, so the read runs on the caller's thread.
+    async fn off_runtime<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&B) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let engine = Arc::clone(&self.engine);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return read(&engine.backend);
+        };
+        runtime
+            .spawn_blocking(move || read(&engine.backend))
+            .await
+            .map_err(|source| Error::ReadAborted { source })?
     }
 
     async fn submit(&self, make: impl FnOnce(Reply) -> Request) -> Result<()> {
@@ -137,20 +175,6 @@ impl<B: Backend> Store<B> {
         requests.send(make(reply)).map_err(|_| Error::Closed)?;
         answer.await.map_err(|_| Error::Closed)?
     }
-
-    /// How many records `read` would return, from the log's last seq
-    /// (seqs are contiguous). Only a hint for choosing how to decode: an
-    /// append landing meanwhile changes nothing but that choice.
-    fn expected_records(
-        &self,
-        conversation: &ConversationId,
-        from: Seq,
-        limit: usize,
-    ) -> Result<usize> {
-        let last = self.last_seq(conversation)?;
-        let count = last.checked_sub(from).map_or(0, |n| n.saturating_add(1));
-        Ok(usize::try_from(count).unwrap_or(usize::MAX).min(limit))
-    }
 }
 
 impl<B: Backend> Drop for Store<B> {
@@ -162,7 +186,8 @@ impl<B: Backend> Drop for Store<B> {
             let _ = committer.join();
         }
         // The committer dropped its end of the staged channel: the writer
-        // finishes what is staged, answers, and ends.
+        // finishes what is staged, answers, and ends. The engine and the
+        // directory's lock go after this, with the last `Arc<Engine>`.
         if let Some(writer) = self.writer.take() {
             let _ = writer.join();
         }
@@ -199,7 +224,7 @@ pub fn blob_hash(bytes: &[u8]) -> String {
 #[async_trait]
 impl<B: Backend> EventLog for Store<B> {
     fn backend(&self) -> &'static str {
-        self.backend.name()
+        self.engine.backend.name()
     }
 
     async fn append(&self, conversation: &ConversationId, events: Vec<Event>) -> Result<()> {
@@ -214,51 +239,27 @@ impl<B: Backend> EventLog for Store<B> {
         .await
     }
 
-    fn read(&self, conversation: &ConversationId, from: Seq, limit: usize) -> Result<Vec<Event>> {
-        let from = from.max(1);
-        let (start, end) = keys::events_from(conversation, from);
-        // Whether a read is long is known from the log's last seq (about
-        // 10 µs to look up on redb), asked only when `limit` allows a long
-        // read; a short read then decodes straight from the engine's bytes,
-        // without the copy a parallel decode needs.
-        let threads = decode_threads();
-        if threads > 1
-            && limit > PARALLEL_READ_FROM
-            && self.expected_records(conversation, from, limit)? > PARALLEL_READ_FROM
-        {
-            let mut records = Records::default();
-            self.backend
-                .visit_range(&start, &end, limit, &mut |key, value| {
-                    records.push(key, value);
-                    Ok(())
-                })?;
-            return decode_parallel(conversation, records, threads);
-        }
-        let mut events = Vec::new();
-        self.backend
-            .visit_range(&start, &end, limit, &mut |key, value| {
-                events.push(decode_record(conversation, key, value)?);
-                Ok(())
-            })?;
-        Ok(events)
+    async fn read(
+        &self,
+        conversation: &ConversationId,
+        from: Seq,
+        limit: usize,
+    ) -> Result<Vec<Event>> {
+        let conversation = conversation.clone();
+        self.off_runtime(move |backend| reads::events(backend, &conversation, from, limit))
+            .await
     }
 
-    fn read_tail(&self, conversation: &ConversationId, n: usize) -> Result<Vec<Event>> {
-        let (start, end) = keys::events_from(conversation, 1);
-        self.backend
-            .tail(&start, &end, n)?
-            .iter()
-            .map(|(key, value)| decode_record(conversation, key, value))
-            .collect()
+    async fn read_tail(&self, conversation: &ConversationId, n: usize) -> Result<Vec<Event>> {
+        let conversation = conversation.clone();
+        self.off_runtime(move |backend| reads::tail(backend, &conversation, n))
+            .await
     }
 
-    fn last_seq(&self, conversation: &ConversationId) -> Result<Seq> {
-        let (start, end) = keys::events_from(conversation, 1);
-        Ok(self
-            .backend
-            .last(&start, &end)?
-            .and_then(|(key, _)| keys::seq_of(&key))
-            .unwrap_or(0))
+    async fn last_seq(&self, conversation: &ConversationId) -> Result<Seq> {
+        let conversation = conversation.clone();
+        self.off_runtime(move |backend| reads::last_seq(backend, &conversation))
+            .await
     }
 
     async fn save_snapshot(
@@ -291,74 +292,47 @@ impl<B: Backend> EventLog for Store<B> {
         self.submit(|reply| Request::Put { writes, reply }).await
     }
 
-    fn load_checkpoint(&self, conversation: &ConversationId) -> Result<Option<WorkingSet>> {
-        // A cache: one that cannot be used counts as missing.
-        Ok(self
-            .backend
-            .get(&keys::checkpoint(conversation))?
-            .and_then(|bytes| codec::checkpoint::decode(&bytes).ok()))
+    async fn load_checkpoint(&self, conversation: &ConversationId) -> Result<Option<WorkingSet>> {
+        let conversation = conversation.clone();
+        self.off_runtime(move |backend| reads::checkpoint(backend, &conversation))
+            .await
     }
 
-    fn load_snapshot(&self, conversation: &ConversationId) -> Result<Option<FsmSnapshot>> {
-        // A snapshot is only a cache: one that cannot be read counts as missing.
-        Ok(self
-            .backend
-            .get(&keys::snapshot(conversation))?
-            .and_then(|bytes| serde_json::from_slice::<SnapshotRecord>(&bytes).ok())
-            .filter(|record| record.v == 1)
-            .map(|record| record.snapshot))
+    async fn load_snapshot(&self, conversation: &ConversationId) -> Result<Option<FsmSnapshot>> {
+        let conversation = conversation.clone();
+        self.off_runtime(move |backend| reads::snapshot(backend, &conversation))
+            .await
     }
 
     async fn put_blob(&self, bytes: Vec<u8>) -> Result<String> {
         let hash = blob_hash(&bytes);
         let key = keys::blob(&hash);
-        if self.backend.get(&key)?.is_none() {
+        let stored = {
+            let key = key.clone();
+            self.off_runtime(move |backend| Ok(backend.get(&key)?.is_some()))
+                .await?
+        };
+        if !stored {
             let writes = vec![(key, bytes)];
             self.submit(|reply| Request::Put { writes, reply }).await?;
         }
         Ok(hash)
     }
 
-    fn get_blob(&self, hash: &str) -> Result<Option<Vec<u8>>> {
-        self.backend.get(&keys::blob(hash))
+    async fn get_blob(&self, hash: &str) -> Result<Option<Vec<u8>>> {
+        let key = keys::blob(hash);
+        self.off_runtime(move |backend| backend.get(&key)).await
     }
 
-    fn index_entry(&self, conversation: &ConversationId) -> Result<Option<IndexEntry>> {
-        self.backend
-            .get(&keys::index(conversation))?
-            .map(|bytes| decode_index(conversation.as_str(), &bytes))
-            .transpose()?
-            .map(|entry| self.freshen(entry))
-            .transpose()
+    async fn index_entry(&self, conversation: &ConversationId) -> Result<Option<IndexEntry>> {
+        let conversation = conversation.clone();
+        self.off_runtime(move |backend| reads::index_entry(backend, &conversation))
+            .await
     }
 
-    fn list(&self, include_sub_agents: bool) -> Result<Vec<IndexEntry>> {
-        let (start, end) = keys::index_range();
-        let mut entries = Vec::new();
-        for (key, value) in self.backend.range(&start, &end, usize::MAX)? {
-            let entry = decode_index(&String::from_utf8_lossy(&key[1..]), &value)?;
-            if include_sub_agents || entry.user_initiated {
-                entries.push(self.freshen(entry)?);
-            }
-        }
-        entries.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
-        Ok(entries)
-    }
-}
-
-impl<B: Backend> Store<B> {
-    /// The stored entry is rewritten only when a fact recovery needs
-    /// changes (creation, a turn starting or ending, a sub-agent
-    /// finishing); its last seq and last activity come from the log's last
-    /// event, which is always current.
-    fn freshen(&self, mut entry: IndexEntry) -> Result<IndexEntry> {
-        let (start, end) = keys::events_from(&entry.id, entry.last_seq.max(1));
-        if let Some(last) = self.backend.last(&start, &end)? {
-            let event = decode_record(&entry.id, &last.0, &last.1)?;
-            entry.last_seq = event.seq;
-            entry.last_activity = event.at;
-        }
-        Ok(entry)
+    async fn list(&self, include_sub_agents: bool) -> Result<Vec<IndexEntry>> {
+        self.off_runtime(move |backend| reads::list(backend, include_sub_agents))
+            .await
     }
 }
 
@@ -421,7 +395,7 @@ fn commit_batch<B: Backend>(backend: &B, fatal: &OnceLock<String>, batch: Staged
 /// The committer thread's state: what it knows of each conversation's log
 /// end and index entry, so checking an append costs no read.
 struct Committer<B: Backend> {
-    backend: Arc<B>,
+    engine: Arc<Engine<B>>,
     fatal: Arc<OnceLock<String>>,
     /// Batches handed to the writer and not yet answered.
     in_flight: Arc<AtomicUsize>,
@@ -430,9 +404,13 @@ struct Committer<B: Backend> {
 }
 
 impl<B: Backend> Committer<B> {
-    fn new(backend: Arc<B>, fatal: Arc<OnceLock<String>>, in_flight: Arc<AtomicUsize>) -> Self {
+    fn new(
+        engine: Arc<Engine<B>>,
+        fatal: Arc<OnceLock<String>>,
+        in_flight: Arc<AtomicUsize>,
+    ) -> Self {
         Committer {
-            backend,
+            engine,
             fatal,
             in_flight,
             last_seqs: HashMap::new(),
@@ -440,11 +418,6 @@ impl<B: Backend> Committer<B> {
         }
     }
 
-    /// Two stages on two threads: this one takes the waiting requests,
-    /// checks and stages them, and hands the batch to a writer thread that
-    /// commits it and answers its callers. While the engine commits (and
-    /// waits on the disk) batch N, batch N+1 is being staged. At most one
-    /// staged batch waits for the writer, so a caller's wait stays bounded.
     /// The first of two stages: take the waiting requests, check and stage
     /// them, and hand each batch to the writer thread, which commits it and
     /// answers its callers. While the engine commits (and waits on the disk)
@@ -467,12 +440,12 @@ impl<B: Backend> Committer<B> {
             // lone writer's latency. Batches commit in order either way,
             // because an inline commit happens only when none is pending.
             if batch.waiting.len() <= INLINE_BATCH && self.in_flight.load(Ordering::SeqCst) == 0 {
-                commit_batch(self.backend.as_ref(), &self.fatal, batch);
+                commit_batch(&self.engine.backend, &self.fatal, batch);
             } else {
                 self.in_flight.fetch_add(1, Ordering::SeqCst);
                 if let Err(mpsc::SendError(batch)) = staged.send(batch) {
                     // The writer is gone (it panicked): answer here.
-                    commit_batch(self.backend.as_ref(), &self.fatal, batch);
+                    commit_batch(&self.engine.backend, &self.fatal, batch);
                     self.in_flight.fetch_sub(1, Ordering::SeqCst);
                 }
             }
@@ -540,13 +513,7 @@ impl<B: Backend> Committer<B> {
         let first = events.first().ok_or_else(|| invalid("no events"))?;
         let last_seq = match self.last_seqs.get(conversation) {
             Some(seq) => *seq,
-            None => {
-                let (start, end) = keys::events_from(conversation, 1);
-                self.backend
-                    .last(&start, &end)?
-                    .and_then(|(key, _)| keys::seq_of(&key))
-                    .unwrap_or(0)
-            }
+            None => reads::last_seq(&self.engine.backend, conversation)?,
         };
         for (offset, event) in events.iter().enumerate() {
             let expected = last_seq + 1 + offset as Seq;
@@ -568,7 +535,7 @@ impl<B: Backend> Committer<B> {
         } else {
             match self.index.get(conversation) {
                 Some(entry) => entry.clone(),
-                None => match self.backend.get(&keys::index(conversation))? {
+                None => match self.engine.backend.get(&keys::index(conversation))? {
                     Some(bytes) => decode_index(conversation.as_str(), &bytes)?,
                     None => {
                         return Err(Error::CorruptMeta {

@@ -1,11 +1,17 @@
 //! The conformance suite: the same behaviour asked of every `EventLog`
-//! (sled, redb, memory). Each check is a function over `&dyn EventLog`; the
-//! macro at the bottom runs all of them against each backend, so a backend
-//! cannot pass by being tested less.
+//! (sled, redb, memory). Each check is a function over `&dyn EventLog`, or,
+//! when it must reach past the log, over a `Store` of the backend's engine
+//! wrapped in a [`Gated`] one; the macro at the bottom runs all of them
+//! against each backend, so a backend cannot pass by being tested less.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
+use std::future::Future;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use keel_core::config::ConversationConfig;
 use keel_core::event::{Event, EventKind};
@@ -17,7 +23,9 @@ use keel_core::time::Timestamp;
 use keel_core::transition::{create, transition, NewConversation, Step};
 use keel_core::working::WorkingSet;
 use keel_core::ToolPolicy;
-use keel_store::{rehydrate, Backend, Error, EventLog, SnapshotCheck};
+use keel_store::backend::{Entry, Visit};
+use keel_store::lock::DirLock;
+use keel_store::{rehydrate, Backend, Error, EventLog, SnapshotCheck, Store};
 
 fn id(raw: &str) -> ConversationId {
     ConversationId::new(raw).unwrap()
@@ -70,11 +78,11 @@ fn seqs(events: &[Event]) -> Vec<Seq> {
 
 pub async fn appends_are_read_back_in_order(log: &dyn EventLog) {
     seed(log, "a", 10).await;
-    let events = log.read_all(&id("a")).unwrap();
+    let events = log.read_all(&id("a")).await.unwrap();
     assert_eq!(seqs(&events), (1..=12).collect::<Vec<_>>());
     assert!(matches!(events[0].kind, EventKind::Created { .. }));
     assert_eq!(events[5], messages(2, 10)[3]);
-    assert_eq!(log.last_seq(&id("a")).unwrap(), 12);
+    assert_eq!(log.last_seq(&id("a")).await.unwrap(), 12);
 }
 
 pub async fn gaps_and_duplicates_are_refused_and_change_nothing(log: &dyn EventLog) {
@@ -104,11 +112,11 @@ pub async fn gaps_and_duplicates_are_refused_and_change_nothing(log: &dyn EventL
     let mut torn = messages(5, 2);
     torn[1].seq = 9;
     assert!(log.append(&id("a"), torn).await.is_err());
-    assert_eq!(log.last_seq(&id("a")).unwrap(), 5);
+    assert_eq!(log.last_seq(&id("a")).await.unwrap(), 5);
     assert!(log.append(&id("a"), vec![]).await.is_err());
     // The conversation carries on where it was.
     log.append(&id("a"), messages(5, 1)).await.unwrap();
-    assert_eq!(log.last_seq(&id("a")).unwrap(), 6);
+    assert_eq!(log.last_seq(&id("a")).await.unwrap(), 6);
 }
 
 pub async fn a_log_must_start_with_its_own_created(log: &dyn EventLog) {
@@ -122,24 +130,33 @@ pub async fn a_log_must_start_with_its_own_created(log: &dyn EventLog) {
         error.to_string().contains("another conversation"),
         "{error}"
     );
-    assert_eq!(log.last_seq(&id("b")).unwrap(), 0);
-    assert!(log.index_entry(&id("b")).unwrap().is_none());
+    assert_eq!(log.last_seq(&id("b")).await.unwrap(), 0);
+    assert!(log.index_entry(&id("b")).await.unwrap().is_none());
 }
 
 pub async fn range_and_tail_reads(log: &dyn EventLog) {
     seed(log, "a", 20).await;
     seed(log, "a-b", 3).await;
-    assert_eq!(seqs(&log.read(&id("a"), 5, 3).unwrap()), vec![5, 6, 7]);
-    assert_eq!(seqs(&log.read(&id("a"), 21, 100).unwrap()), vec![21, 22]);
-    assert!(log.read(&id("a"), 23, 100).unwrap().is_empty());
-    assert_eq!(seqs(&log.read(&id("a"), 0, 2).unwrap()), vec![1, 2]);
-    assert_eq!(seqs(&log.read_tail(&id("a"), 3).unwrap()), vec![20, 21, 22]);
     assert_eq!(
-        seqs(&log.read_tail(&id("a-b"), 100).unwrap()),
+        seqs(&log.read(&id("a"), 5, 3).await.unwrap()),
+        vec![5, 6, 7]
+    );
+    assert_eq!(
+        seqs(&log.read(&id("a"), 21, 100).await.unwrap()),
+        vec![21, 22]
+    );
+    assert!(log.read(&id("a"), 23, 100).await.unwrap().is_empty());
+    assert_eq!(seqs(&log.read(&id("a"), 0, 2).await.unwrap()), vec![1, 2]);
+    assert_eq!(
+        seqs(&log.read_tail(&id("a"), 3).await.unwrap()),
+        vec![20, 21, 22]
+    );
+    assert_eq!(
+        seqs(&log.read_tail(&id("a-b"), 100).await.unwrap()),
         vec![1, 2, 3, 4, 5]
     );
-    assert!(log.read_all(&id("nobody")).unwrap().is_empty());
-    assert_eq!(log.last_seq(&id("nobody")).unwrap(), 0);
+    assert!(log.read_all(&id("nobody")).await.unwrap().is_empty());
+    assert_eq!(log.last_seq(&id("nobody")).await.unwrap(), 0);
 }
 
 /// Messages in the long conversations below: enough that reading all of
@@ -154,22 +171,22 @@ pub async fn long_reads_come_back_whole_and_in_order(log: &dyn EventLog) {
     let appended = messages(2, LONG);
     log.append(&id("long"), appended.clone()).await.unwrap();
     seed(log, "long-b", 3).await;
-    let events = log.read_all(&id("long")).unwrap();
+    let events = log.read_all(&id("long")).await.unwrap();
     assert_eq!(seqs(&events), (1..=LONG + 2).collect::<Vec<_>>());
     assert_eq!(&events[2..], appended.as_slice());
     assert_eq!(
-        seqs(&log.read(&id("long"), 5, 2_500).unwrap()),
+        seqs(&log.read(&id("long"), 5, 2_500).await.unwrap()),
         (5..2_505).collect::<Vec<_>>()
     );
     assert_eq!(
-        seqs(&log.read(&id("long"), 101, usize::MAX).unwrap()),
+        seqs(&log.read(&id("long"), 101, usize::MAX).await.unwrap()),
         (101..=LONG + 2).collect::<Vec<_>>()
     );
     assert_eq!(
-        seqs(&log.read(&id("long"), LONG, usize::MAX).unwrap()),
+        seqs(&log.read(&id("long"), LONG, usize::MAX).await.unwrap()),
         vec![LONG, LONG + 1, LONG + 2]
     );
-    assert_eq!(log.read_all(&id("long-b")).unwrap().len(), 5);
+    assert_eq!(log.read_all(&id("long-b")).await.unwrap().len(), 5);
 }
 
 pub async fn concurrent_writers_each_get_a_contiguous_log(log: Arc<dyn EventLog>) {
@@ -190,7 +207,7 @@ pub async fn concurrent_writers_each_get_a_contiguous_log(log: Arc<dyn EventLog>
         task.await.unwrap();
     }
     for writer in 0..32 {
-        let events = log.read_all(&id(&format!("w{writer}"))).unwrap();
+        let events = log.read_all(&id(&format!("w{writer}"))).await.unwrap();
         assert_eq!(seqs(&events), (1..=22).collect::<Vec<_>>());
     }
 }
@@ -241,7 +258,7 @@ pub async fn snapshots_are_a_cache_the_log_overrules(log: &dyn EventLog) {
     assert_eq!(first.snapshot, SnapshotCheck::Missing);
     assert_eq!(first.conversation.working, step.state.working);
     assert_eq!(first.conversation.phase, Phase::AwaitingInput);
-    let saved = log.load_snapshot(&id("s")).unwrap().unwrap();
+    let saved = log.load_snapshot(&id("s")).await.unwrap().unwrap();
     assert_eq!(saved.state, SnapshotState::AwaitingInput);
     assert_eq!(saved.pending.len(), 1);
     assert_eq!(saved.last_seq, all.len() as Seq);
@@ -260,7 +277,7 @@ pub async fn snapshots_are_a_cache_the_log_overrules(log: &dyn EventLog) {
     let again = rehydrate(log, &id("s")).await.unwrap().unwrap();
     assert_eq!(again.snapshot, SnapshotCheck::Rebuilt);
     assert_eq!(again.conversation.phase, Phase::AwaitingInput);
-    assert_eq!(log.load_snapshot(&id("s")).unwrap(), Some(saved));
+    assert_eq!(log.load_snapshot(&id("s")).await.unwrap(), Some(saved));
     assert!(rehydrate(log, &id("nobody")).await.unwrap().is_none());
 }
 
@@ -269,13 +286,16 @@ pub async fn snapshots_are_a_cache_the_log_overrules(log: &dyn EventLog) {
 /// conversation's, ahead of the log) is passed over and the log replayed.
 pub async fn checkpoints_spare_replay_and_never_overrule_the_log(log: &dyn EventLog) {
     seed(log, "k", 30).await;
-    let whole = log.read_all(&id("k")).unwrap();
+    let whole = log.read_all(&id("k")).await.unwrap();
     let at_20 = WorkingSet::replay(&whole[..20]).unwrap();
     log.save_checkpoint(&id("k"), &at_20).await.unwrap();
-    assert_eq!(log.load_checkpoint(&id("k")).unwrap(), Some(at_20.clone()));
+    assert_eq!(
+        log.load_checkpoint(&id("k")).await.unwrap(),
+        Some(at_20.clone())
+    );
     // The snapshot goes with it.
     assert_eq!(
-        log.load_snapshot(&id("k")).unwrap(),
+        log.load_snapshot(&id("k")).await.unwrap(),
         FsmSnapshot::of(&at_20)
     );
 
@@ -287,7 +307,7 @@ pub async fn checkpoints_spare_replay_and_never_overrule_the_log(log: &dyn Event
 
     // Another conversation's checkpoint is not this one's.
     seed(log, "other", 1).await;
-    let other = WorkingSet::replay(&log.read_all(&id("other")).unwrap()).unwrap();
+    let other = WorkingSet::replay(&log.read_all(&id("other")).await.unwrap()).unwrap();
     log.save_checkpoint(&id("k"), &other).await.unwrap();
     let rebuilt = rehydrate(log, &id("k")).await.unwrap().unwrap();
     assert!(!rebuilt.from_checkpoint);
@@ -318,8 +338,11 @@ pub async fn blobs_are_stored_once_by_content_hash(log: &dyn EventLog) {
         "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     );
     assert_eq!(log.put_blob(b"abc".to_vec()).await.unwrap(), hash);
-    assert_eq!(log.get_blob(&hash).unwrap().as_deref(), Some(&b"abc"[..]));
-    assert!(log.get_blob(&"0".repeat(64)).unwrap().is_none());
+    assert_eq!(
+        log.get_blob(&hash).await.unwrap().as_deref(),
+        Some(&b"abc"[..])
+    );
+    assert!(log.get_blob(&"0".repeat(64)).await.unwrap().is_none());
 }
 
 pub async fn the_index_lists_conversations_and_marks_turns_in_flight(log: &dyn EventLog) {
@@ -346,22 +369,24 @@ pub async fn the_index_lists_conversations_and_marks_turns_in_flight(log: &dyn E
 
     let listed: Vec<String> = log
         .list(false)
+        .await
         .unwrap()
         .iter()
         .map(|entry| entry.id.to_string())
         .collect();
     assert_eq!(listed, vec!["busy", "first"]);
-    let all = log.list(true).unwrap();
+    let all = log.list(true).await.unwrap();
     assert_eq!(all.len(), 3);
-    let child = log.index_entry(&id("child")).unwrap().unwrap();
+    let child = log.index_entry(&id("child")).await.unwrap().unwrap();
     assert_eq!(child.parent, Some(id("first")));
     assert!(!child.user_initiated);
-    let busy = log.index_entry(&id("busy")).unwrap().unwrap();
+    let busy = log.index_entry(&id("busy")).await.unwrap().unwrap();
     assert!(busy.turn_in_flight);
     assert_eq!(busy.last_seq, 4);
     assert_eq!(busy.last_activity, Timestamp(5_000));
     assert!(
         !log.index_entry(&id("first"))
+            .await
             .unwrap()
             .unwrap()
             .turn_in_flight
@@ -384,21 +409,21 @@ async fn a_corrupted_record_is_named_and_the_rest_stays_readable<B: Backend>(
     seed(store, "a", 8).await;
     seed(store, "b", 2).await;
     corrupt(store.backend(), "a", 6);
-    let error = store.read_all(&id("a")).unwrap_err();
+    let error = store.read_all(&id("a")).await.unwrap_err();
     assert!(
         matches!(&error, Error::Corrupt { conversation, seq: 6, .. } if conversation.as_str() == "a"),
         "{error}"
     );
     assert!(error.to_string().contains("a:6"), "{error}");
     assert_eq!(
-        seqs(&store.read(&id("a"), 1, 5).unwrap()),
+        seqs(&store.read(&id("a"), 1, 5).await.unwrap()),
         vec![1, 2, 3, 4, 5]
     );
     assert_eq!(
-        seqs(&store.read(&id("a"), 7, 10).unwrap()),
+        seqs(&store.read(&id("a"), 7, 10).await.unwrap()),
         vec![7, 8, 9, 10]
     );
-    assert_eq!(store.read_all(&id("b")).unwrap().len(), 4);
+    assert_eq!(store.read_all(&id("b")).await.unwrap().len(), 4);
 }
 
 /// A checkpoint that does not decode counts as missing: the log is replayed.
@@ -411,12 +436,12 @@ async fn an_undecodable_checkpoint_is_passed_over<B: Backend>(store: &keel_store
             b"\x93garbage".to_vec(),
         )])
         .unwrap();
-    assert_eq!(store.load_checkpoint(&id("g")).unwrap(), None);
+    assert_eq!(store.load_checkpoint(&id("g")).await.unwrap(), None);
     let rebuilt = rehydrate(store, &id("g")).await.unwrap().unwrap();
     assert!(!rebuilt.from_checkpoint);
     assert_eq!(
         rebuilt.conversation.working,
-        WorkingSet::replay(&store.read_all(&id("g")).unwrap()).unwrap()
+        WorkingSet::replay(&store.read_all(&id("g")).await.unwrap()).unwrap()
     );
 }
 
@@ -433,11 +458,11 @@ async fn a_corrupted_record_in_a_long_read_is_named<B: Backend>(store: &keel_sto
         other => panic!("expected a corrupted record of a, got {other}"),
     };
     corrupt(store.backend(), "a", 2_400);
-    assert_eq!(named(store.read_all(&id("a")).unwrap_err()).0, 2_400);
+    assert_eq!(named(store.read_all(&id("a")).await.unwrap_err()).0, 2_400);
     corrupt(store.backend(), "a", 300);
-    assert_eq!(named(store.read_all(&id("a")).unwrap_err()).0, 300);
+    assert_eq!(named(store.read_all(&id("a")).await.unwrap_err()).0, 300);
     assert_eq!(
-        named(store.read(&id("a"), 301, usize::MAX).unwrap_err()).0,
+        named(store.read(&id("a"), 301, usize::MAX).await.unwrap_err()).0,
         2_400
     );
     // A record under another seq's key is as corrupt as one that does not
@@ -447,14 +472,240 @@ async fn a_corrupted_record_in_a_long_read_is_named<B: Backend>(store: &keel_sto
         .backend()
         .commit(&[(keel_store::keys::event(&id("a"), 1_200), misplaced)])
         .unwrap();
-    let (seq, reason) = named(store.read(&id("a"), 301, usize::MAX).unwrap_err());
+    let (seq, reason) = named(store.read(&id("a"), 301, usize::MAX).await.unwrap_err());
     assert_eq!(seq, 1_200);
     assert!(reason.contains("record holds seq 10"), "{reason}");
-    assert_eq!(store.read(&id("a"), 1, 299).unwrap().len(), 299);
+    assert_eq!(store.read(&id("a"), 1, 299).await.unwrap().len(), 299);
+}
+
+/// How long a gated read waits for the gate before it gives up: only
+/// reached when a read blocks the thread that would open the gate.
+const GATE_PATIENCE: Duration = Duration::from_secs(10);
+
+/// A gate in front of an engine's reads. Once armed, every read waits until
+/// something opens the gate, or fails after [`GATE_PATIENCE`].
+#[derive(Default)]
+struct Gate {
+    /// Reads wait only while this is set, so that setting up (appends,
+    /// whose committer reads the engine too) never waits.
+    armed: AtomicBool,
+    open: Mutex<bool>,
+    opened: Condvar,
+    /// Reads that went through the gate while it was armed.
+    passed: AtomicUsize,
+}
+
+impl Gate {
+    fn arm(&self) {
+        *self.open.lock().unwrap() = false;
+        self.passed.store(0, Ordering::SeqCst);
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+
+    fn disarm(&self) {
+        self.armed.store(false, Ordering::SeqCst);
+    }
+
+    fn pass(&self) -> keel_store::Result<()> {
+        if !self.armed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let open = self.open.lock().unwrap();
+        let (open, _) = self
+            .opened
+            .wait_timeout_while(open, GATE_PATIENCE, |open| !*open)
+            .unwrap();
+        if !*open {
+            return Err(Error::Backend {
+                backend: "gated",
+                reason: "nothing opened the gate: the read blocked the runtime's thread".to_owned(),
+            });
+        }
+        self.passed.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// Any engine, with a [`Gate`] in front of its reads.
+struct Gated<B> {
+    inner: B,
+    gate: Arc<Gate>,
+}
+
+impl<B: Backend> Gated<B> {
+    fn new(inner: B) -> Gated<B> {
+        Gated {
+            inner,
+            gate: Arc::default(),
+        }
+    }
+}
+
+impl<B: Backend> Backend for Gated<B> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn commit(&self, writes: &[Entry]) -> keel_store::Result<()> {
+        self.inner.commit(writes)
+    }
+    fn get(&self, key: &[u8]) -> keel_store::Result<Option<Vec<u8>>> {
+        self.gate.pass()?;
+        self.inner.get(key)
+    }
+    fn visit_range(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        visit: &mut Visit<'_>,
+    ) -> keel_store::Result<()> {
+        self.gate.pass()?;
+        self.inner.visit_range(start, end, limit, visit)
+    }
+    fn last(&self, start: &[u8], end: &[u8]) -> keel_store::Result<Option<Entry>> {
+        self.gate.pass()?;
+        self.inner.last(start, end)
+    }
+    fn tail(&self, start: &[u8], end: &[u8], limit: usize) -> keel_store::Result<Vec<Entry>> {
+        self.gate.pass()?;
+        self.inner.tail(start, end, limit)
+    }
+}
+
+/// Await `read` with the gate armed and a task spawned just before it
+/// that opens the gate. On a runtime with one thread that task runs only
+/// while `read` leaves the thread free, so `read` can only get past the
+/// gate if it waits for the engine off the runtime's thread; one that
+/// blocked the thread would wait for the task in vain and fail.
+async fn gated<T>(gate: &Arc<Gate>, read: impl Future<Output = T>) -> T {
+    gate.arm();
+    let opener = tokio::spawn({
+        let gate = Arc::clone(gate);
+        async move { gate.open() }
+    });
+    let value = read.await;
+    opener.await.unwrap();
+    assert!(
+        gate.passed.load(Ordering::SeqCst) > 0,
+        "the read went through the gate"
+    );
+    gate.disarm();
+    value
+}
+
+/// Reads never block the thread of the runtime that awaits them: every
+/// `EventLog` read, a long one (decoded in parallel) and `rehydrate`
+/// among them, lets another task of a one-thread runtime run while it
+/// waits for the engine. Needs a one-thread (`current_thread`) runtime.
+async fn reads_leave_the_runtime_thread_free<B: Backend>(store: &Store<Gated<B>>) {
+    seed(store, "long", LONG).await;
+    seed(store, "short", 3).await;
+    let hash = store.put_blob(b"image".to_vec()).await.unwrap();
+    let short = store.read_all(&id("short")).await.unwrap();
+    store
+        .save_checkpoint(&id("short"), &WorkingSet::replay(&short).unwrap())
+        .await
+        .unwrap();
+    let gate = Arc::clone(&store.backend().gate);
+
+    let long = gated(&gate, store.read_all(&id("long"))).await.unwrap();
+    assert_eq!(seqs(&long), (1..=LONG + 2).collect::<Vec<_>>());
+    let events = gated(&gate, store.read(&id("long"), 10, 5)).await.unwrap();
+    assert_eq!(seqs(&events), vec![10, 11, 12, 13, 14]);
+    let tail = gated(&gate, store.read_tail(&id("long"), 2)).await.unwrap();
+    assert_eq!(seqs(&tail), vec![LONG + 1, LONG + 2]);
+    assert_eq!(
+        gated(&gate, store.last_seq(&id("long"))).await.unwrap(),
+        LONG + 2
+    );
+    assert!(gated(&gate, store.load_snapshot(&id("short")))
+        .await
+        .unwrap()
+        .is_some());
+    assert_eq!(
+        gated(&gate, store.load_checkpoint(&id("short")))
+            .await
+            .unwrap()
+            .map(|working| working.last_seq),
+        Some(5)
+    );
+    assert_eq!(
+        gated(&gate, store.get_blob(&hash))
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(&b"image"[..])
+    );
+    // Storing a blob first looks whether it is there.
+    assert_eq!(
+        gated(&gate, store.put_blob(b"image".to_vec()))
+            .await
+            .unwrap(),
+        hash
+    );
+    assert_eq!(
+        gated(&gate, store.index_entry(&id("short")))
+            .await
+            .unwrap()
+            .map(|entry| entry.last_seq),
+        Some(5)
+    );
+    assert_eq!(gated(&gate, store.list(false)).await.unwrap().len(), 2);
+    let rebuilt = gated(&gate, rehydrate(store, &id("long")))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        rebuilt.conversation.working,
+        WorkingSet::replay(&long).unwrap()
+    );
+}
+
+/// A read whose caller stopped waiting still runs to its end on the
+/// blocking pool, with the engine open. The data directory stays locked
+/// until it has let go of the engine, so that no second store opens the
+/// engine's files while they are still open.
+fn a_read_given_up_on_keeps_the_directory_locked_until_it_ends<B: Backend>(
+    engine: impl FnOnce(&Path) -> B,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let lock = DirLock::acquire(dir.path()).unwrap();
+    let store = Store::new(Gated::new(engine(dir.path())), Some(lock)).unwrap();
+    runtime.block_on(seed(&store, "a", 3));
+    let gate = Arc::clone(&store.backend().gate);
+    gate.arm();
+    runtime.block_on(async {
+        let conversation = id("a");
+        let mut read = store.read_all(&conversation);
+        // Poll the read once, which hands it to the blocking pool, where
+        // it waits at the gate; then give up on it.
+        tokio::select! {
+            biased;
+            _ = &mut read => panic!("the read got past a closed gate"),
+            () = std::future::ready(()) => {}
+        }
+    });
+    drop(store);
+    assert!(
+        matches!(DirLock::acquire(dir.path()), Err(Error::InUse { .. })),
+        "the directory was unlocked while a read still had the engine open"
+    );
+    gate.open();
+    // Shutting the runtime down waits for its blocking pool to finish.
+    drop(runtime);
+    DirLock::acquire(dir.path()).unwrap();
 }
 
 macro_rules! conformance {
-    ($backend:ident, $open:expr) => {
+    ($backend:ident, $open:expr, $engine:expr) => {
         mod $backend {
             use super::*;
 
@@ -524,19 +775,55 @@ macro_rules! conformance {
                 let (_dir, log) = open();
                 super::the_index_lists_conversations_and_marks_turns_in_flight(&*log).await;
             }
+
+            #[tokio::test(flavor = "current_thread")]
+            async fn reads_leave_the_runtime_thread_free() {
+                let dir = tempfile::tempdir().unwrap();
+                let store = Store::new(Gated::new(($engine)(dir.path())), None).unwrap();
+                super::reads_leave_the_runtime_thread_free(&store).await;
+            }
+
+            #[test]
+            fn a_read_given_up_on_keeps_the_directory_locked_until_it_ends() {
+                super::a_read_given_up_on_keeps_the_directory_locked_until_it_ends($engine);
+            }
         }
     };
 }
 
-conformance!(memory, |_dir: &std::path::Path| Arc::new(
-    keel_store::open_memory().unwrap()
-));
-conformance!(sled, |dir: &std::path::Path| Arc::new(
-    keel_store::open_sled(dir).unwrap()
-));
-conformance!(redb, |dir: &std::path::Path| Arc::new(
-    keel_store::open_redb(dir).unwrap()
-));
+conformance!(
+    memory,
+    |_dir: &std::path::Path| Arc::new(keel_store::open_memory().unwrap()),
+    |_dir: &std::path::Path| keel_store::MemoryBackend::new()
+);
+conformance!(
+    sled,
+    |dir: &std::path::Path| Arc::new(keel_store::open_sled(dir).unwrap()),
+    |dir: &std::path::Path| keel_store::SledBackend::open(&dir.join("sled")).unwrap()
+);
+conformance!(
+    redb,
+    |dir: &std::path::Path| Arc::new(keel_store::open_redb(dir).unwrap()),
+    |dir: &std::path::Path| keel_store::RedbBackend::open(&dir.join("keel.redb")).unwrap()
+);
+
+/// Polled outside any tokio runtime (another executor, or none), a read has
+/// no blocking pool to go to and runs on the caller's thread: it is done on
+/// its first poll, where `spawn_blocking` would have panicked.
+#[test]
+fn a_read_outside_a_tokio_runtime_runs_on_the_callers_thread() {
+    let store = keel_store::open_memory().unwrap();
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap()
+        .block_on(seed(&store, "a", 3));
+    let conversation = id("a");
+    let mut read = store.read_all(&conversation);
+    match read.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(events) => assert_eq!(seqs(&events.unwrap()), vec![1, 2, 3, 4, 5]),
+        Poll::Pending => panic!("a read outside a runtime waited"),
+    }
+}
 
 // --- What only some backends can show ------------------------------------------------
 
@@ -617,15 +904,16 @@ async fn survives_reopen_and_refuses_a_second_opener(
         );
     }
     let log = open(dir.path()).unwrap();
-    assert_eq!(log.last_seq(&id("a")).unwrap(), 7);
+    assert_eq!(log.last_seq(&id("a")).await.unwrap(), 7);
     assert!(log
         .get_blob(&keel_store::blob_hash(b"image"))
+        .await
         .unwrap()
         .is_some());
     // Appends carry on after a reopen, still checked for contiguity.
     assert!(log.append(&id("a"), messages(8, 1)).await.is_err());
     log.append(&id("a"), messages(7, 1)).await.unwrap();
-    assert_eq!(log.list(false).unwrap()[0].last_seq, 8);
+    assert_eq!(log.list(false).await.unwrap()[0].last_seq, 8);
 }
 
 #[tokio::test]
@@ -645,10 +933,12 @@ async fn redb_survives_reopen_and_refuses_a_second_opener() {
 }
 
 /// A backend whose commits fail from a given moment, like a disk whose
-/// fsync reports EIO.
+/// fsync reports EIO, and whose scans panic when told to, like an engine
+/// with a bug.
 struct FailingBackend {
     inner: keel_store::MemoryBackend,
     fail: std::sync::atomic::AtomicBool,
+    panic_in_scans: std::sync::atomic::AtomicBool,
 }
 
 impl Backend for FailingBackend {
@@ -673,6 +963,12 @@ impl Backend for FailingBackend {
         limit: usize,
         visit: &mut keel_store::backend::Visit<'_>,
     ) -> keel_store::Result<()> {
+        if self
+            .panic_in_scans
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            panic!("the engine has a bug");
+        }
         self.inner.visit_range(start, end, limit, visit)
     }
     fn last(
@@ -698,6 +994,7 @@ async fn a_failed_flush_is_fatal_and_never_retried() {
         FailingBackend {
             inner: keel_store::MemoryBackend::new(),
             fail: false.into(),
+            panic_in_scans: false.into(),
         },
         None,
     )
@@ -727,5 +1024,37 @@ async fn a_failed_flush_is_fatal_and_never_retried() {
         Err(Error::Fatal { .. })
     ));
     // What was durable stays readable.
-    assert_eq!(store.last_seq(&id("a")).unwrap(), 4);
+    assert_eq!(store.last_seq(&id("a")).await.unwrap(), 4);
+}
+
+/// A read that panics on the blocking pool is an error of the read, not a
+/// crash of the caller, and the store goes on serving.
+#[tokio::test]
+async fn a_read_that_panics_is_an_error_and_the_store_goes_on() {
+    let store = keel_store::Store::new(
+        FailingBackend {
+            inner: keel_store::MemoryBackend::new(),
+            fail: false.into(),
+            panic_in_scans: false.into(),
+        },
+        None,
+    )
+    .unwrap();
+    seed(&store, "a", 2).await;
+    store
+        .backend()
+        .panic_in_scans
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let error = store.read_all(&id("a")).await.unwrap_err();
+    assert!(matches!(&error, Error::ReadAborted { .. }), "{error}");
+    assert_eq!(
+        error.to_string(),
+        "a store read on the blocking pool panicked"
+    );
+    store
+        .backend()
+        .panic_in_scans
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(store.read_all(&id("a")).await.unwrap().len(), 4);
+    store.append(&id("a"), messages(4, 1)).await.unwrap();
 }

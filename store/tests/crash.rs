@@ -281,6 +281,7 @@ async fn write_forever(store: Arc<dyn EventLog>, writer: usize, run: u64, seed: 
         let id = ConversationId::new(format!("p{writer:02}-{k}")).unwrap();
         let last = store
             .last_seq(&id)
+            .await
             .unwrap_or_else(|error| die(format!("last_seq({id}) failed: {error}")));
         active.push((id, last));
     }
@@ -505,12 +506,13 @@ struct Known {
 /// Events of the verified tail each later check reads again.
 const KNOWN_TAIL: usize = 4;
 
+#[async_trait::async_trait]
 trait Verify {
     /// Check the reopened store against every acknowledged append and
     /// against what earlier checks saw. `full` reads every log from seq 1
     /// and scans the whole event key space; otherwise each log is read
     /// from the tail the last check saw.
-    fn verify(
+    async fn verify(
         &self,
         acked: &HashMap<String, Seq>,
         known: &mut HashMap<ConversationId, Known>,
@@ -518,8 +520,9 @@ trait Verify {
     ) -> Result<Seen, String>;
 }
 
+#[async_trait::async_trait]
 impl<B: Backend> Verify for Store<B> {
-    fn verify(
+    async fn verify(
         &self,
         acked: &HashMap<String, Seq>,
         known: &mut HashMap<ConversationId, Known>,
@@ -527,6 +530,7 @@ impl<B: Backend> Verify for Store<B> {
     ) -> Result<Seen, String> {
         let entries = self
             .list(true)
+            .await
             .map_err(|error| format!("list failed: {error}"))?;
         let mut seen = Seen::default();
         let mut lengths: HashMap<String, Seq> = HashMap::new();
@@ -538,13 +542,14 @@ impl<B: Backend> Verify for Store<B> {
                 Some(before) if !full => before.tail.first().map_or(1, |event| event.seq),
                 _ => 1,
             };
-            let events = self.read(&id, from, usize::MAX).map_err(|error| {
+            let events = self.read(&id, from, usize::MAX).await.map_err(|error| {
                 format!("reading {id} from seq {from} failed (torn record?): {error}")
             })?;
             let folded = check_log(&id, from, &events, &entry, before)?;
             let last = from + events.len() as Seq - 1;
             let index_last = self
                 .index_entry(&id)
+                .await
                 .map_err(|error| format!("index_entry({id}) failed: {error}"))?
                 .map(|entry| entry.last_seq);
             if index_last != Some(last) {
@@ -554,6 +559,7 @@ impl<B: Backend> Verify for Store<B> {
             }
             let last_seq = self
                 .last_seq(&id)
+                .await
                 .map_err(|error| format!("last_seq({id}) failed: {error}"))?;
             if last_seq != last {
                 return Err(format!(
@@ -724,7 +730,12 @@ fn reopen_and_check(
     let opening = Instant::now();
     let store = open(backend, dir)?;
     let took = opening.elapsed();
-    let seen = store.verify(acked, known, full)?;
+    // The store's reads are async; a runtime of one thread is enough to
+    // wait for them (they run on its blocking pool).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(|error| format!("cannot start a tokio runtime: {error}"))?;
+    let seen = runtime.block_on(store.verify(acked, known, full))?;
     {
         let _spawning = SPAWNING
             .lock()

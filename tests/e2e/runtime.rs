@@ -180,8 +180,8 @@ impl Watch {
     }
 }
 
-fn log(runtime: &Runtime, conversation: &ConversationHandle) -> Vec<Event> {
-    runtime.store().read_all(conversation.id()).unwrap()
+async fn log(runtime: &Runtime, conversation: &ConversationHandle) -> Vec<Event> {
+    runtime.store().read_all(conversation.id()).await.unwrap()
 }
 
 fn count(events: &[Event], matches: impl Fn(&EventKind) -> bool) -> usize {
@@ -294,7 +294,7 @@ async fn full_turn_with_a_tool_call(kind: BackendKind) {
     subscription.reach(StateName::ExecutingTools).await;
     subscription.reach(StateName::Idle).await;
 
-    let events = log(&runtime, &conversation);
+    let events = log(&runtime, &conversation).await;
     let results = tool_results(&events);
     assert_eq!(results.len(), 1, "{events:#?}");
     let (_, content, synthetic) = &results[0];
@@ -407,7 +407,7 @@ async fn runtime_busy_rejection_says_how_to_cancel() {
     conversation.send("slow one", Vec::new()).await.unwrap();
     subscription.reach(StateName::Streaming).await;
 
-    let before = log(&runtime, &conversation).len();
+    let before = log(&runtime, &conversation).await.len();
     let refused = conversation
         .send("while busy", Vec::new())
         .await
@@ -420,7 +420,7 @@ async fn runtime_busy_rejection_says_how_to_cancel() {
     }
     assert!(refused.to_string().contains("cancel"), "{refused}");
     assert_eq!(
-        log(&runtime, &conversation).len(),
+        log(&runtime, &conversation).await.len(),
         before,
         "a refused message changes nothing"
     );
@@ -453,7 +453,7 @@ async fn runtime_interrupt_policy_starts_a_new_turn_for_the_new_message() {
     subscription.reach(StateName::Debouncing).await;
     subscription.reach(StateName::Idle).await;
 
-    let events = log(&runtime, &conversation);
+    let events = log(&runtime, &conversation).await;
     assert_eq!(
         count(&events, |kind| matches!(
             kind,
@@ -498,7 +498,7 @@ async fn runtime_queue_policy_runs_the_queued_message_after_the_turn() {
         .unwrap();
     let waited = tokio::time::timeout(PATIENCE, async {
         loop {
-            let events = log(&runtime, &conversation);
+            let events = log(&runtime, &conversation).await;
             if count(&events, |kind| {
                 matches!(kind, EventKind::TurnCompleted { .. })
             }) == 2
@@ -539,7 +539,7 @@ async fn runtime_cancel_during_streaming_closes_the_connection() {
     assert_eq!(conversation.cancel().await.unwrap(), StateName::Idle);
     let records = rig.mock.wait_ended(1).await;
     assert_eq!(records[0]["outcome"], "disconnected");
-    let events = log(&runtime, &conversation);
+    let events = log(&runtime, &conversation).await;
     assert_eq!(
         count(&events, |kind| matches!(
             kind,
@@ -574,7 +574,7 @@ async fn runtime_cancel_during_a_tool_kills_its_process_tree() {
 
     assert_eq!(conversation.cancel().await.unwrap(), StateName::Idle);
     wait_group_gone(pgid).await;
-    let events = log(&runtime, &conversation);
+    let events = log(&runtime, &conversation).await;
     let results = tool_results(&events);
     assert_eq!(results.len(), 1);
     assert!(results[0].2, "the cancelled call got a synthetic result");
@@ -716,7 +716,7 @@ async fn runtime_two_concurrent_ensure_started_give_one_actor() {
     let id = conversation.id().clone();
     conversation.evict().await.unwrap();
     assert!(!runtime.is_live(&id));
-    let sessions_before = count(&log(&runtime, &conversation), |kind| {
+    let sessions_before = count(&log(&runtime, &conversation).await, |kind| {
         matches!(kind, EventKind::SessionStarted)
     });
 
@@ -730,7 +730,7 @@ async fn runtime_two_concurrent_ensure_started_give_one_actor() {
         assert_eq!(runtime.live(), vec![id.clone()]);
         conversation.evict().await.unwrap();
     }
-    let sessions = count(&log(&runtime, &conversation), |kind| {
+    let sessions = count(&log(&runtime, &conversation).await, |kind| {
         matches!(kind, EventKind::SessionStarted)
     });
     assert_eq!(
@@ -763,6 +763,7 @@ async fn runtime_eviction_and_revival_keep_history() {
         runtime
             .store()
             .load_snapshot(conversation.id())
+            .await
             .unwrap()
             .is_some(),
         "eviction saved the snapshot"
@@ -770,9 +771,10 @@ async fn runtime_eviction_and_revival_keep_history() {
     let checkpoint = runtime
         .store()
         .load_checkpoint(conversation.id())
+        .await
         .unwrap()
         .expect("eviction saved a checkpoint of the working set");
-    let evicted_log = log(&runtime, &conversation);
+    let evicted_log = log(&runtime, &conversation).await;
     assert_eq!(checkpoint, WorkingSet::replay(&evicted_log).unwrap());
 
     let after = conversation.inspect().await.unwrap();
@@ -795,7 +797,7 @@ async fn runtime_eviction_and_revival_keep_history() {
     assert_eq!(live.len(), before.len() + 2, "{live:?}");
     assert_eq!(
         live,
-        WorkingSet::replay(&log(&runtime, &conversation))
+        WorkingSet::replay(&log(&runtime, &conversation).await)
             .unwrap()
             .messages
     );
@@ -821,7 +823,7 @@ async fn runtime_evicts_idle_conversations_on_its_own() {
         !runtime.is_live(conversation.id())
     })
     .await;
-    let events = log(&runtime, &conversation);
+    let events = log(&runtime, &conversation).await;
     assert!(matches!(
         events.last().unwrap().kind,
         EventKind::SessionEnded
@@ -858,7 +860,7 @@ async fn dropped_mid_stream(recovery: RecoveryPolicy) -> (Rig, Vec<Event>) {
     let conversation = runtime.handle(id);
     let mut subscription = watch(&conversation).await;
     subscription.reach(StateName::Idle).await;
-    let events = log(&runtime, &conversation);
+    let events = log(&runtime, &conversation).await;
     drop(subscription);
     drop(conversation);
     runtime.shutdown().await;
@@ -931,7 +933,7 @@ async fn runtime_reopened_mid_tool_redispatches_the_same_call_under_resume() {
     let conversation = runtime.handle(id);
     let mut subscription = watch(&conversation).await;
     subscription.reach(StateName::Idle).await;
-    let events = log(&runtime, &conversation);
+    let events = log(&runtime, &conversation).await;
     let call_ids: Vec<String> = events
         .iter()
         .filter_map(|event| match &event.kind {
@@ -1092,7 +1094,7 @@ async fn runtime_a_panicking_tool_becomes_an_error_result() {
     subscription.reach(StateName::ExecutingTools).await;
     subscription.reach(StateName::Idle).await;
 
-    let events = log(&runtime, &conversation);
+    let events = log(&runtime, &conversation).await;
     let result = events
         .iter()
         .find_map(|event| match &event.kind {
@@ -1168,7 +1170,7 @@ async fn runtime_unknown_tool_is_an_error_result_not_a_stuck_turn() {
     subscription
         .through(StateName::Streaming, StateName::Idle)
         .await;
-    let results = tool_results(&log(&runtime, &conversation));
+    let results = tool_results(&log(&runtime, &conversation).await);
     assert_eq!(results.len(), 1);
     assert!(results[0].1.contains("no tool named"), "{}", results[0].1);
     runtime.shutdown().await;
@@ -1266,6 +1268,7 @@ async fn runtime_a_hibernating_conversation_wakes_for_its_approval() {
     let checkpoint = runtime
         .store()
         .load_checkpoint(conversation.id())
+        .await
         .unwrap()
         .expect("hibernating saved a checkpoint");
     assert_eq!(checkpoint.last_seq, before.last_seq);
@@ -1318,7 +1321,7 @@ async fn runtime_with_short_idle_zero_holds_no_history_at_rest() {
     assert_eq!(second.messages.len(), first.messages.len() + 2);
     assert_eq!(
         second.messages,
-        WorkingSet::replay(&log(&runtime, &conversation))
+        WorkingSet::replay(&log(&runtime, &conversation).await)
             .unwrap()
             .messages
     );
@@ -1411,7 +1414,7 @@ async fn runtime_host_killed_mid_tool_leaves_no_process_behind() {
     let conversation = runtime.handle(id);
     let mut subscription = watch(&conversation).await;
     subscription.reach(StateName::Idle).await;
-    let events = log(&runtime, &conversation);
+    let events = log(&runtime, &conversation).await;
     let results = tool_results(&events);
     assert_eq!(results.len(), 1, "{results:?}");
     assert!(results[0].2, "the interrupted call got a synthetic result");

@@ -40,7 +40,7 @@ pub(super) async fn recover(runtime: &Runtime) -> Result<BootReport, Error> {
             tracing::warn!(pgid = reaped.pgid, label = %reaped.label, "killed a tool process group that outlived the last run");
         }
     }
-    for entry in runtime.shared.store.list(true)? {
+    for entry in runtime.shared.store.list(true).await? {
         if !entry.needs_recovery() {
             continue;
         }
