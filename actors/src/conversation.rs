@@ -3,20 +3,23 @@
 //! through `ensure_started`, so a handle keeps working across evictions and
 //! crash restarts of the actor behind it.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
 use ractor::{ActorRef, RpcReplyPort};
 use serde::Serialize;
 
+use keel_core::event::Event;
 use keel_core::event::{Decision, PendingCall};
 use keel_core::ids::{ConversationId, EventId, Seq, ToolCallId};
 use keel_core::message::{ImageRef, Message, Usage};
-use keel_core::state::StateName;
+use keel_core::state::{Phase, StateName};
+use keel_core::time::Timestamp;
+use keel_core::working::WorkingSet;
 use keel_core::{ConversationConfig, Generation};
 
 use crate::conversation_actor::ConversationMsg;
+use crate::door;
 use crate::pubsub::Subscription;
 use crate::runtime::Runtime;
 use crate::Error;
@@ -49,6 +52,9 @@ pub struct Inspection {
     pub subscribers: usize,
     /// The short-idle tier released this actor's buffers.
     pub hibernated: bool,
+    /// An actor serves the conversation now. An inspection of one that has
+    /// none is read from the store and wakes nothing.
+    pub live: bool,
     /// What runs now.
     pub worker: Option<WorkerInfo>,
 }
@@ -58,6 +64,36 @@ pub struct Inspection {
 pub enum WorkerInfo {
     Stream { generation: Generation },
     Tool { tool_call_id: ToolCallId },
+}
+
+impl Inspection {
+    /// The inspection of a conversation no actor serves: its working set as
+    /// the log folds to, at rest.
+    fn at_rest(working: WorkingSet, now: Timestamp) -> Inspection {
+        let phase = Phase::from_status(&working);
+        Inspection {
+            id: working.id.clone(),
+            state: phase.name(),
+            error: match &phase {
+                Phase::Error { message } => Some(message.clone()),
+                _ => None,
+            },
+            last_seq: working.last_seq,
+            idle_ms: now.millis_since(working.last_activity),
+            queued: working.queued.len(),
+            turn: working.turn,
+            parent: working.parent_conversation,
+            cwd: working.cwd,
+            config: working.config,
+            usage: working.usage,
+            messages: working.messages,
+            pending: working.pending,
+            subscribers: 0,
+            hibernated: false,
+            live: false,
+            worker: None,
+        }
+    }
 }
 
 /// One conversation, by id.
@@ -100,12 +136,8 @@ impl ConversationHandle {
     /// (the HTTP stream closes, a tool's process group gets SIGKILL); then
     /// the actor records the interruption. Returns the state it ended in.
     pub async fn cancel(&self) -> Result<StateName, Error> {
-        let actor = self.runtime.ensure_started(&self.id).await?;
-        let control = self.runtime.shared.control(&self.id);
-        control.cancel_requested.store(true, Ordering::SeqCst);
-        for worker in actor.get_children() {
-            worker.kill();
-        }
+        let runtime = &self.runtime;
+        let actor = door::cancel(&runtime.shared, &runtime.supervisor.get_cell(), &self.id).await?;
         self.call_on(actor, |reply| ConversationMsg::Cancel { reply })
             .await
     }
@@ -128,8 +160,34 @@ impl ConversationHandle {
             .await
     }
 
+    /// What the conversation is and holds. A live conversation answers
+    /// itself; one with no actor (evicted, or never woken since a restart)
+    /// is read from the store, which starts no actor and writes nothing.
     pub async fn inspect(&self) -> Result<Inspection, Error> {
-        self.call(|reply| ConversationMsg::Inspect { reply }).await
+        // A live actor that stops before answering is read from the store.
+        if let Some(inspection) = self
+            .call_live(|reply| ConversationMsg::Inspect { reply })
+            .await
+        {
+            return inspection;
+        }
+        let store = self.runtime.shared.store.as_ref();
+        let working = keel_store::load(store, &self.id)
+            .await?
+            .ok_or_else(|| Error::NotFound(self.id.clone()))?;
+        let now = self.runtime.shared.clock.now();
+        Ok(Inspection::at_rest(working, now))
+    }
+
+    /// Up to `limit` events of the log from seq `from` on, read from the
+    /// store: it starts no actor.
+    pub async fn log(&self, from: Seq, limit: usize) -> Result<Vec<Event>, Error> {
+        let store = &self.runtime.shared.store;
+        let events = store.read(&self.id, from.max(1), limit).await?;
+        if events.is_empty() && store.last_seq(&self.id).await? == 0 {
+            return Err(Error::NotFound(self.id.clone()));
+        }
+        Ok(events)
     }
 
     /// Change the configuration; it applies from the next LLM request.
@@ -147,11 +205,9 @@ impl ConversationHandle {
     /// again from the store. Evicting a conversation that is not running
     /// does nothing.
     pub async fn evict(&self) -> Result<(), Error> {
-        let name = crate::runtime::actor_name(&self.runtime.shared.instance, &self.id);
-        let Some(cell) = ractor::registry::where_is(name) else {
+        let Some(actor) = door::lookup(&self.runtime.shared, &self.id) else {
             return Ok(());
         };
-        let actor: ActorRef<ConversationMsg> = cell.into();
         let answer = match actor
             .call(
                 |reply| ConversationMsg::Evict { reply: Some(reply) },
@@ -208,6 +264,21 @@ impl ConversationHandle {
             }
         }
         Err(Error::Stopped)
+    }
+
+    /// Ask the live actor only, without starting one: `None` if it stopped
+    /// before answering.
+    async fn call_live<T, F>(&self, message: F) -> Option<Result<T, Error>>
+    where
+        T: Send + 'static,
+        F: Fn(RpcReplyPort<T>) -> ConversationMsg,
+    {
+        let actor = door::lookup(&self.runtime.shared, &self.id)?;
+        match actor.call(&message, Some(CALL_TIMEOUT)).await {
+            Ok(CallResult::Success(answer)) => Some(Ok(answer)),
+            Ok(CallResult::Timeout) => Some(Err(Error::Timeout)),
+            Ok(CallResult::SenderError) | Err(_) => None,
+        }
     }
 
     async fn call_on<T, F>(&self, actor: ActorRef<ConversationMsg>, message: F) -> Result<T, Error>

@@ -26,12 +26,13 @@ use keel_core::ids::{ConversationId, EventId, Seq, ToolCallId};
 use keel_core::message::ImageRef;
 use keel_core::state::{Conversation, Phase};
 use keel_core::{
-    AssistantResponse, ConversationConfig, Effect, Generation, Input, LlmFailure, Rejection,
-    StateName, StreamDelta, Timer,
+    AssistantResponse, ConversationConfig, Generation, Input, LlmFailure, NewConversation,
+    Rejection, StateName, StreamDelta, Timer,
 };
 use keel_store::{rehydrate, Rehydrated};
 
 use crate::conversation::{Inspection, WorkerInfo};
+use crate::door;
 use crate::pubsub::{Publisher, Subscription, View, VIEW_MESSAGES};
 use crate::runtime::{Alive, Shared};
 use crate::tool::ToolOutcome;
@@ -111,22 +112,13 @@ pub(crate) enum ConversationMsg {
 
 /// How the actor comes up.
 pub(crate) enum Start {
-    /// A conversation just created: its first events are already durable.
-    Fresh {
-        conversation: Box<Conversation>,
-        effects: Vec<Effect>,
-    },
+    /// A new conversation: the actor runs `keel_core::create` through its
+    /// effect pipeline before it is up, so its first events are durable
+    /// (or the spawn fails) before anyone can address it.
+    Create(Box<NewConversation>),
     /// Rebuild from the store (snapshot checked against the log), then feed
     /// `Input::Started` so that a turn left in flight is recovered.
     Rehydrate,
-}
-
-/// The part of a start that runs once the actor is up.
-pub(crate) enum PendingStart {
-    /// The remaining effects of `keel_core::create` (a sub-agent's deadline).
-    Effects(Vec<Effect>),
-    /// Feed `Input::Started`.
-    Started,
 }
 
 pub(crate) struct ConversationArgs {
@@ -162,8 +154,9 @@ pub(crate) struct ConversationState {
     pub(crate) tool: Option<Worker<ToolCallId>>,
     pub(crate) timers: HashMap<Timer, AbortOnDrop>,
     pub(crate) publisher: Publisher,
-    /// What `post_start` still has to do.
-    pub(crate) pending_start: Option<PendingStart>,
+    /// `post_start` still has to feed `Input::Started` (a rebuilt
+    /// conversation recovers what its log left in flight).
+    pub(crate) recover_on_start: bool,
     /// Last time a user, a worker or a timer did something here.
     pub(crate) last_touched: Instant,
     /// Short-idle tier taken: the working set is released until the next
@@ -185,6 +178,35 @@ pub(crate) struct ConversationState {
 }
 
 impl ConversationState {
+    fn new(
+        id: ConversationId,
+        shared: Arc<Shared>,
+        conversation: Option<Conversation>,
+        checkpoint_seq: Seq,
+        span: tracing::Span,
+    ) -> ConversationState {
+        let mut state = ConversationState {
+            control: door::control(&shared, &id),
+            id,
+            conversation,
+            stream: None,
+            tool: None,
+            timers: HashMap::new(),
+            publisher: Publisher::default(),
+            recover_on_start: false,
+            last_touched: Instant::now(),
+            hibernated: false,
+            draining: false,
+            checkpoint_seq,
+            turn_span: None,
+            span,
+            _alive: shared.alive(),
+            shared,
+        };
+        state.sync_turn_span();
+        state
+    }
+
     /// The span work runs in: the turn's, or the conversation's between turns.
     pub(crate) fn work_span(&self) -> &tracing::Span {
         self.turn_span.as_ref().map_or(&self.span, |(_, span)| span)
@@ -226,16 +248,18 @@ impl Actor for ConversationActor {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<ConversationMsg>,
+        myself: ActorRef<ConversationMsg>,
         args: ConversationArgs,
     ) -> Result<ConversationState, ActorProcessingErr> {
         let ConversationArgs { id, shared, start } = args;
         let span = tracing::info_span!("conversation", id = %id);
-        let (conversation, pending_start, checkpoint_seq) = match start {
-            Start::Fresh {
-                conversation,
-                effects,
-            } => (*conversation, PendingStart::Effects(effects), 0),
+        match start {
+            Start::Create(new) => {
+                let mut state = ConversationState::new(id, shared, None, 0, span);
+                let step = keel_core::create(*new, state.shared.clock.now());
+                effects::apply(&myself, &mut state, step).await?;
+                Ok(state)
+            }
             Start::Rehydrate => {
                 let rehydrated = rehydrate(shared.store.as_ref(), &id)
                     .instrument(span.clone())
@@ -249,34 +273,17 @@ impl Actor for ConversationActor {
                     "rehydrated"
                 );
                 let checkpoint_seq = checkpoint_seq(&rehydrated);
-                (
-                    rehydrated.conversation,
-                    PendingStart::Started,
+                let mut state = ConversationState::new(
+                    id,
+                    shared,
+                    Some(rehydrated.conversation),
                     checkpoint_seq,
-                )
+                    span,
+                );
+                state.recover_on_start = true;
+                Ok(state)
             }
-        };
-        let control = shared.control(&id);
-        let mut state = ConversationState {
-            id,
-            control,
-            conversation: Some(conversation),
-            stream: None,
-            tool: None,
-            timers: HashMap::new(),
-            publisher: Publisher::default(),
-            pending_start: Some(pending_start),
-            last_touched: Instant::now(),
-            hibernated: false,
-            draining: false,
-            checkpoint_seq,
-            turn_span: None,
-            span,
-            _alive: shared.alive(),
-            shared,
-        };
-        state.sync_turn_span();
-        Ok(state)
+        }
     }
 
     async fn post_start(
@@ -284,16 +291,8 @@ impl Actor for ConversationActor {
         myself: ActorRef<ConversationMsg>,
         state: &mut ConversationState,
     ) -> Result<(), ActorProcessingErr> {
-        match state.pending_start.take() {
-            Some(PendingStart::Effects(effects)) => {
-                for effect in effects {
-                    effects::carry_out(&myself, state, effect).await?;
-                }
-            }
-            Some(PendingStart::Started) => {
-                effects::step(&myself, state, Input::Started).await?;
-            }
-            None => {}
+        if std::mem::take(&mut state.recover_on_start) {
+            effects::step(&myself, state, Input::Started).await?;
         }
         rest_at_once(state).await?;
         Ok(())
@@ -305,7 +304,7 @@ impl Actor for ConversationActor {
         state: &mut ConversationState,
     ) -> Result<(), ActorProcessingErr> {
         tracing::debug!(parent: &state.span, "conversation actor stopped");
-        state.shared.forget_control(&state.id, &state.control);
+        door::forget_control(&state.shared, &state.id, &state.control);
         Ok(())
     }
 
@@ -712,6 +711,7 @@ fn inspect(state: &ConversationState) -> Result<Inspection, ActorProcessingErr> 
         idle_ms: state.last_touched.elapsed().as_millis() as u64,
         subscribers: state.publisher.subscribers(),
         hibernated: state.hibernated,
+        live: true,
         worker: match (&state.stream, &state.tool) {
             (Some(stream), _) => Some(WorkerInfo::Stream {
                 generation: stream.key,

@@ -11,6 +11,7 @@
 pub mod clock;
 pub mod conversation;
 mod conversation_actor;
+mod door;
 pub mod image;
 pub mod process_group;
 pub mod provider;
@@ -31,6 +32,7 @@ pub use runtime::{BootReport, Runtime, RuntimeConfig, Settings};
 /// request is not one of them: it is a [`keel_core::LlmFailure`] value that
 /// goes back into `transition()`.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// An attached image was refused; the message is safe to show the user.
     #[error("invalid image: {0}")]
@@ -48,15 +50,19 @@ pub enum Error {
     Rejected(keel_core::Rejection),
     #[error(transparent)]
     Store(#[from] keel_store::Error),
-    /// A working directory that does not exist or is not a directory.
-    #[error("working directory {cwd} is not a directory")]
-    InvalidCwd { cwd: String },
+    /// A working directory that cannot be a conversation's: it does not
+    /// exist, is not a directory, or its path is not UTF-8.
+    #[error("cannot work in {cwd}: {reason}")]
+    InvalidCwd { cwd: String, reason: String },
     /// A configuration value (an environment variable, say) is unusable.
     #[error("{name}: {reason}")]
     Config { name: &'static str, reason: String },
     /// An actor could not be started.
-    #[error("actor runtime: {0}")]
-    Actor(String),
+    #[error("cannot start an actor")]
+    Spawn(#[source] ractor::SpawnErr),
+    /// An actor of this conversation kept its registry name while stopping.
+    #[error("could not start conversation {0}: its name stayed taken")]
+    NameTaken(keel_core::ConversationId),
     /// The runtime is stopping: it starts and creates no conversation.
     #[error("keel is shutting down")]
     ShuttingDown,

@@ -1,31 +1,29 @@
-//! The runtime an embedder opens: the root supervisor, the registry through
-//! which a conversation is addressed only by id, and `ensure_started`, the
-//! one door (seed 004) through which every message, resolution, cancel and
-//! subscription reaches a conversation, starting its actor from the store if
-//! it is not running. Boot recovery lives in `runtime/boot.rs`.
+//! The runtime an embedder opens: the root supervisor, what every actor of
+//! it shares, the idle sweeper, and its graceful stop. Conversations are
+//! found, started and created only through `door.rs`; boot recovery lives
+//! in `runtime/boot.rs`.
 
 mod boot;
 mod supervisor;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ractor::{Actor, ActorCell, ActorRef, SpawnErr};
+use ractor::{Actor, ActorCell, ActorRef};
 
 use keel_core::ids::ConversationId;
-use keel_core::{create, ConversationConfig, NewConversation, Step};
+use keel_core::ConversationConfig;
 use keel_store::{EventLog, IndexEntry};
 
 pub use boot::BootReport;
 
 use crate::clock::Clock;
 use crate::conversation::ConversationHandle;
-use crate::conversation_actor::{
-    Control, ConversationActor, ConversationArgs, ConversationMsg, Start,
-};
+use crate::conversation_actor::{Control, ConversationMsg};
+use crate::door;
 use crate::process_group::ProcessLedger;
 use crate::provider::{ProviderClient, ProviderConfig};
 use crate::tool::ToolRegistry;
@@ -110,11 +108,12 @@ pub(crate) struct Shared {
     pub(crate) ledger: Option<Arc<ProcessLedger>>,
     pub(crate) clock: Clock,
     pub(crate) settings: Settings,
-    controls: Mutex<HashMap<ConversationId, Arc<Control>>>,
+    /// Each live conversation's out-of-band control block (`door::control`).
+    pub(crate) controls: Mutex<HashMap<ConversationId, Arc<Control>>>,
     /// Actors and workers that hold this `Shared` now (see [`Alive`]).
     alive: Arc<AtomicUsize>,
-    /// `shutdown` ran: background tasks end.
-    closed: AtomicBool,
+    /// The runtime is stopping: no conversation starts, background tasks end.
+    pub(crate) closed: AtomicBool,
 }
 
 /// Counts an actor or worker that holds the runtime's `Shared` for as long
@@ -133,32 +132,6 @@ impl Shared {
         self.alive.fetch_add(1, Ordering::SeqCst);
         Alive(self.alive.clone())
     }
-
-    /// The out-of-band control block of a conversation, shared by its actor
-    /// (whichever life of it) and every handle.
-    pub(crate) fn control(&self, id: &ConversationId) -> Arc<Control> {
-        let mut controls = self
-            .controls
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        controls.entry(id.clone()).or_default().clone()
-    }
-
-    /// A conversation's actor stopped cleanly (eviction): drop its control
-    /// block, so the map holds only conversations that are live, unless a
-    /// newer actor of the same conversation already took a new one.
-    pub(crate) fn forget_control(&self, id: &ConversationId, control: &Arc<Control>) {
-        let mut controls = self
-            .controls
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if controls
-            .get(id)
-            .is_some_and(|current| Arc::ptr_eq(current, control))
-        {
-            controls.remove(id);
-        }
-    }
 }
 
 /// A running keel: cheap to clone, every clone the same runtime.
@@ -169,19 +142,6 @@ pub struct Runtime {
 }
 
 static INSTANCES: AtomicU64 = AtomicU64::new(0);
-
-/// The registry name of a conversation's actor.
-pub(crate) fn actor_name(instance: &str, id: &ConversationId) -> String {
-    format!("{instance}/conversation/{id}")
-}
-
-/// The conversation a registry name belongs to, if it is one of `instance`'s.
-pub(crate) fn conversation_of(instance: &str, name: &str) -> Option<ConversationId> {
-    let id = name
-        .strip_prefix(instance)?
-        .strip_prefix("/conversation/")?;
-    ConversationId::new(id).ok()
-}
 
 impl Runtime {
     /// Open a runtime: start the supervisor, kill tool process groups that
@@ -227,7 +187,7 @@ impl Runtime {
             shared.clone(),
         )
         .await
-        .map_err(|error| Error::Actor(error.to_string()))?;
+        .map_err(Error::Spawn)?;
         spawn_idle_sweeper(&shared);
         let runtime = Runtime { shared, supervisor };
         let report = boot::recover(&runtime).await?;
@@ -235,57 +195,21 @@ impl Runtime {
     }
 
     /// Create a conversation working in `cwd` (fixed for its whole life,
-    /// REQ-BED-010) and start its actor.
+    /// REQ-BED-010: made absolute and checked to be an existing directory
+    /// with a UTF-8 path) and start its actor.
     pub async fn create(
         &self,
-        cwd: impl Into<PathBuf>,
+        cwd: impl AsRef<Path>,
         config: ConversationConfig,
     ) -> Result<ConversationHandle, Error> {
-        if self.shared.closed.load(Ordering::SeqCst) {
-            return Err(Error::ShuttingDown);
-        }
-        let cwd = cwd.into();
-        let metadata = tokio::fs::metadata(&cwd).await;
-        if !metadata.as_ref().is_ok_and(|metadata| metadata.is_dir()) {
-            return Err(Error::InvalidCwd {
-                cwd: cwd.display().to_string(),
-            });
-        }
-        let id = new_id();
-        let step = create(
-            NewConversation {
-                id: id.clone(),
-                cwd: cwd.display().to_string(),
-                config,
-                parent_conversation: None,
-            },
-            self.shared.clock.now(),
-        );
-        let Step {
-            state, mut effects, ..
-        } = step;
-        if let Some(keel_core::Effect::Append { events }) = effects.first() {
-            self.shared.store.append(&id, events.clone()).await?;
-            effects.remove(0);
-        }
-        let args = ConversationArgs {
-            id: id.clone(),
-            shared: self.shared.clone(),
-            start: Start::Fresh {
-                conversation: Box::new(state),
-                effects,
-            },
-        };
-        let name = actor_name(&self.shared.instance, &id);
-        ConversationActor::spawn_linked(
-            Some(name),
-            ConversationActor,
-            args,
-            self.supervisor.get_cell(),
+        let id = door::create(
+            &self.shared,
+            &self.supervisor.get_cell(),
+            cwd.as_ref(),
+            config,
+            None,
         )
-        .await
-        .map_err(|error| Error::Actor(error.to_string()))?;
-        tracing::info!(conversation = %id, "created");
+        .await?;
         Ok(self.handle(id))
     }
 
@@ -308,7 +232,7 @@ impl Runtime {
         &self,
         id: &ConversationId,
     ) -> Result<ActorRef<ConversationMsg>, Error> {
-        ensure_started(&self.shared, &self.supervisor.get_cell(), id).await
+        door::ensure_started(&self.shared, &self.supervisor.get_cell(), id).await
     }
 
     /// Conversations in the store, oldest first; sub-agents only if asked.
@@ -318,17 +242,15 @@ impl Runtime {
 
     /// Ids of the conversations with a live actor now.
     pub fn live(&self) -> Vec<ConversationId> {
-        let mut live: Vec<ConversationId> = ractor::registry::registered()
-            .iter()
-            .filter_map(|name| conversation_of(&self.shared.instance, name))
-            .collect();
-        live.sort();
-        live
+        door::live(&self.shared)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect()
     }
 
     /// Whether conversation `id` has a live actor now.
     pub fn is_live(&self, id: &ConversationId) -> bool {
-        ractor::registry::where_is(actor_name(&self.shared.instance, id)).is_some()
+        door::lookup(&self.shared, id).is_some()
     }
 
     /// How many times the supervisor restarted a failed conversation.
@@ -450,52 +372,6 @@ async fn kill(conversations: &[ActorCell]) {
     }
 }
 
-/// Return the live actor of `id`, or start it from the store. Two callers
-/// racing here get the same actor: the registry admits one name once, and the
-/// loser of the spawn race takes the winner's.
-pub(crate) async fn ensure_started(
-    shared: &Arc<Shared>,
-    supervisor: &ActorCell,
-    id: &ConversationId,
-) -> Result<ActorRef<ConversationMsg>, Error> {
-    let name = actor_name(&shared.instance, id);
-    for _ in 0..100 {
-        if let Some(cell) = ractor::registry::where_is(name.clone()) {
-            return Ok(cell.into());
-        }
-        // A runtime that is stopping starts nothing; live conversations
-        // still answer until they end their session.
-        if shared.closed.load(Ordering::SeqCst) {
-            return Err(Error::ShuttingDown);
-        }
-        if shared.store.last_seq(id).await? == 0 {
-            return Err(Error::NotFound(id.clone()));
-        }
-        let args = ConversationArgs {
-            id: id.clone(),
-            shared: shared.clone(),
-            start: Start::Rehydrate,
-        };
-        match ConversationActor::spawn_linked(
-            Some(name.clone()),
-            ConversationActor,
-            args,
-            supervisor.clone(),
-        )
-        .await
-        {
-            Ok((actor, _)) => return Ok(actor),
-            // Someone else started it between our look and our spawn; or
-            // an actor that is stopping still holds the name: look again.
-            Err(SpawnErr::ActorAlreadyRegistered(_)) => tokio::task::yield_now().await,
-            Err(error) => return Err(Error::Actor(error.to_string())),
-        }
-    }
-    Err(Error::Actor(format!(
-        "could not start conversation {id}: its name stayed taken"
-    )))
-}
-
 /// One task per runtime, not one per conversation, tells every live
 /// conversation to look at its idle time every `idle_check`. It holds only a
 /// weak reference, and ends with the runtime.
@@ -514,21 +390,9 @@ fn spawn_idle_sweeper(shared: &Arc<Shared>) {
             if shared.closed.load(Ordering::SeqCst) {
                 return;
             }
-            for name in ractor::registry::registered() {
-                if conversation_of(&shared.instance, &name).is_none() {
-                    continue;
-                }
-                if let Some(cell) = ractor::registry::where_is(name) {
-                    let actor: ActorRef<ConversationMsg> = cell.into();
-                    let _ = actor.cast(ConversationMsg::IdleCheck);
-                }
+            for (_, actor) in door::live(&shared) {
+                let _ = actor.cast(ConversationMsg::IdleCheck);
             }
         }
     });
-}
-
-/// A fresh conversation id: `c-` and 16 random hex digits.
-fn new_id() -> ConversationId {
-    let raw = format!("c-{:016x}", fastrand::u64(..));
-    ConversationId::new(raw).unwrap_or_else(|_| unreachable!("invariant: c- and hex is a valid id"))
 }

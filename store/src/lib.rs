@@ -25,7 +25,7 @@ pub use error::{Error, Result};
 pub use index::IndexEntry;
 pub use keel_core::codec::{decode, encode, DecodeError, CURRENT_VERSION};
 pub use log::EventLog;
-pub use rehydrate::{rehydrate, Rehydrated, SnapshotCheck};
+pub use rehydrate::{load, rehydrate, Rehydrated, SnapshotCheck};
 pub use store::{blob_hash, Store};
 
 use lock::DirLock;

@@ -34,6 +34,16 @@ pub struct Rehydrated {
     pub from_checkpoint: bool,
 }
 
+/// The working set of `conversation` as its log folds to, read only:
+/// nothing is written (the snapshot is neither checked nor repaired), so
+/// reading a conversation that no actor serves leaves the store as it was.
+/// `None` if it does not exist.
+pub async fn load(log: &dyn EventLog, conversation: &ConversationId) -> Result<Option<WorkingSet>> {
+    Ok(fold(log, conversation)
+        .await?
+        .map(|(working, _, _)| working))
+}
+
 /// Rebuild `conversation` from its log, or `None` if it does not exist.
 /// A stored checkpoint of the working set that fits the log saves reading
 /// and replaying the events before it.
@@ -41,19 +51,9 @@ pub async fn rehydrate(
     log: &dyn EventLog,
     conversation: &ConversationId,
 ) -> Result<Option<Rehydrated>> {
-    let last_seq = log.last_seq(conversation).await?;
-    if last_seq == 0 {
+    let Some((working, replayed, from_checkpoint)) = fold(log, conversation).await? else {
         return Ok(None);
-    }
-    let (working, replayed, from_checkpoint) =
-        match from_checkpoint(log, conversation, last_seq).await? {
-            Some((working, replayed)) => (working, replayed, true),
-            None => {
-                let events = log.read_all(conversation).await?;
-                let replayed = events.len();
-                (replay(conversation, events)?, replayed, false)
-            }
-        };
+    };
     let stored = log.load_snapshot(conversation).await?;
     let derived = FsmSnapshot::of(&working);
     let check = match (&stored, &derived) {
@@ -77,6 +77,29 @@ pub async fn rehydrate(
         replayed,
         from_checkpoint,
     }))
+}
+
+/// The working set, from the stored checkpoint and the events after it when
+/// the log continues it, else from the whole log; with how many events were
+/// folded and whether a checkpoint was the start.
+async fn fold(
+    log: &dyn EventLog,
+    conversation: &ConversationId,
+) -> Result<Option<(WorkingSet, usize, bool)>> {
+    let last_seq = log.last_seq(conversation).await?;
+    if last_seq == 0 {
+        return Ok(None);
+    }
+    Ok(Some(
+        match from_checkpoint(log, conversation, last_seq).await? {
+            Some((working, replayed)) => (working, replayed, true),
+            None => {
+                let events = log.read_all(conversation).await?;
+                let replayed = events.len();
+                (replay(conversation, events)?, replayed, false)
+            }
+        },
+    ))
 }
 
 /// The working set from the stored checkpoint and the events after it, if

@@ -777,15 +777,30 @@ async fn runtime_eviction_and_revival_keep_history() {
     let evicted_log = log(&runtime, &conversation).await;
     assert_eq!(checkpoint, WorkingSet::replay(&evicted_log).unwrap());
 
+    // Reading an evicted conversation reads the store: no actor starts and
+    // nothing is written to its log.
     let after = conversation.inspect().await.unwrap();
+    assert!(!after.live);
+    assert_eq!(after.state, StateName::Idle);
     assert!(
-        runtime.is_live(conversation.id()),
-        "inspect brought it back"
+        !runtime.is_live(conversation.id()),
+        "inspect woke the conversation"
     );
     assert_eq!(after.messages, before);
+    assert_eq!(log(&runtime, &conversation).await, evicted_log);
+    assert_eq!(
+        conversation.log(1, usize::MAX).await.unwrap(),
+        evicted_log,
+        "the log reads the store"
+    );
+    assert!(!runtime.is_live(conversation.id()));
+    let listed = runtime.list(false).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(log(&runtime, &conversation).await, evicted_log);
 
     // Revived from the checkpoint, it carries on as if never evicted.
     let mut subscription = watch(&conversation).await;
+    assert!(runtime.is_live(conversation.id()), "subscribing wakes it");
     conversation
         .send("after revival", Vec::new())
         .await

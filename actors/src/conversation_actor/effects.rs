@@ -50,11 +50,30 @@ async fn run_step(
         .take()
         .ok_or("invariant: the conversation is present between steps")?;
     let now = state.shared.clock.now();
+    apply(myself, state, transition(conversation, input, now)).await
+}
+
+/// Carry out a step the core decided: its `Append` first, durably, then
+/// keep its state, then its other effects in order. Every step goes through
+/// here, a new conversation's first one (`keel_core::create`) too.
+pub(crate) fn apply<'a>(
+    myself: &'a ActorRef<ConversationMsg>,
+    state: &'a mut ConversationState,
+    step: Step,
+) -> Pin<Box<dyn Future<Output = Result<Outcome, ActorProcessingErr>> + Send + 'a>> {
+    Box::pin(run_apply(myself, state, step))
+}
+
+async fn run_apply(
+    myself: &ActorRef<ConversationMsg>,
+    state: &mut ConversationState,
+    step: Step,
+) -> Result<Outcome, ActorProcessingErr> {
     let Step {
         state: next,
         effects,
         rejection,
-    } = transition(conversation, input, now);
+    } = step;
     let mut user_message = None;
     let mut effects = effects.into_iter().peekable();
     if let Some(Effect::Append { .. }) = effects.peek() {

@@ -14,7 +14,8 @@ use tokio::time::Instant;
 
 use keel_core::ids::ConversationId;
 
-use super::{conversation_of, ensure_started, Shared};
+use super::Shared;
+use crate::door::{conversation_of, ensure_started};
 
 pub(crate) struct SupervisorActor;
 
