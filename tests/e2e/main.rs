@@ -4,5 +4,6 @@
 
 mod demo;
 mod harness;
+mod promises;
 mod provider;
 mod runtime;

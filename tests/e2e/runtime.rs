@@ -29,38 +29,38 @@ use serde_json::json;
 use crate::harness::{group_is_gone, group_member_states, MockLlm};
 
 /// Longest any wait here may take before the test fails.
-const PATIENCE: Duration = Duration::from_secs(20);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(20);
 
-struct Rig {
-    mock: MockLlm,
+pub(crate) struct Rig {
+    pub(crate) mock: MockLlm,
     /// Holds the working directory and the data directory.
     dir: tempfile::TempDir,
 }
 
 impl Rig {
-    fn new() -> Rig {
+    pub(crate) fn new() -> Rig {
         Rig {
             mock: MockLlm::start(),
             dir: tempfile::tempdir().unwrap(),
         }
     }
 
-    fn cwd(&self) -> std::path::PathBuf {
+    pub(crate) fn cwd(&self) -> std::path::PathBuf {
         let cwd = self.dir.path().join("work");
         std::fs::create_dir_all(&cwd).unwrap();
         cwd
     }
 
-    fn data_dir(&self) -> std::path::PathBuf {
+    pub(crate) fn data_dir(&self) -> std::path::PathBuf {
         self.dir.path().join("data")
     }
 
-    fn store(&self, kind: BackendKind) -> Arc<dyn EventLog> {
+    pub(crate) fn store(&self, kind: BackendKind) -> Arc<dyn EventLog> {
         store::open(kind, &self.data_dir()).unwrap()
     }
 
     /// What the tests open a runtime with, unless they change a field.
-    fn runtime_config(&self, store: Arc<dyn EventLog>) -> RuntimeConfig {
+    pub(crate) fn runtime_config(&self, store: Arc<dyn EventLog>) -> RuntimeConfig {
         RuntimeConfig {
             store,
             providers: self.mock.provider_config(Timeouts::default()),
@@ -70,7 +70,7 @@ impl Rig {
         }
     }
 
-    async fn open(&self, config: RuntimeConfig) -> Runtime {
+    pub(crate) async fn open(&self, config: RuntimeConfig) -> Runtime {
         let (runtime, report) = Runtime::open(config).await.unwrap();
         assert!(
             report.failed.is_empty(),
@@ -80,7 +80,7 @@ impl Rig {
         runtime
     }
 
-    async fn runtime(&self, store: Arc<dyn EventLog>) -> Runtime {
+    pub(crate) async fn runtime(&self, store: Arc<dyn EventLog>) -> Runtime {
         self.open(self.runtime_config(store)).await
     }
 }
@@ -96,7 +96,7 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     assert!(waited.is_ok(), "{what}: not within {PATIENCE:?}");
 }
 
-fn config() -> ConversationConfig {
+pub(crate) fn config() -> ConversationConfig {
     ConversationConfig {
         primary: ModelRef {
             provider: ProviderKind::Anthropic,
@@ -106,7 +106,7 @@ fn config() -> ConversationConfig {
     }
 }
 
-fn with_policy(busy_policy: BusyPolicy) -> ConversationConfig {
+pub(crate) fn with_policy(busy_policy: BusyPolicy) -> ConversationConfig {
     ConversationConfig {
         busy_policy,
         ..config()
@@ -114,12 +114,12 @@ fn with_policy(busy_policy: BusyPolicy) -> ConversationConfig {
 }
 
 /// A subscription that remembers the last state it heard of.
-struct Watch {
-    subscription: Subscription,
-    state: StateName,
+pub(crate) struct Watch {
+    pub(crate) subscription: Subscription,
+    pub(crate) state: StateName,
 }
 
-async fn watch(conversation: &ConversationHandle) -> Watch {
+pub(crate) async fn watch(conversation: &ConversationHandle) -> Watch {
     let subscription = conversation.subscribe().await.unwrap();
     let state = subscription.view.state;
     Watch {
@@ -129,7 +129,7 @@ async fn watch(conversation: &ConversationHandle) -> Watch {
 }
 
 impl Watch {
-    async fn next(&mut self) -> Received {
+    pub(crate) async fn next(&mut self) -> Received {
         let received = self.subscription.next().await;
         if let Received::Update(Update::Live {
             event: LiveEvent::StateChanged { state },
@@ -141,7 +141,7 @@ impl Watch {
     }
 
     /// Waits until the conversation is in `state` (now or later).
-    async fn reach(&mut self, state: StateName) {
+    pub(crate) async fn reach(&mut self, state: StateName) {
         let waited = tokio::time::timeout(PATIENCE, async {
             while self.state != state {
                 if self.next().await == Received::Closed {
@@ -159,7 +159,7 @@ impl Watch {
 
     /// Waits until the conversation enters `state` anew, then until it
     /// leaves again for `then`.
-    async fn through(&mut self, state: StateName, then: StateName) {
+    pub(crate) async fn through(&mut self, state: StateName, then: StateName) {
         let waited = tokio::time::timeout(PATIENCE, async {
             loop {
                 match self.next().await {
@@ -180,16 +180,16 @@ impl Watch {
     }
 }
 
-async fn log(runtime: &Runtime, conversation: &ConversationHandle) -> Vec<Event> {
+pub(crate) async fn log(runtime: &Runtime, conversation: &ConversationHandle) -> Vec<Event> {
     runtime.store().read_all(conversation.id()).await.unwrap()
 }
 
-fn count(events: &[Event], matches: impl Fn(&EventKind) -> bool) -> usize {
+pub(crate) fn count(events: &[Event], matches: impl Fn(&EventKind) -> bool) -> usize {
     events.iter().filter(|event| matches(&event.kind)).count()
 }
 
 /// Invariant 3: every tool_use in the history has exactly one result.
-async fn assert_paired(conversation: &ConversationHandle) {
+pub(crate) async fn assert_paired(conversation: &ConversationHandle) {
     let inspection = conversation.inspect().await.unwrap();
     let mut uses = Vec::new();
     let mut results = Vec::new();
@@ -211,7 +211,7 @@ async fn assert_paired(conversation: &ConversationHandle) {
     assert_eq!(uses, results, "every tool_use has exactly one result");
 }
 
-fn tool_results(events: &[Event]) -> Vec<(String, String, bool)> {
+pub(crate) fn tool_results(events: &[Event]) -> Vec<(String, String, bool)> {
     events
         .iter()
         .filter_map(|event| match &event.kind {
@@ -241,7 +241,7 @@ async fn wait_group_gone(pgid: i32) {
 }
 
 /// Waits until the mock has received `n` requests (ended or not).
-async fn wait_requests(mock: &MockLlm, n: usize) {
+pub(crate) async fn wait_requests(mock: &MockLlm, n: usize) {
     let waited = tokio::time::timeout(PATIENCE, async {
         while mock.requests().await.len() < n {
             tokio::time::sleep(Duration::from_millis(5)).await;
