@@ -149,8 +149,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
             Received::Lagged { missed } => {
-                println!("\n[missed {missed} updates; the log has them]")
+                println!("\n[missed {missed} live updates; the events follow from the log]")
             }
+            Received::CatchUpFailed { error } => println!("\n[could not read the log: {error}]"),
             Received::Closed => break,
         }
     }

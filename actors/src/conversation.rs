@@ -160,6 +160,15 @@ impl ConversationHandle {
             .await
     }
 
+    /// Like [`subscribe`](Self::subscribe), but the canonical events start
+    /// at seq `from` (read from the log up to the view, then live): a
+    /// client that saw everything before `from` misses nothing and sees
+    /// nothing twice.
+    pub async fn subscribe_from(&self, from: Seq) -> Result<Subscription, Error> {
+        let subscription = self.subscribe().await?;
+        Ok(subscription.starting_at(from).await?)
+    }
+
     /// What the conversation is and holds. A live conversation answers
     /// itself; one with no actor (evicted, or never woken since a restart)
     /// is read from the store, which starts no actor and writes nothing.

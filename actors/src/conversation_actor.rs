@@ -84,6 +84,9 @@ pub(crate) enum ConversationMsg {
     ShutdownNow,
     /// The runtime's idle sweeper: see whether to hibernate or evict.
     IdleCheck,
+    /// A subscription was dropped: free the live channel if nobody else
+    /// listens.
+    Unsubscribed,
     // Reports from workers and timers.
     StreamDelta {
         generation: Generation,
@@ -315,7 +318,10 @@ impl Actor for ConversationActor {
         state: &mut ConversationState,
     ) -> Result<(), ActorProcessingErr> {
         let was_hibernating = state.hibernated;
-        if !matches!(message, ConversationMsg::IdleCheck) {
+        if !matches!(
+            message,
+            ConversationMsg::IdleCheck | ConversationMsg::Unsubscribed
+        ) {
             hydrate(state).await?;
         }
         let is_cancel = matches!(message, ConversationMsg::Cancel { .. });
@@ -326,7 +332,9 @@ impl Actor for ConversationActor {
         // an idle actor from hibernating again or from eviction.
         if !matches!(
             message,
-            ConversationMsg::IdleCheck | ConversationMsg::Inspect { .. }
+            ConversationMsg::IdleCheck
+                | ConversationMsg::Inspect { .. }
+                | ConversationMsg::Unsubscribed
         ) {
             state.last_touched = Instant::now();
         }
@@ -382,7 +390,8 @@ impl Actor for ConversationActor {
             ConversationMsg::Subscribe { reply } => {
                 let view = view(state)?;
                 let receiver = state.publisher.subscribe();
-                let _ = reply.send(Subscription::new(view, receiver));
+                let store = state.shared.store.clone();
+                let _ = reply.send(Subscription::new(view, receiver, store, myself.clone()));
             }
             ConversationMsg::Inspect { reply } => {
                 let mut inspection = inspect(state)?;
@@ -400,6 +409,7 @@ impl Actor for ConversationActor {
                 return Err("crash requested (drill)".into());
             }
             ConversationMsg::IdleCheck => idle_check(&myself, state).await?,
+            ConversationMsg::Unsubscribed => state.publisher.release_if_unwatched(),
             ConversationMsg::Drain => state.draining = true,
             ConversationMsg::ShutdownNow => {
                 state.draining = true;
@@ -555,6 +565,9 @@ async fn cancel_if_requested(
     state: &mut ConversationState,
 ) -> Result<(), ActorProcessingErr> {
     if state.control.cancel_requested.swap(false, Ordering::SeqCst) {
+        // The message at hand may be one that leaves a hibernating
+        // conversation asleep (an idle check): the cancel needs it awake.
+        hydrate(state).await?;
         effects::step(myself, state, Input::Cancel).await?;
     }
     Ok(())

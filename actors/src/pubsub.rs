@@ -1,15 +1,22 @@
-//! Live updates for subscribers (seed 004's second event plane). Each
+//! Live updates for subscribers (the second event plane: canonical events
+//! go to the log first, and everything is also broadcast live). Each
 //! conversation actor owns one `tokio::sync::broadcast` channel, created on
-//! the first subscription and dropped when nobody listens: a slow subscriber
-//! lags (and is told how far) but never slows the conversation, and a
-//! conversation nobody watches holds no buffer.
+//! the first subscription and dropped as soon as nobody listens (a
+//! [`Subscription`] tells its actor when it is dropped), so a conversation
+//! nobody watches holds no buffer.
 //!
 //! A subscription starts with a [`View`] taken inside the actor, in the same
 //! handler that registers the receiver, so the live tail continues exactly
-//! after the view's `last_seq`: no gap and no duplicate between them.
+//! after the view's `last_seq`: no gap and no duplicate between them. A slow
+//! subscriber never slows the conversation: it lags, loses live-only
+//! updates (deltas, tool output) and is told so, and then reads the
+//! canonical events it missed from the log, in order, without duplicates.
+//! So a subscriber sees every canonical event exactly once, in seq order.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
+use ractor::ActorRef;
 use serde::Serialize;
 use tokio::sync::broadcast;
 
@@ -18,9 +25,15 @@ use keel_core::ids::{ConversationId, Seq};
 use keel_core::message::{Message, Usage};
 use keel_core::state::StateName;
 use keel_core::LiveEvent;
+use keel_store::EventLog;
 
-/// How many updates a subscriber may fall behind before it lags.
-pub(crate) const CHANNEL_CAPACITY: usize = 1024;
+use crate::conversation_actor::ConversationMsg;
+
+/// How many updates a subscriber may fall behind before it lags. Small:
+/// the buffer is allocated whole while anyone watches, and a subscriber
+/// that lags loses only live-only updates (it reads canonical ones from
+/// the log).
+pub(crate) const CHANNEL_CAPACITY: usize = 128;
 
 /// How many of the latest messages a view carries; older ones are in the log.
 pub const VIEW_MESSAGES: usize = 50;
@@ -56,35 +69,143 @@ pub struct View {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Received {
     Update(Update),
-    /// This subscriber fell `missed` updates behind; they are gone from the
-    /// channel. Canonical events among them are in the log: re-read it from
-    /// the last seq seen, then carry on.
+    /// This subscriber fell `missed` updates behind and they are gone from
+    /// the channel. The live-only ones among them (deltas, tool output,
+    /// state changes) are lost; the canonical events among them come next,
+    /// read from the log.
     Lagged {
         missed: u64,
+    },
+    /// Reading the log to catch up failed; the subscription goes on with
+    /// the live tail, and the log still has everything.
+    CatchUpFailed {
+        error: String,
     },
     /// The conversation actor stopped (evicted, shut down or crashed);
     /// subscribe again to follow it.
     Closed,
 }
 
-/// A view, then the live tail.
-#[derive(Debug)]
+/// A view, then every canonical event after it exactly once and in order
+/// (from the log when the live channel could not keep them), with live
+/// updates in between.
 pub struct Subscription {
     pub view: View,
-    receiver: broadcast::Receiver<Update>,
+    /// `None` only while dropping.
+    receiver: Option<broadcast::Receiver<Update>>,
+    store: Arc<dyn EventLog>,
+    /// The seq of the next canonical event this subscriber is owed.
+    next_seq: Seq,
+    /// Canonical events read from the log, to yield before anything else.
+    backlog: VecDeque<Arc<Event>>,
+    /// Told when this subscription is dropped, so it can free its channel.
+    actor: ActorRef<ConversationMsg>,
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("view", &self.view)
+            .field("next_seq", &self.next_seq)
+            .field("backlog", &self.backlog.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Subscription {
-    pub(crate) fn new(view: View, receiver: broadcast::Receiver<Update>) -> Subscription {
-        Subscription { view, receiver }
+    pub(crate) fn new(
+        view: View,
+        receiver: broadcast::Receiver<Update>,
+        store: Arc<dyn EventLog>,
+        actor: ActorRef<ConversationMsg>,
+    ) -> Subscription {
+        Subscription {
+            next_seq: view.last_seq + 1,
+            view,
+            receiver: Some(receiver),
+            store,
+            backlog: VecDeque::new(),
+            actor,
+        }
+    }
+
+    /// Start the canonical events at `from` instead of after the view: the
+    /// events from `from` through the view's `last_seq` are read from the
+    /// log and come first (a client resuming from the last seq it saw).
+    pub(crate) async fn starting_at(
+        mut self,
+        from: Seq,
+    ) -> Result<Subscription, keel_store::Error> {
+        let from = from.max(1);
+        if from <= self.view.last_seq {
+            let count = (self.view.last_seq - from + 1) as usize;
+            let events = self.store.read(&self.view.id, from, count).await?;
+            self.backlog.extend(events.into_iter().map(Arc::new));
+            self.next_seq = from;
+        }
+        Ok(self)
     }
 
     pub async fn next(&mut self) -> Received {
-        match self.receiver.recv().await {
-            Ok(update) => Received::Update(update),
-            Err(broadcast::error::RecvError::Lagged(missed)) => Received::Lagged { missed },
-            Err(broadcast::error::RecvError::Closed) => Received::Closed,
+        loop {
+            if let Some(event) = self.backlog.pop_front() {
+                self.next_seq = event.seq + 1;
+                return Received::Update(Update::Event { event });
+            }
+            let Some(receiver) = self.receiver.as_mut() else {
+                return Received::Closed;
+            };
+            match receiver.recv().await {
+                Ok(Update::Event { event }) if event.seq < self.next_seq => {
+                    // Already delivered from the log.
+                }
+                Ok(Update::Event { event }) if event.seq > self.next_seq => {
+                    // A gap the channel never reported: fill it from the log.
+                    if let Err(error) = self.catch_up(Some(event.seq)).await {
+                        return Received::CatchUpFailed {
+                            error: error.to_string(),
+                        };
+                    }
+                    self.backlog.push_back(event);
+                }
+                Ok(Update::Event { event }) => {
+                    self.next_seq = event.seq + 1;
+                    return Received::Update(Update::Event { event });
+                }
+                Ok(live @ Update::Live { .. }) => return Received::Update(live),
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    if let Err(error) = self.catch_up(None).await {
+                        return Received::CatchUpFailed {
+                            error: error.to_string(),
+                        };
+                    }
+                    return Received::Lagged { missed };
+                }
+                Err(broadcast::error::RecvError::Closed) => return Received::Closed,
+            }
         }
+    }
+
+    /// Read the canonical events this subscriber is owed from the log, up
+    /// to (not including) `before`, or to the end of the log.
+    async fn catch_up(&mut self, before: Option<Seq>) -> Result<(), keel_store::Error> {
+        let limit = match before {
+            Some(before) => before.saturating_sub(self.next_seq) as usize,
+            None => usize::MAX,
+        };
+        let events = self.store.read(&self.view.id, self.next_seq, limit).await?;
+        self.backlog.extend(events.into_iter().map(Arc::new));
+        Ok(())
+    }
+}
+
+impl Drop for Subscription {
+    /// Let go of the channel first, then tell the actor: if this was the
+    /// last subscriber, the actor frees the channel's buffer now rather than
+    /// at its next idle check.
+    fn drop(&mut self) {
+        drop(self.receiver.take());
+        let _ = self.actor.cast(ConversationMsg::Unsubscribed);
     }
 }
 

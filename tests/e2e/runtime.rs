@@ -1217,6 +1217,7 @@ async fn runtime_a_subscriber_that_never_reads_lags_and_never_slows_the_conversa
                     return
                 }
                 Received::Lagged { .. } => {}
+                Received::CatchUpFailed { error } => panic!("{error}"),
                 Received::Closed => panic!("closed"),
                 Received::Update(_) => {}
             }
@@ -1225,10 +1226,39 @@ async fn runtime_a_subscriber_that_never_reads_lags_and_never_slows_the_conversa
     .await
     .expect("the turn completed while a subscriber slept");
     assert!(deltas > 1024, "the reader kept up with {deltas} deltas");
+    let first = sleeper.view.last_seq + 1;
     match sleeper.next().await {
         Received::Lagged { missed } => assert!(missed > 0),
         other => panic!("the sleeping subscriber should have lagged, got {other:?}"),
     }
+    // The lagging subscriber lost deltas but no canonical event: it reads
+    // them from the log, each once, in order.
+    let events = log(&runtime, &conversation).await;
+    let last = events.last().unwrap().seq;
+    let mut seen = Vec::new();
+    tokio::time::timeout(PATIENCE, async {
+        while seen.last() != Some(&last) {
+            match sleeper.next().await {
+                Received::Update(Update::Event { event }) => seen.push(event.seq),
+                Received::Closed | Received::CatchUpFailed { .. } => panic!("the sleeper stopped"),
+                Received::Update(Update::Live { .. }) | Received::Lagged { .. } => {}
+            }
+        }
+    })
+    .await
+    .expect("the sleeper caught up");
+    assert_eq!(seen, (first..=last).collect::<Vec<_>>());
+
+    // A subscription that starts at an earlier seq gets the events from
+    // there, then goes on live.
+    let mut resumed = conversation.subscribe_from(2).await.unwrap();
+    let mut replayed = Vec::new();
+    while replayed.last() != Some(&last) {
+        if let Received::Update(Update::Event { event }) = resumed.next().await {
+            replayed.push(event.seq);
+        }
+    }
+    assert_eq!(replayed, (2..=last).collect::<Vec<_>>());
     runtime.shutdown().await;
 }
 

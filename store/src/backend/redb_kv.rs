@@ -77,6 +77,12 @@ fn create_new(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// redb's page cache. Its default (1 GiB) lets a daemon's resident memory
+/// grow with everything it ever wrote; conversations that run are served
+/// by their actors' working sets, and a cold start reads one checkpoint and
+/// a short tail, so a modest cache is enough.
+const CACHE_BYTES: usize = 4 * 1024 * 1024;
+
 impl RedbBackend {
     pub fn open(path: &Path) -> Result<RedbBackend> {
         if !path.try_exists().map_err(|source| Error::Io {
@@ -85,7 +91,10 @@ impl RedbBackend {
         })? {
             create_new(path)?;
         }
-        let db = Database::create(path).map_err(backend_error)?;
+        let db = redb::Builder::new()
+            .set_cache_size(CACHE_BYTES)
+            .create(path)
+            .map_err(backend_error)?;
         // Create the table up front so readers never meet a missing table.
         let txn = db.begin_write().map_err(backend_error)?;
         txn.open_table(TABLE).map_err(backend_error)?;
