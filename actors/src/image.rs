@@ -278,6 +278,10 @@ pub enum ImageProblem {
     CannotFit { limit: u64 },
     #[error("the image could not be re-encoded: {reason}")]
     Encode { reason: String },
+    /// Stored bytes that are not those the image was stored as: the hash
+    /// in the history names other content.
+    #[error("the stored bytes of the image are damaged (they no longer match its hash)")]
+    Damaged,
     /// The work on the blocking pool did not finish (the decoder panicked,
     /// or the runtime is shutting down).
     #[error("the image could not be processed: {reason}")]
@@ -342,11 +346,18 @@ pub fn prepare(
 /// `image`, stored with `bytes`, made to fit `limits` if it does not yet:
 /// `None` when it can be sent as it is. For rendering history to a
 /// provider whose limits are tighter than those it was attached under.
+///
+/// The bytes are checked against the image's hash first: bytes damaged in
+/// storage would otherwise go to the provider, which refuses the request,
+/// and every later one of the conversation with it.
 pub fn refit(
     image: &ImageRef,
     bytes: &[u8],
     limits: &ImageLimits,
 ) -> Result<Option<PreparedImage>, ImageProblem> {
+    if content_hash(bytes) != image.hash {
+        return Err(ImageProblem::Damaged);
+    }
     if limits.fits(image) {
         return Ok(None);
     }
@@ -364,15 +375,13 @@ pub async fn prepare_blocking(
         .unwrap_or_else(|error| Err(unfinished(error)))
 }
 
-/// [`refit`] on tokio's blocking pool, off the calling actor's thread.
+/// [`refit`] on tokio's blocking pool, off the calling actor's thread
+/// (hashing a few megabytes is blocking work too).
 pub async fn refit_blocking(
     image: ImageRef,
     bytes: Vec<u8>,
     limits: ImageLimits,
 ) -> Result<Option<PreparedImage>, ImageProblem> {
-    if limits.fits(&image) {
-        return Ok(None);
-    }
     tokio::task::spawn_blocking(move || refit(&image, &bytes, &limits))
         .await
         .unwrap_or_else(|error| Err(unfinished(error)))

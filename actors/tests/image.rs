@@ -444,3 +444,19 @@ fn an_upload_prints_its_size_not_its_bytes() {
         "ImageUpload { media_type: \"image/png\", bytes: 5000 bytes }"
     );
 }
+
+#[test]
+fn stored_bytes_that_no_longer_match_their_hash_are_refused_when_rendered() {
+    let stored = prepare(png(&gradient(64, 64)), "image/png", &ImageLimits::ANTHROPIC).unwrap();
+    let mut damaged = stored.bytes.clone();
+    let middle = damaged.len() / 2;
+    damaged[middle] ^= 0xFF;
+    assert_eq!(
+        refit(&stored.image, &damaged, &ImageLimits::ANTHROPIC),
+        Err(ImageProblem::Damaged)
+    );
+    assert_eq!(
+        refit(&stored.image, &stored.bytes, &ImageLimits::ANTHROPIC),
+        Ok(None)
+    );
+}

@@ -1,13 +1,21 @@
 //! Images through the runtime, against `keel mock-llm`: an attached image
 //! is checked, scaled down, stored and sent; a bad one refuses its message
-//! and leaves no trace.
+//! and leaves no trace; and an image of the history that can no longer be
+//! loaded is left out of the request with a note, a live warning follows,
+//! and the turn completes instead of failing on it forever.
 
 use std::io::Cursor;
+use std::sync::{Arc, Mutex};
 
+use async_trait::async_trait;
 use image::{ImageFormat as Codec, RgbImage};
 use keel_actors::core::event::Event;
-use keel_actors::core::message::ImageRef;
+use keel_actors::core::ids::{ConversationId, Seq};
+use keel_actors::core::message::{ContentBlock, ImageRef};
+use keel_actors::core::snapshot::FsmSnapshot;
+use keel_actors::core::working::WorkingSet;
 use keel_actors::image::{content_hash, image_data, ImageProblem};
+use keel_actors::store::{EventLog, IndexEntry};
 use keel_actors::{Error, ImageUpload};
 use serde_json::Value;
 
@@ -182,4 +190,217 @@ async fn a_message_with_an_undecodable_image_is_refused_and_leaves_no_trace() {
         last_seq
     );
     runtime.shutdown().await;
+}
+
+/// What goes wrong with a blob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BlobFault {
+    /// The store no longer has it.
+    Missing,
+    /// The store returns other bytes under its hash.
+    Damaged,
+}
+
+/// A store whose blob `hash` goes bad on demand; everything else is the
+/// wrapped store's.
+struct FaultyBlobs {
+    inner: Arc<dyn EventLog>,
+    fault: Mutex<Option<(String, BlobFault)>>,
+}
+
+impl FaultyBlobs {
+    fn set(&self, fault: Option<(String, BlobFault)>) {
+        *self.fault.lock().unwrap() = fault;
+    }
+}
+
+#[async_trait]
+impl EventLog for FaultyBlobs {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    async fn append(
+        &self,
+        conversation: &ConversationId,
+        events: Vec<Event>,
+    ) -> keel_actors::store::Result<()> {
+        self.inner.append(conversation, events).await
+    }
+
+    fn read(
+        &self,
+        conversation: &ConversationId,
+        from: Seq,
+        limit: usize,
+    ) -> keel_actors::store::Result<Vec<Event>> {
+        self.inner.read(conversation, from, limit)
+    }
+
+    fn read_tail(
+        &self,
+        conversation: &ConversationId,
+        n: usize,
+    ) -> keel_actors::store::Result<Vec<Event>> {
+        self.inner.read_tail(conversation, n)
+    }
+
+    fn last_seq(&self, conversation: &ConversationId) -> keel_actors::store::Result<Seq> {
+        self.inner.last_seq(conversation)
+    }
+
+    async fn save_snapshot(
+        &self,
+        conversation: &ConversationId,
+        snapshot: &FsmSnapshot,
+    ) -> keel_actors::store::Result<()> {
+        self.inner.save_snapshot(conversation, snapshot).await
+    }
+
+    fn load_snapshot(
+        &self,
+        conversation: &ConversationId,
+    ) -> keel_actors::store::Result<Option<FsmSnapshot>> {
+        self.inner.load_snapshot(conversation)
+    }
+
+    async fn save_checkpoint(
+        &self,
+        conversation: &ConversationId,
+        working: &WorkingSet,
+    ) -> keel_actors::store::Result<()> {
+        self.inner.save_checkpoint(conversation, working).await
+    }
+
+    fn load_checkpoint(
+        &self,
+        conversation: &ConversationId,
+    ) -> keel_actors::store::Result<Option<WorkingSet>> {
+        self.inner.load_checkpoint(conversation)
+    }
+
+    async fn put_blob(&self, bytes: Vec<u8>) -> keel_actors::store::Result<String> {
+        self.inner.put_blob(bytes).await
+    }
+
+    fn get_blob(&self, hash: &str) -> keel_actors::store::Result<Option<Vec<u8>>> {
+        let fault = self.fault.lock().unwrap().clone();
+        let bytes = self.inner.get_blob(hash)?;
+        Ok(match fault {
+            Some((faulty, BlobFault::Missing)) if faulty == hash => None,
+            Some((faulty, BlobFault::Damaged)) if faulty == hash => bytes.map(|mut bytes| {
+                let middle = bytes.len() / 2;
+                bytes[middle] ^= 0xFF;
+                bytes
+            }),
+            _ => bytes,
+        })
+    }
+
+    fn index_entry(
+        &self,
+        conversation: &ConversationId,
+    ) -> keel_actors::store::Result<Option<IndexEntry>> {
+        self.inner.index_entry(conversation)
+    }
+
+    fn list(&self, include_sub_agents: bool) -> keel_actors::store::Result<Vec<IndexEntry>> {
+        self.inner.list(include_sub_agents)
+    }
+}
+
+/// An image attached and sent once goes bad in the store; the next turn
+/// must still complete, with a note where the image was and a warning for
+/// the subscriber; once the blob reads again, the image is sent again.
+async fn an_image_that_went_bad_is_left_out_and_the_turn_completes(fault: BlobFault, reason: &str) {
+    let rig = Rig::new();
+    let store = Arc::new(FaultyBlobs {
+        inner: rig.store(BackendKind::Memory),
+        fault: Mutex::new(None),
+    });
+    let runtime = rig.runtime(store.clone()).await;
+    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+    let mut watch = watch(&conversation).await;
+
+    let upload = ImageUpload::new("image/png", png(64, 48));
+    conversation.send("look", vec![upload]).await.unwrap();
+    finish_turn(&mut watch).await;
+    let image = logged_images(&log(&runtime, &conversation)).remove(0);
+    assert_eq!(blocks(&rig.mock.wait_ended(1).await[0], "image").len(), 1);
+
+    store.set(Some((image.hash.clone(), fault)));
+    conversation.send("still there?", Vec::new()).await.unwrap();
+    let live = finish_turn(&mut watch).await;
+
+    let warnings: Vec<&LiveEvent> = live
+        .iter()
+        .filter(|event| matches!(event, LiveEvent::ImageOmitted { .. }))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{live:?}");
+    let LiveEvent::ImageOmitted {
+        hash, reason: said, ..
+    } = warnings[0]
+    else {
+        unreachable!()
+    };
+    assert_eq!(hash, &image.hash);
+    assert_eq!(said, reason);
+
+    let records = rig.mock.wait_ended(2).await;
+    assert!(
+        blocks(&records[1], "image").is_empty(),
+        "{}",
+        records[1]["body"]
+    );
+    let note = format!(
+        "[image {} could not be included: {reason}]",
+        &image.hash[..12]
+    );
+    assert!(
+        blocks(&records[1], "text")
+            .iter()
+            .any(|block| block["text"] == note.as_str()),
+        "the note stands in for the image: {}",
+        records[1]["body"]
+    );
+    // The history still holds the image: the log is not rewritten.
+    let inspection = conversation.inspect().await.unwrap();
+    assert!(inspection.messages[0]
+        .content
+        .contains(&ContentBlock::Image {
+            image: image.clone()
+        }));
+    assert_eq!(inspection.error, None);
+
+    // Once the blob reads again, the next request carries the image.
+    store.set(None);
+    conversation.send("and now?", Vec::new()).await.unwrap();
+    let live = finish_turn(&mut watch).await;
+    assert!(
+        !live
+            .iter()
+            .any(|event| matches!(event, LiveEvent::ImageOmitted { .. })),
+        "{live:?}"
+    );
+    let records = rig.mock.wait_ended(3).await;
+    assert_eq!(blocks(&records[2], "image").len(), 1);
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_image_blob_is_left_out_and_the_turn_completes() {
+    an_image_that_went_bad_is_left_out_and_the_turn_completes(
+        BlobFault::Missing,
+        "it is missing from the store",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_image_blob_is_left_out_and_the_turn_completes() {
+    an_image_that_went_bad_is_left_out_and_the_turn_completes(
+        BlobFault::Damaged,
+        "the stored bytes of the image are damaged (they no longer match its hash)",
+    )
+    .await;
 }
