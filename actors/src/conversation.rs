@@ -12,7 +12,7 @@ use serde::Serialize;
 use keel_core::event::Event;
 use keel_core::event::{Decision, PendingCall};
 use keel_core::ids::{ConversationId, EventId, Seq, ToolCallId};
-use keel_core::message::{ImageRef, Message, Usage};
+use keel_core::message::{Message, Usage};
 use keel_core::state::{Phase, StateName};
 use keel_core::time::Timestamp;
 use keel_core::working::WorkingSet;
@@ -20,6 +20,7 @@ use keel_core::{ConversationConfig, Generation};
 
 use crate::conversation_actor::ConversationMsg;
 use crate::door;
+use crate::image::{prepare_uploads, ImageUpload};
 use crate::pubsub::Subscription;
 use crate::runtime::Runtime;
 use crate::Error;
@@ -112,15 +113,31 @@ impl ConversationHandle {
         &self.id
     }
 
-    /// Send a user message. Returns its event id once it is durable; a busy
-    /// conversation under `busy_policy = reject` answers
-    /// `Error::Rejected(Rejection::Busy)`.
+    /// Send a user message with the images attached to it. Returns its
+    /// event id once it is durable; a busy conversation under
+    /// `busy_policy = reject` answers `Error::Rejected(Rejection::Busy)`.
+    ///
+    /// Every image is checked (format, declared type, size), scaled down
+    /// to what every provider accepts and stored before the message is
+    /// sent, off the async threads. One bad image refuses the whole message
+    /// with `Error::InvalidImage`, before anything is stored or logged.
+    /// Images stored for a message the conversation then refuses (busy)
+    /// stay in the blob store: they are addressed by content, so sending
+    /// the message again reuses them.
     pub async fn send(
         &self,
         text: impl Into<String>,
-        images: Vec<ImageRef>,
+        images: Vec<ImageUpload>,
     ) -> Result<EventId, Error> {
         let text = text.into();
+        let prepared = prepare_uploads(images).await?;
+        let mut images = Vec::with_capacity(prepared.len());
+        for image in prepared {
+            // Durable before the message that names it: a message in the
+            // log never refers to bytes that were not written.
+            self.runtime.shared.store.put_blob(image.bytes).await?;
+            images.push(image.image);
+        }
         // Not re-sent after a lost answer: the message may be durable already.
         self.call_with(Retry::OnlyUndelivered, |reply| ConversationMsg::Send {
             text: text.clone(),

@@ -26,14 +26,14 @@ use keel_core::ids::{ConversationId, EventId, Seq, ToolCallId};
 use keel_core::message::ImageRef;
 use keel_core::state::{Conversation, Phase};
 use keel_core::{
-    AssistantResponse, ConversationConfig, Generation, Input, LlmFailure, NewConversation,
-    Rejection, StateName, StreamDelta, Timer,
+    AssistantResponse, ConversationConfig, Generation, Input, LiveEvent, LlmFailure,
+    NewConversation, Rejection, StateName, StreamDelta, Timer,
 };
 use keel_store::{rehydrate, Rehydrated};
 
 use crate::conversation::{Inspection, WorkerInfo};
 use crate::door;
-use crate::pubsub::{Publisher, Subscription, View, VIEW_MESSAGES};
+use crate::pubsub::{Publisher, Subscription, Update, View, VIEW_MESSAGES};
 use crate::runtime::{Alive, Shared};
 use crate::tool::ToolOutcome;
 
@@ -99,6 +99,13 @@ pub(crate) enum ConversationMsg {
     StreamFailed {
         generation: Generation,
         failure: LlmFailure,
+    },
+    /// The stream worker of `generation` left an image of the history out
+    /// of its request; subscribers are told while that request is current.
+    ImageOmitted {
+        generation: Generation,
+        hash: String,
+        reason: String,
     },
     ToolOutput {
         tool_call_id: ToolCallId,
@@ -440,6 +447,27 @@ impl Actor for ConversationActor {
                     jitter: fastrand::u16(0..=1000),
                 };
                 effects::step(&myself, state, input).await?;
+            }
+            ConversationMsg::ImageOmitted {
+                generation,
+                hash,
+                reason,
+            } => {
+                // Not an input: the core has nothing to decide, and the
+                // log records the image, not one request's view of it.
+                if state
+                    .stream
+                    .as_ref()
+                    .is_some_and(|worker| worker.key == generation)
+                {
+                    state.publisher.publish(Update::Live {
+                        event: LiveEvent::ImageOmitted {
+                            generation,
+                            hash,
+                            reason,
+                        },
+                    });
+                }
             }
             ConversationMsg::ToolOutput {
                 tool_call_id,

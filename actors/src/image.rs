@@ -11,6 +11,12 @@
 //! become PNG. An image that needs nothing is kept byte for byte, so the
 //! same upload always has the same content hash.
 //!
+//! Images come in as [`ImageUpload`]s through
+//! [`ConversationHandle::send`](crate::ConversationHandle::send), which
+//! runs [`prepare_uploads`]: every image of the message is checked and
+//! scaled to [`ImageLimits::for_upload`] before any is stored, and the first
+//! refusal is [`Error::InvalidImage`], naming the image and why.
+//!
 //! Decoding and resizing take real CPU time (a 24-megapixel photo takes
 //! a good fraction of a second): actors call [`prepare_blocking`] and
 //! [`refit_blocking`], which run on tokio's blocking pool.
@@ -58,6 +64,35 @@ const JPEG_QUALITY: u8 = 85;
 /// The smallest long edge keel shrinks to while trying to meet a byte cap;
 /// below it the image would be useless to the model.
 const MIN_LONG_EDGE: u32 = 256;
+
+/// An image as a user attaches it: its bytes and the media type they were
+/// declared as. Neither is trusted; [`prepare_uploads`] checks both.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ImageUpload {
+    /// The declared type, such as `image/png` (a `Content-Type`, a data
+    /// URL's type); it must agree with what the bytes are.
+    pub media_type: String,
+    pub bytes: Vec<u8>,
+}
+
+impl ImageUpload {
+    pub fn new(media_type: impl Into<String>, bytes: impl Into<Vec<u8>>) -> ImageUpload {
+        ImageUpload {
+            media_type: media_type.into(),
+            bytes: bytes.into(),
+        }
+    }
+}
+
+/// The size of the bytes, not the bytes: an upload may be megabytes.
+impl fmt::Debug for ImageUpload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ImageUpload")
+            .field("media_type", &self.media_type)
+            .field("bytes", &format_args!("{} bytes", self.bytes.len()))
+            .finish()
+    }
+}
 
 /// The formats providers accept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -183,9 +218,24 @@ impl ImageLimits {
         }
     }
 
-    /// The limits for attaching an image to a conversation with `provider`.
+    /// The limits for one image in a request to `provider`.
     pub fn for_provider(provider: ProviderKind) -> ImageLimits {
         ImageLimits::for_request(provider, 1)
+    }
+
+    /// The limits an attached image is stored under: the tightest of every
+    /// provider keel speaks, however many images a request holds. The
+    /// stored copy then goes into any request as it is, whichever model the
+    /// conversation uses now, changes to later or falls back to, and
+    /// rendering history never has to decode it.
+    pub fn for_upload() -> ImageLimits {
+        let anthropic = ImageLimits::for_request(ProviderKind::Anthropic, usize::MAX);
+        let openai = ImageLimits::for_request(ProviderKind::OpenAi, usize::MAX);
+        ImageLimits {
+            long_edge: anthropic.long_edge.min(openai.long_edge),
+            max_side: anthropic.max_side.min(openai.max_side),
+            max_bytes: anthropic.max_bytes.min(openai.max_bytes),
+        }
     }
 
     /// `image` (already stored) can be sent as it is under these limits.
@@ -228,6 +278,14 @@ pub enum ImageProblem {
     CannotFit { limit: u64 },
     #[error("the image could not be re-encoded: {reason}")]
     Encode { reason: String },
+    /// Stored bytes that are not those the image was stored as: the hash
+    /// in the history names other content.
+    #[error("the stored bytes of the image are damaged (they no longer match its hash)")]
+    Damaged,
+    /// The work on the blocking pool did not finish (the decoder panicked,
+    /// or the runtime is shutting down).
+    #[error("the image could not be processed: {reason}")]
+    Failed { reason: String },
 }
 
 /// An image ready to store and send: its reference (hash, type, size) and
@@ -288,11 +346,18 @@ pub fn prepare(
 /// `image`, stored with `bytes`, made to fit `limits` if it does not yet:
 /// `None` when it can be sent as it is. For rendering history to a
 /// provider whose limits are tighter than those it was attached under.
+///
+/// The bytes are checked against the image's hash first: bytes damaged in
+/// storage would otherwise go to the provider, which refuses the request,
+/// and every later one of the conversation with it.
 pub fn refit(
     image: &ImageRef,
     bytes: &[u8],
     limits: &ImageLimits,
 ) -> Result<Option<PreparedImage>, ImageProblem> {
+    if content_hash(bytes) != image.hash {
+        return Err(ImageProblem::Damaged);
+    }
     if limits.fits(image) {
         return Ok(None);
     }
@@ -304,26 +369,55 @@ pub async fn prepare_blocking(
     bytes: Vec<u8>,
     declared_media_type: String,
     limits: ImageLimits,
-) -> Result<PreparedImage, Error> {
+) -> Result<PreparedImage, ImageProblem> {
     tokio::task::spawn_blocking(move || prepare(bytes, &declared_media_type, &limits))
         .await
-        .map_err(Error::Blocking)?
-        .map_err(Error::Image)
+        .unwrap_or_else(|error| Err(unfinished(error)))
 }
 
-/// [`refit`] on tokio's blocking pool, off the calling actor's thread.
+/// [`refit`] on tokio's blocking pool, off the calling actor's thread
+/// (hashing a few megabytes is blocking work too).
 pub async fn refit_blocking(
     image: ImageRef,
     bytes: Vec<u8>,
     limits: ImageLimits,
-) -> Result<Option<PreparedImage>, Error> {
-    if limits.fits(&image) {
-        return Ok(None);
-    }
+) -> Result<Option<PreparedImage>, ImageProblem> {
     tokio::task::spawn_blocking(move || refit(&image, &bytes, &limits))
         .await
-        .map_err(Error::Blocking)?
-        .map_err(Error::Image)
+        .unwrap_or_else(|error| Err(unfinished(error)))
+}
+
+fn unfinished(error: tokio::task::JoinError) -> ImageProblem {
+    let reason = if error.is_panic() {
+        "the decoder failed"
+    } else {
+        "keel is shutting down"
+    };
+    ImageProblem::Failed {
+        reason: reason.to_owned(),
+    }
+}
+
+/// Validates every image of one message, in order, and scales each to
+/// [`ImageLimits::for_upload`], on tokio's blocking pool. The first image
+/// refused ends it with [`Error::InvalidImage`], which names the image and
+/// why; none of the images is kept then, so a message goes in with all its
+/// images or not at all.
+pub async fn prepare_uploads(uploads: Vec<ImageUpload>) -> Result<Vec<PreparedImage>, Error> {
+    let count = uploads.len();
+    let limits = ImageLimits::for_upload();
+    let mut prepared = Vec::with_capacity(count);
+    for (index, upload) in uploads.into_iter().enumerate() {
+        let image = prepare_blocking(upload.bytes, upload.media_type, limits)
+            .await
+            .map_err(|problem| Error::InvalidImage {
+                index,
+                count,
+                problem,
+            })?;
+        prepared.push(image);
+    }
+    Ok(prepared)
 }
 
 /// The bytes as a provider request carries them.

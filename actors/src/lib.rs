@@ -25,6 +25,7 @@ pub use keel_core as core;
 pub use keel_store as store;
 
 pub use conversation::{ConversationHandle, Inspection};
+pub use image::ImageUpload;
 pub use pubsub::{Received, Subscription, Update, View};
 pub use runtime::{BootReport, Runtime, RuntimeConfig, Settings};
 
@@ -34,15 +35,20 @@ pub use runtime::{BootReport, Runtime, RuntimeConfig, Settings};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// An attached image was refused; the message is safe to show the user.
-    #[error("invalid image: {0}")]
-    Image(#[from] image::ImageProblem),
+    /// An image attached to a message was refused, so the message was not
+    /// sent and none of its images stored. The message is safe to show the
+    /// user: it names the image (counting from 1) and says why.
+    #[error("image {} of {count} was refused: {problem}", .index + 1)]
+    InvalidImage {
+        /// Which image, from 0, in the order they were given.
+        index: usize,
+        /// How many images the message had.
+        count: usize,
+        problem: image::ImageProblem,
+    },
     /// The HTTP client could not be built (TLS roots, for one).
     #[error("cannot build the HTTP client")]
     HttpClient(#[source] reqwest::Error),
-    /// Work handed to tokio's blocking pool panicked or was cancelled.
-    #[error("a blocking task did not finish")]
-    Blocking(#[source] tokio::task::JoinError),
     #[error("no conversation has id {0}")]
     NotFound(keel_core::ConversationId),
     /// The conversation refused the request; the message is safe to show.

@@ -3,6 +3,13 @@
 //! the response through `ProviderClient`, sends every delta back as it
 //! arrives and ends with one `StreamFinished` or `StreamFailed`.
 //!
+//! An image of the history that cannot go into the request (its blob is
+//! gone or damaged, or it cannot be made to fit the provider) is replaced
+//! in this request only by a short note to the model, and the conversation
+//! is told (`ImageOmitted`) so that its subscribers hear of it. Failing the
+//! request instead would fail every later one too: the image stays in the
+//! history, which is the log and is never rewritten.
+//!
 //! The request runs inside the actor's handler, so killing the actor (how a
 //! cancel or an abort stops it) drops the request future, which closes the
 //! HTTP connection at once. It never stops itself: the conversation stops it
@@ -18,6 +25,7 @@ use tracing::Instrument;
 
 use keel_core::message::{ContentBlock, ImageRef, Message};
 use keel_core::wire::{ImageData, PromptRequest, ToolSpec};
+use keel_core::ProviderKind;
 use keel_core::{AssistantResponse, Generation, LlmFailure, ModelRef};
 
 use crate::conversation_actor::ConversationMsg;
@@ -95,13 +103,20 @@ impl Actor for LlmStreamActor {
 async fn run(args: StreamArgs) -> Result<AssistantResponse, LlmFailure> {
     let StreamArgs {
         generation,
-        request,
+        mut request,
         shared,
         report,
         ..
     } = args;
     let provider = request.model.provider;
-    let images = load_images(&shared, provider, &request.messages).await?;
+    let images = load_images(&shared, provider, &mut request.messages, |hash, reason| {
+        let _ = report.cast(ConversationMsg::ImageOmitted {
+            generation,
+            hash,
+            reason,
+        });
+    })
+    .await?;
     let prompt = PromptRequest {
         model: &request.model.model,
         system: request.system.as_deref(),
@@ -129,48 +144,143 @@ async fn run(args: StreamArgs) -> Result<AssistantResponse, LlmFailure> {
 
 /// The bytes of every image the prompt references, fitted to `provider`'s
 /// limits for a request with this many images (they tighten with many).
+/// An image that cannot be included is replaced in `messages` by a note
+/// and reported to `omitted` (its hash, why). Only a failed store read is
+/// an error, and a retryable one: the store may answer the next attempt.
 async fn load_images(
     shared: &Shared,
-    provider: keel_core::ProviderKind,
-    messages: &[Message],
+    provider: ProviderKind,
+    messages: &mut [Message],
+    mut omitted: impl FnMut(String, String),
 ) -> Result<BTreeMap<String, ImageData>, LlmFailure> {
-    let refs: Vec<&ImageRef> = messages
+    let refs: Vec<ImageRef> = messages
         .iter()
         .flat_map(|message| &message.content)
         .filter_map(|block| match block {
-            ContentBlock::Image { image } => Some(image),
+            ContentBlock::Image { image } => Some(image.clone()),
             _ => None,
         })
         .collect();
     let limits = ImageLimits::for_request(provider, refs.len());
     let mut images = BTreeMap::new();
+    // Hash to the note that stands in for the image.
+    let mut notes = BTreeMap::new();
     for image in refs {
-        if images.contains_key(&image.hash) {
+        if images.contains_key(&image.hash) || notes.contains_key(&image.hash) {
             continue;
         }
-        let permanent = |message: String| LlmFailure {
-            retryable: false,
-            retry_after_ms: None,
-            message,
-        };
-        let bytes = shared
-            .store
-            .get_blob(&image.hash)
-            .await
-            .map_err(|error| LlmFailure {
-                retryable: true,
-                retry_after_ms: None,
-                message: format!("cannot read image {}: {error}", image.hash),
-            })?
-            .ok_or_else(|| permanent(format!("image {} is missing from the store", image.hash)))?;
-        let data = match refit_blocking(image.clone(), bytes.clone(), limits)
-            .await
-            .map_err(|error| permanent(format!("image {}: {error}", image.hash)))?
-        {
-            Some(fitted) => image_data(&fitted.image.media_type, &fitted.bytes),
-            None => image_data(&image.media_type, &bytes),
-        };
-        images.insert(image.hash.clone(), data);
+        match load_image(shared, &image, limits).await? {
+            Ok(data) => {
+                images.insert(image.hash, data);
+            }
+            Err(reason) => {
+                tracing::warn!(hash = %image.hash, %reason, "image left out of the request");
+                notes.insert(image.hash.clone(), omission_note(&image.hash, &reason));
+                omitted(image.hash, reason);
+            }
+        }
     }
+    replace_images(messages, &notes);
     Ok(images)
+}
+
+/// Every image block of `messages` whose hash has a note becomes that note.
+fn replace_images(messages: &mut [Message], notes: &BTreeMap<String, String>) {
+    if notes.is_empty() {
+        return;
+    }
+    for block in messages.iter_mut().flat_map(|message| &mut message.content) {
+        let note = match block {
+            ContentBlock::Image { image } => notes.get(&image.hash).cloned(),
+            _ => None,
+        };
+        if let Some(text) = note {
+            *block = ContentBlock::Text { text };
+        }
+    }
+}
+
+/// One image as the request carries it, or why it cannot be included.
+async fn load_image(
+    shared: &Shared,
+    image: &ImageRef,
+    limits: ImageLimits,
+) -> Result<Result<ImageData, String>, LlmFailure> {
+    let bytes = shared
+        .store
+        .get_blob(&image.hash)
+        .await
+        .map_err(|error| LlmFailure {
+            retryable: true,
+            retry_after_ms: None,
+            message: format!("cannot read image {}: {error}", image.hash),
+        })?;
+    let Some(bytes) = bytes else {
+        return Ok(Err("it is missing from the store".to_owned()));
+    };
+    let data = match refit_blocking(image.clone(), bytes.clone(), limits).await {
+        Ok(Some(fitted)) => image_data(&fitted.image.media_type, &fitted.bytes),
+        Ok(None) => image_data(&image.media_type, &bytes),
+        Err(problem) => return Ok(Err(problem.to_string())),
+    };
+    Ok(Ok(data))
+}
+
+/// What the model reads where an image could not be included: short, with
+/// enough of the hash to tell two images apart.
+fn omission_note(hash: &str, reason: &str) -> String {
+    let short = hash.get(..12).unwrap_or(hash);
+    format!("[image {short} could not be included: {reason}]")
+}
+
+#[cfg(test)]
+mod tests {
+    use keel_core::message::Role;
+
+    use super::*;
+
+    fn image(hash: &str) -> ContentBlock {
+        ContentBlock::Image {
+            image: ImageRef {
+                hash: hash.to_owned(),
+                media_type: "image/png".to_owned(),
+                width: 1,
+                height: 1,
+                size: 1,
+            },
+        }
+    }
+
+    #[test]
+    fn only_the_images_with_a_note_are_replaced_wherever_they_appear() {
+        let gone = "ab".repeat(32);
+        let kept = "cd".repeat(32);
+        let user = |content| Message {
+            role: Role::User,
+            content,
+        };
+        let mut messages = vec![
+            user(vec![
+                ContentBlock::Text {
+                    text: "look".to_owned(),
+                },
+                image(&gone),
+                image(&kept),
+            ]),
+            user(vec![image(&gone)]),
+        ];
+        let note = omission_note(&gone, "it is missing from the store");
+        assert_eq!(
+            note,
+            "[image abababababab could not be included: it is missing from the store]"
+        );
+        let notes = BTreeMap::from([(gone.clone(), note.clone())]);
+
+        replace_images(&mut messages, &notes);
+
+        let text = ContentBlock::Text { text: note };
+        assert_eq!(messages[0].content[1], text);
+        assert_eq!(messages[0].content[2], image(&kept));
+        assert_eq!(messages[1].content, vec![text]);
+    }
 }

@@ -10,9 +10,10 @@ use image::codecs::jpeg::JpegEncoder;
 use image::codecs::png::{CompressionType, FilterType, PngEncoder};
 use image::{Delay, Frame, ImageEncoder, RgbImage, RgbaImage};
 use keel_actors::image::{
-    content_hash, image_data, prepare, prepare_blocking, refit, ImageFormat, ImageLimits,
-    ImageProblem, MAX_DECODE_SIDE, MAX_UPLOAD_BYTES,
+    content_hash, image_data, prepare, prepare_blocking, prepare_uploads, refit, ImageFormat,
+    ImageLimits, ImageProblem, ImageUpload, MAX_DECODE_SIDE, MAX_UPLOAD_BYTES,
 };
+use keel_actors::Error;
 use keel_core::message::ImageRef;
 use keel_core::ProviderKind;
 
@@ -356,15 +357,106 @@ async fn preparing_runs_on_the_blocking_pool() {
         .unwrap();
     assert_eq!((prepared.image.width, prepared.image.height), (1568, 313));
 
-    let error = prepare_blocking(
+    let problem = prepare_blocking(
         b"nope".to_vec(),
         "image/png".to_owned(),
         ImageLimits::ANTHROPIC,
     )
     .await
     .unwrap_err();
+    assert_eq!(problem, ImageProblem::UnknownFormat);
+}
+
+#[test]
+fn uploads_are_stored_within_every_providers_limits() {
+    let upload = ImageLimits::for_upload();
+    for provider in [
+        ProviderKind::Anthropic,
+        ProviderKind::OpenAi,
+        ProviderKind::Mock,
+    ] {
+        for n_images in [1, 21, 100] {
+            let request = ImageLimits::for_request(provider, n_images);
+            assert!(
+                upload.long_edge <= request.long_edge,
+                "{provider:?} {n_images}"
+            );
+            assert!(
+                upload.max_side <= request.max_side,
+                "{provider:?} {n_images}"
+            );
+            assert!(
+                upload.max_bytes <= request.max_bytes,
+                "{provider:?} {n_images}"
+            );
+        }
+    }
+    // Not smaller than it has to be.
+    assert_eq!(upload.long_edge, ImageLimits::ANTHROPIC.long_edge);
+    assert_eq!(upload.max_side, ImageLimits::ANTHROPIC_MANY_IMAGES_SIDE);
+    assert_eq!(upload.max_bytes, ImageLimits::ANTHROPIC.max_bytes);
+}
+
+#[tokio::test]
+async fn uploads_are_prepared_in_order_and_the_first_bad_one_is_named() {
+    let good = png(&gradient(3000, 1500));
+    let prepared = prepare_uploads(vec![
+        ImageUpload::new("image/png", good.clone()),
+        ImageUpload::new("image/jpeg", jpeg(&gradient(40, 30))),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(prepared.len(), 2);
+    assert_eq!(
+        (prepared[0].image.width, prepared[0].image.height),
+        (1568, 784)
+    );
+    assert_eq!(prepared[1].image.media_type, "image/jpeg");
+
+    let error = prepare_uploads(vec![
+        ImageUpload::new("image/png", good),
+        ImageUpload::new("image/png", b"not an image".to_vec()),
+        ImageUpload::new("image/png", Vec::new()),
+    ])
+    .await
+    .unwrap_err();
+    let Error::InvalidImage {
+        index,
+        count,
+        problem,
+    } = &error
+    else {
+        panic!("expected InvalidImage, got {error:?}");
+    };
+    assert_eq!((*index, *count), (1, 3));
+    assert_eq!(*problem, ImageProblem::UnknownFormat);
     assert_eq!(
         error.to_string(),
-        "invalid image: the data is not a PNG, JPEG, GIF or WebP image"
+        "image 2 of 3 was refused: the data is not a PNG, JPEG, GIF or WebP image"
+    );
+}
+
+#[test]
+fn an_upload_prints_its_size_not_its_bytes() {
+    let upload = ImageUpload::new("image/png", vec![7_u8; 5000]);
+    assert_eq!(
+        format!("{upload:?}"),
+        "ImageUpload { media_type: \"image/png\", bytes: 5000 bytes }"
+    );
+}
+
+#[test]
+fn stored_bytes_that_no_longer_match_their_hash_are_refused_when_rendered() {
+    let stored = prepare(png(&gradient(64, 64)), "image/png", &ImageLimits::ANTHROPIC).unwrap();
+    let mut damaged = stored.bytes.clone();
+    let middle = damaged.len() / 2;
+    damaged[middle] ^= 0xFF;
+    assert_eq!(
+        refit(&stored.image, &damaged, &ImageLimits::ANTHROPIC),
+        Err(ImageProblem::Damaged)
+    );
+    assert_eq!(
+        refit(&stored.image, &stored.bytes, &ImageLimits::ANTHROPIC),
+        Ok(None)
     );
 }

@@ -41,6 +41,17 @@ pub enum LiveEvent {
         to: ModelRef,
         error: String,
     },
+    /// An image of the history could not be put into request `generation`
+    /// (its bytes are gone or damaged, or it cannot be made to fit the
+    /// provider): the request carries a short note in its place and goes
+    /// on. The log is unchanged, so the next request tries the image again.
+    ImageOmitted {
+        generation: Generation,
+        /// The image's content hash.
+        hash: String,
+        /// Why, in words safe to show the user.
+        reason: String,
+    },
     ContextUsage {
         used: u64,
         limit: u64,

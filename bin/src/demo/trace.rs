@@ -373,6 +373,11 @@ pub fn live_summary(event: &LiveEvent) -> String {
         LiveEvent::FallbackUsed { from, to, error } => {
             format!("fallback from {from} to {to}: {error}")
         }
+        LiveEvent::ImageOmitted {
+            generation,
+            hash,
+            reason,
+        } => format!("image {hash} left out of {generation}: {reason}"),
         LiveEvent::ContextUsage {
             used,
             limit,
