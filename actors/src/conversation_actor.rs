@@ -699,10 +699,18 @@ fn checkpoint_seq(rehydrated: &Rehydrated) -> Seq {
 }
 
 /// Rebuild the working set of a hibernating conversation from the store.
+/// Boxed, and only entered when there is something to rebuild: ractor keeps
+/// the largest handler future inline in each actor for its whole life, and
+/// a rebuild's future (every store read it awaits) would make every idle
+/// conversation pay for it.
 async fn hydrate(state: &mut ConversationState) -> Result<(), ActorProcessingErr> {
     if state.conversation.is_some() {
         return Ok(());
     }
+    Box::pin(rebuild(state)).await
+}
+
+async fn rebuild(state: &mut ConversationState) -> Result<(), ActorProcessingErr> {
     let rehydrated = rehydrate(state.shared.store.as_ref(), &state.id)
         .await?
         .ok_or_else(|| format!("conversation {} vanished from the store", state.id))?;
