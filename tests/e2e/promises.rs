@@ -20,7 +20,7 @@ use keel_actors::store::BackendKind;
 use keel_actors::{Runtime, RuntimeConfig, Settings};
 use serde_json::json;
 
-use crate::runtime::{config, count, log, tool_results, wait_requests, watch, with_policy, Rig};
+use crate::runtime::{config, count, log, streaming, tool_results, watch, with_policy, Rig};
 
 /// A runtime on redb whose graceful stop waits `grace` for turns in flight.
 async fn runtime_with_grace(rig: &Rig, grace: Duration) -> Runtime {
@@ -61,14 +61,7 @@ async fn a_graceful_stop_lets_a_turn_finish_ends_the_session_and_sends_nothing_t
         .push_script(json!([{"endpoint": "anthropic", "text": "one two three four five six seven eight nine ten", "drip_ms": 40}]))
         .await;
     let runtime = runtime_with_grace(&rig, Duration::from_secs(20)).await;
-    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
-    let mut subscription = watch(&conversation).await;
-    conversation.send("talk slowly", Vec::new()).await.unwrap();
-    subscription.reach(StateName::Streaming).await;
-    wait_requests(&rig.mock, 1).await;
-    let id = conversation.id().clone();
-    drop(subscription);
-    drop(conversation);
+    let id = streaming(&rig, &runtime, config(), "talk slowly").await;
     runtime.shutdown().await;
 
     let runtime = reopen_sends_nothing(&rig, 1).await;
@@ -103,17 +96,7 @@ async fn a_graceful_stop_interrupts_a_turn_past_its_grace_and_sends_nothing_twic
         .push_script(json!([{"endpoint": "anthropic", "hang": true}]))
         .await;
     let runtime = runtime_with_grace(&rig, Duration::from_millis(200)).await;
-    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
-    let mut subscription = watch(&conversation).await;
-    conversation
-        .send("are you there?", Vec::new())
-        .await
-        .unwrap();
-    subscription.reach(StateName::Streaming).await;
-    wait_requests(&rig.mock, 1).await;
-    let id = conversation.id().clone();
-    drop(subscription);
-    drop(conversation);
+    let id = streaming(&rig, &runtime, config(), "are you there?").await;
     runtime.shutdown().await;
     let ended = rig.mock.wait_ended(1).await;
     assert_eq!(ended[0]["outcome"], "disconnected", "the stream was closed");

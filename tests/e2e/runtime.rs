@@ -254,6 +254,22 @@ pub(crate) async fn wait_requests(mock: &MockLlm, n: usize) {
     assert!(waited.is_ok(), "the mock never received {n} requests");
 }
 
+/// A new conversation whose first request (`text`) has reached the mock
+/// and is streaming; no handle on it is left, so the runtime can stop.
+pub(crate) async fn streaming(
+    rig: &Rig,
+    runtime: &Runtime,
+    config: ConversationConfig,
+    text: &str,
+) -> keel_actors::core::ConversationId {
+    let conversation = runtime.create(rig.cwd(), config).await.unwrap();
+    let mut subscription = watch(&conversation).await;
+    conversation.send(text, Vec::new()).await.unwrap();
+    subscription.reach(StateName::Streaming).await;
+    wait_requests(&rig.mock, 1).await;
+    conversation.id().clone()
+}
+
 /// Waits for the process group id a tool's `echo $$ > pgid` writes in the
 /// working directory.
 async fn wait_pgid(rig: &Rig) -> i32 {
@@ -860,17 +876,7 @@ async fn dropped_mid_stream(recovery: RecoveryPolicy) -> (Rig, Vec<Event>) {
     };
     let id = {
         let runtime = rig.runtime(rig.store(BackendKind::Redb)).await;
-        let conversation = runtime.create(rig.cwd(), config).await.unwrap();
-        let mut subscription = watch(&conversation).await;
-        conversation
-            .send("are you there?", Vec::new())
-            .await
-            .unwrap();
-        subscription.reach(StateName::Streaming).await;
-        wait_requests(&rig.mock, 1).await;
-        let id = conversation.id().clone();
-        drop(subscription);
-        drop(conversation);
+        let id = streaming(&rig, &runtime, config, "are you there?").await;
         runtime.crash().await;
         id
     };
