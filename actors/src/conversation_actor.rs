@@ -601,8 +601,9 @@ async fn cancel_if_requested(
     Ok(())
 }
 
-/// Idle eviction in two tiers (seed 004). Short idle while waiting on a
-/// human: release what can be rebuilt, stay addressable. Long idle in a
+/// Idle eviction in two tiers (docs/requirements.md, "Idle eviction").
+/// Short idle while waiting on a human: release what can be rebuilt, stay
+/// addressable. Long idle in a
 /// clean state with nobody watching: save the snapshot and stop;
 /// `ensure_started` brings the conversation back from the store.
 async fn idle_check(
