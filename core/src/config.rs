@@ -46,15 +46,18 @@ impl fmt::Display for ModelRef {
     }
 }
 
-/// What a user message does when a turn is already running (DESIGN.md,
-/// "Settled disagreements").
+/// What a user message does when a turn is already running, chosen per
+/// conversation (docs/requirements.md, "Busy policies").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BusyPolicy {
-    /// Refuse with "agent is busy; cancel to interrupt" (seed 000).
+    /// Refuse with "agent is busy; cancel to interrupt", recording nothing:
+    /// the simplest rule, with no hidden queue (REQ-BED-002).
     #[default]
     Reject,
-    /// Interrupt the running turn and start a new one after a 100 ms debounce (seed 002).
+    /// Interrupt the running turn and start a new one once 100 ms pass
+    /// without another message (docs/requirements.md, "Interrupt with a
+    /// 100 ms debounce").
     Interrupt,
     /// Keep the message (durably) and start a turn for it when this one ends.
     Queue,
@@ -65,11 +68,13 @@ pub enum BusyPolicy {
 #[serde(rename_all = "snake_case")]
 pub enum RecoveryPolicy {
     /// Re-run a turn that ended in a user message; re-dispatch dangling tool
-    /// calls with their same `tool_call_id` (seed 004).
+    /// calls with their same `tool_call_id`, never asking the model again,
+    /// which would repeat side effects (docs/requirements.md, "Recovery
+    /// after a crash or restart").
     #[default]
     Resume,
     /// Rest in idle; dangling tool calls get synthetic "interrupted by restart"
-    /// results (seed 000).
+    /// results, so the history stays valid for every provider.
     Idle,
 }
 
@@ -86,7 +91,9 @@ pub enum ToolPolicy {
     Client,
 }
 
-/// Limits that apply only to sub-agent conversations (REQ-BED-008/009).
+/// Limits that apply only to sub-agent conversations: nobody watches a
+/// sub-agent, so only these keep it from running forever
+/// (docs/requirements.md, "Sub-agent rules").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SubAgentLimits {

@@ -6,13 +6,16 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RetryPolicy {
-    /// Retries after the first attempt, per provider (REQ-BED-006: 3).
+    /// Retries after the first attempt, per provider; 3 by default
+    /// (REQ-BED-006).
     pub max_retries: u32,
     /// Delay before the first retry; doubles with each further retry.
     pub base_delay_ms: u64,
     /// Ceiling of the exponential delay.
     pub max_delay_ms: u64,
-    /// Ceiling of a provider's `retry-after` (DESIGN.md: 60 s).
+    /// Ceiling of a provider's `retry-after`, 60 s by default, so a provider
+    /// asking for an hour cannot park a turn that long (docs/requirements.md,
+    /// "Retries and fallback").
     pub retry_after_cap_ms: u64,
 }
 

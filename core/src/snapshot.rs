@@ -1,7 +1,8 @@
-//! The small persisted fsm_state of seed 004: only ever taken in a clean
-//! state (idle or awaiting input), with the pending calls and the log
-//! position it was built from. It is a cache over the log: derived from the
-//! working set, checked against it, and rebuilt whenever they disagree.
+//! The small persisted fsm_state (docs/requirements.md, "Snapshots and
+//! checkpoints"): only ever taken in a clean state (idle or awaiting
+//! input), with the pending calls and the log position it was built from.
+//! It is a cache over the log: derived from the working set, checked against
+//! it, and rebuilt whenever they disagree.
 
 use serde::{Deserialize, Serialize};
 
@@ -26,8 +27,9 @@ pub enum SnapshotState {
 }
 
 impl FsmSnapshot {
-    /// The snapshot of `working`, or `None` where seed 004 takes none (a
-    /// turn streaming or running tools, or a finished sub-agent).
+    /// The snapshot of `working`, or `None` where none is taken (a turn
+    /// streaming or running tools, or a finished sub-agent): a turn in
+    /// flight is recovered from the log, never frozen and thawed.
     pub fn of(working: &WorkingSet) -> Option<FsmSnapshot> {
         let state = match working.status() {
             Status::Idle | Status::Error => SnapshotState::Idle,

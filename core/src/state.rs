@@ -55,7 +55,8 @@ pub struct Request {
 pub enum Phase {
     Idle,
     /// `busy_policy = interrupt`: a message came in; the turn starts when
-    /// 100 ms pass without another (seed 002).
+    /// 100 ms pass without another, so a burst of messages gets one turn
+    /// (docs/requirements.md, "Interrupt with a 100 ms debounce").
     Debouncing {
         /// Seq of the latest message; only its timer may start the turn.
         token: Seq,

@@ -1,5 +1,7 @@
 //! The reducer: folds canonical events into the working set, everything a
-//! live conversation needs to carry on (seed 002's "ReducedContext").
+//! live conversation needs to carry on. Everything in it is derived from
+//! the log, so replaying the log gives the live working set
+//! (docs/requirements.md, "Invariants", 1).
 //!
 //! The transition function never edits the working set directly: it emits
 //! events and applies them through [`WorkingSet::apply`], the same code replay

@@ -5,10 +5,10 @@
 //! that fit the current state (finish the stream that is running, finish the
 //! tool that runs, resolve a pending call, fire the latest timer, restart the
 //! actor, ...), feeds them to `transition()` and keeps the full log. Each
-//! property walks such random runs and checks one of the invariants of
-//! DESIGN.md ("The state machine", "Invariants every change keeps",
-//! "Lessons") after every step, often by probing the reachable state with
-//! extra inputs on a copy of it.
+//! property walks such random runs and checks one of keel's rules after
+//! every step (docs/requirements.md: the numbered "Invariants", and rules
+//! such as "Recovery after a crash or restart"), often by probing the
+//! reachable state with extra inputs on a copy of it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -1414,11 +1414,12 @@ proptest! {
         })?;
     }
 
-    /// Recovery after a restart (DESIGN.md "Lessons": auto-resume must not
-    /// loop). After rebuilding from the log and `Started`, the phase agrees
-    /// with the log, any request it sends has every tool_use answered, and
-    /// the log never holds more than MAX_CONSECUTIVE_RESUMES `Recovered`
-    /// events since the last user message. Restarts are frequent here.
+    /// Recovery after a restart: automatic resumption must not loop
+    /// (docs/requirements.md, "Recovery after a crash or restart"). After
+    /// rebuilding from the log and `Started`, the phase agrees with the
+    /// log, any request it sends has every tool_use answered, and the log
+    /// never holds more than MAX_CONSECUTIVE_RESUMES `Recovered` events
+    /// since the last user message. Restarts are frequent here.
     #[test]
     fn restarts_recover_without_looping(setup in setup(), moves in moves(12)) {
         run(&setup, &moves, |driver, performed| {

@@ -1,8 +1,10 @@
-//! Requirement tests for keel-core: one or more per clause of the seeds the
-//! core owns, named after the clause (REQ-BED-… of seed 000, and the
-//! lifecycle, approval and recovery rules of seeds 002, 003 and 004 and
-//! DESIGN.md). Each drives the real `transition()` through a small harness
-//! that plays the shell: it keeps the log and the state and answers effects.
+//! Requirement tests for keel-core: one or more per clause of the
+//! requirements the core owns (docs/requirements.md), named after the
+//! clause: `req_bed_…` after the REQ-BED ids, the others after the rule
+//! they check (event ids and causal links, lifecycle, busy policies,
+//! approvals, recovery, stop reasons, graceful stop). Each drives the real
+//! `transition()` through a small harness that plays the shell: it keeps
+//! the log and the state and answers effects.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -743,7 +745,7 @@ fn req_bed_007_restart_under_idle_policy_restores_idle_with_history() {
     assert_eq!(harness.working().messages.len(), 3);
 }
 
-// --- Seed 004 recovery under `resume` ----------------------------------------------------
+// --- Recovery under `resume` (docs/requirements.md, "Recovery after a crash or restart") ---
 
 #[test]
 fn resume_reruns_a_turn_whose_log_ends_in_a_user_message() {
@@ -1139,7 +1141,7 @@ fn req_bed_013_image_references_flow_into_the_prompt_and_the_log() {
     assert!(step.rejection.is_none());
 }
 
-// --- Seed 002: events, ids, lifecycle -----------------------------------------------------------
+// --- Event ids, causal links, session and turn lifecycle, busy policies ------------------------
 
 #[test]
 fn seed_002_event_ids_are_conversation_and_seq_from_one() {
@@ -1281,7 +1283,7 @@ fn queue_policy_is_bounded() {
     );
 }
 
-// --- Seed 003: approvals, transient and terminal failure ----------------------------------
+// --- Approvals and pending kinds (docs/requirements.md) -----------------------------------
 
 #[test]
 fn seed_003_gated_tool_waits_for_approval_then_runs() {
@@ -1350,7 +1352,7 @@ fn client_exec_tools_wait_for_the_client_answer() {
     assert_eq!(started_streams(&step).len(), 1);
 }
 
-// --- Lessons ------------------------------------------------------------------------------
+// --- Questions to the user, the request cap, stale reports, configuration, stop ----------
 
 #[test]
 fn ask_user_must_be_the_only_tool_in_its_response() {

@@ -10,7 +10,8 @@ use crate::message::ImageRef;
 use crate::rejection::Rejection;
 use crate::state::Phase;
 
-/// How long `busy_policy = interrupt` waits for the user to stop typing (seed 002).
+/// How long `busy_policy = interrupt` waits for the user to stop typing; fixed
+/// (docs/requirements.md, "Interrupt with a 100 ms debounce").
 pub const DEBOUNCE_MS: u64 = 100;
 
 /// Most messages `busy_policy = queue` holds for one turn.

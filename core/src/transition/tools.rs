@@ -1,7 +1,8 @@
 //! Tool calls: run serially in request order (REQ-BED-004), wait for a human
-//! or a client where the policy says so (seed 003's approval state, seed
-//! 004's pending kinds), and feed every result, errors included, back to
-//! the model.
+//! or a client where the tool's policy says so (an approval, a question to
+//! the user, a tool the client runs: docs/requirements.md, "Approvals and
+//! pending kinds"), and feed every result, errors included, back to the
+//! model.
 
 use super::{turn, Ctx};
 use crate::builtin::{self, ASK_USER, SPAWN_AGENTS, SUBMIT_RESULT};

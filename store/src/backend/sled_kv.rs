@@ -1,4 +1,5 @@
-//! sled 0.34.7, the backend DESIGN.md names as the default.
+//! sled 0.34.7, a selectable backend. redb is the default: the crash test
+//! showed sled sometimes refusing to reopen after a SIGKILL.
 //!
 //! What sled promises, and what keel relies on: `apply_batch` is atomic, and
 //! nothing is durable until `flush()`, which `commit` calls before it
