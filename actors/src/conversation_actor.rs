@@ -601,7 +601,7 @@ async fn cancel_if_requested(
     Ok(())
 }
 
-/// Idle eviction in two tiers (docs/requirements.md, "Idle eviction").
+/// Idle eviction in two tiers (docs/requirements.md, "Idle eviction in two tiers").
 /// Short idle while waiting on a human: release what can be rebuilt, stay
 /// addressable. Long idle in a
 /// clean state with nobody watching: save the snapshot and stop;
