@@ -60,6 +60,22 @@ pub struct Inspection {
     pub worker: Option<WorkerInfo>,
 }
 
+/// One live actor, as `Runtime::actors` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ActorStats {
+    pub id: ConversationId,
+    /// The state it is in (a hibernating one: the state it rested in).
+    pub state: StateName,
+    /// Time since a user, worker or timer last did something here.
+    pub idle_ms: u64,
+    pub subscribers: usize,
+    /// The short-idle tier released its working set.
+    pub hibernated: bool,
+    /// An estimate of the bytes the actor holds: its state and its working
+    /// set's messages (text, tool inputs and results).
+    pub memory_bytes: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum WorkerInfo {

@@ -23,7 +23,7 @@ use tracing::Instrument;
 
 use keel_core::event::Decision;
 use keel_core::ids::{ConversationId, EventId, Seq, ToolCallId};
-use keel_core::message::ImageRef;
+use keel_core::message::{ContentBlock, ImageRef};
 use keel_core::state::{Conversation, Phase};
 use keel_core::{
     AssistantResponse, ConversationConfig, Generation, Input, LiveEvent, LlmFailure,
@@ -31,7 +31,7 @@ use keel_core::{
 };
 use keel_store::{rehydrate, Rehydrated};
 
-use crate::conversation::{Inspection, WorkerInfo};
+use crate::conversation::{ActorStats, Inspection, WorkerInfo};
 use crate::door;
 use crate::pubsub::{Publisher, Subscription, Update, View, VIEW_MESSAGES};
 use crate::runtime::{Alive, Shared};
@@ -68,6 +68,11 @@ pub(crate) enum ConversationMsg {
     },
     Inspect {
         reply: RpcReplyPort<Inspection>,
+    },
+    /// What `Runtime::actors` lists; answered without waking a
+    /// hibernating conversation.
+    Stats {
+        reply: RpcReplyPort<ActorStats>,
     },
     /// Save the snapshot and stop (long-idle eviction, or asked for).
     Evict {
@@ -172,6 +177,8 @@ pub(crate) struct ConversationState {
     /// Short-idle tier taken: the working set is released until the next
     /// message rebuilds it.
     pub(crate) hibernated: bool,
+    /// The state the conversation rested in when it hibernated.
+    pub(crate) rest_state: StateName,
     /// The runtime is stopping gracefully: new messages are refused, and
     /// the session ends as soon as no turn runs.
     pub(crate) draining: bool,
@@ -206,6 +213,7 @@ impl ConversationState {
             recover_on_start: false,
             last_touched: Instant::now(),
             hibernated: false,
+            rest_state: StateName::Idle,
             draining: false,
             checkpoint_seq,
             turn_span: None,
@@ -327,7 +335,9 @@ impl Actor for ConversationActor {
         let was_hibernating = state.hibernated;
         if !matches!(
             message,
-            ConversationMsg::IdleCheck | ConversationMsg::Unsubscribed
+            ConversationMsg::IdleCheck
+                | ConversationMsg::Unsubscribed
+                | ConversationMsg::Stats { .. }
         ) {
             hydrate(state).await?;
         }
@@ -341,6 +351,7 @@ impl Actor for ConversationActor {
             message,
             ConversationMsg::IdleCheck
                 | ConversationMsg::Inspect { .. }
+                | ConversationMsg::Stats { .. }
                 | ConversationMsg::Unsubscribed
         ) {
             state.last_touched = Instant::now();
@@ -404,6 +415,9 @@ impl Actor for ConversationActor {
                 let mut inspection = inspect(state)?;
                 inspection.hibernated = was_hibernating;
                 let _ = reply.send(inspection);
+            }
+            ConversationMsg::Stats { reply } => {
+                let _ = reply.send(stats(state));
             }
             ConversationMsg::Evict { reply } => {
                 let outcome = effects::step(&myself, state, Input::Stop).await?;
@@ -682,6 +696,9 @@ async fn rest_at_once(state: &mut ConversationState) -> Result<(), ActorProcessi
 /// taken in a clean state with no worker and no timer, where the working
 /// set and the phase are exactly what the log folds to.
 fn hibernate(state: &mut ConversationState) {
+    if let Some(conversation) = &state.conversation {
+        state.rest_state = conversation.state_name();
+    }
     state.publisher.release_if_unwatched();
     state.timers.shrink_to_fit();
     state.conversation = None;
@@ -737,6 +754,55 @@ fn view(state: &ConversationState) -> Result<View, ActorProcessingErr> {
         recent_messages: working.messages[skip..].to_vec(),
         omitted_messages: skip,
     })
+}
+
+fn stats(state: &ConversationState) -> ActorStats {
+    let (state_name, memory_bytes) = match &state.conversation {
+        Some(conversation) => (
+            conversation.state_name(),
+            working_set_bytes(&conversation.working),
+        ),
+        None => (state.rest_state, 0),
+    };
+    ActorStats {
+        id: state.id.clone(),
+        state: state_name,
+        idle_ms: state.last_touched.elapsed().as_millis() as u64,
+        subscribers: state.publisher.subscribers(),
+        hibernated: state.hibernated,
+        memory_bytes: memory_bytes + std::mem::size_of::<ConversationState>() as u64,
+    }
+}
+
+/// An estimate of the heap a working set holds: the text of its messages,
+/// tool inputs and results, and a fixed cost per block and message. Good
+/// enough to find the actor that holds a lot; not an allocator's count.
+fn working_set_bytes(working: &keel_core::WorkingSet) -> u64 {
+    const PER_BLOCK: u64 = 64;
+    const PER_MESSAGE: u64 = 48;
+    let mut bytes = std::mem::size_of::<keel_core::WorkingSet>() as u64;
+    for message in &working.messages {
+        bytes += PER_MESSAGE;
+        for block in &message.content {
+            bytes += PER_BLOCK
+                + match block {
+                    ContentBlock::Text { text } => text.len() as u64,
+                    ContentBlock::Thinking { text, signature } => {
+                        (text.len() + signature.as_ref().map_or(0, String::len)) as u64
+                    }
+                    ContentBlock::Image { image } => {
+                        (image.hash.len() + image.media_type.len()) as u64
+                    }
+                    ContentBlock::ToolUse { call } => {
+                        (call.id.0.len() + call.name.len() + call.input.to_string().len()) as u64
+                    }
+                    ContentBlock::ToolResult { result } => {
+                        (result.tool_call_id.0.len() + result.content.len()) as u64
+                    }
+                };
+        }
+    }
+    bytes
 }
 
 fn inspect(state: &ConversationState) -> Result<Inspection, ActorProcessingErr> {

@@ -24,7 +24,7 @@ mod tool_actor;
 pub use keel_core as core;
 pub use keel_store as store;
 
-pub use conversation::{ConversationHandle, Inspection};
+pub use conversation::{ActorStats, ConversationHandle, Inspection};
 pub use image::ImageUpload;
 pub use pubsub::{Received, Subscription, Update, View};
 pub use runtime::{BootReport, Runtime, RuntimeConfig, Settings};

@@ -146,6 +146,12 @@ impl Subscription {
         Ok(self)
     }
 
+    /// The seq of the next canonical event this subscriber is owed: where
+    /// a new subscription picks up if this one closes.
+    pub fn next_seq(&self) -> Seq {
+        self.next_seq
+    }
+
     pub async fn next(&mut self) -> Received {
         loop {
             if let Some(event) = self.backlog.pop_front() {

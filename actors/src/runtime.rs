@@ -21,7 +21,7 @@ use keel_store::{EventLog, IndexEntry};
 pub use boot::BootReport;
 
 use crate::clock::Clock;
-use crate::conversation::ConversationHandle;
+use crate::conversation::{ActorStats, ConversationHandle};
 use crate::conversation_actor::{Control, ConversationMsg};
 use crate::door;
 use crate::process_group::ProcessLedger;
@@ -248,6 +248,25 @@ impl Runtime {
             .collect()
     }
 
+    /// Every live actor now, by conversation id: its state, idle time,
+    /// subscribers and an estimate of its memory. Asking wakes no
+    /// hibernating conversation; an actor that stops meanwhile is left out.
+    pub async fn actors(&self) -> Vec<ActorStats> {
+        let mut stats = Vec::new();
+        for (_, actor) in door::live(&self.shared) {
+            if let Ok(ractor::rpc::CallResult::Success(one)) = actor
+                .call(
+                    |reply| ConversationMsg::Stats { reply },
+                    Some(STATS_TIMEOUT),
+                )
+                .await
+            {
+                stats.push(one);
+            }
+        }
+        stats
+    }
+
     /// Whether conversation `id` has a live actor now.
     pub fn is_live(&self, id: &ConversationId) -> bool {
         door::lookup(&self.shared, id).is_some()
@@ -341,6 +360,10 @@ impl Runtime {
         }
     }
 }
+
+/// How long `actors` waits for one actor's answer: a busy actor answers
+/// after the step it is in.
+const STATS_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long shutting down waits for an actor that was told to stop.
 const PATIENCE: Duration = Duration::from_secs(5);

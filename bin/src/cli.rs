@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::{demo, mock_llm};
+use crate::{demo, mock_llm, serve};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -21,6 +21,15 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the daemon: the HTTP + SSE API over the store in KEEL_DATA_DIR,
+    /// on KEEL_ADDR (127.0.0.1:7777). With no provider configured it runs
+    /// the built-in fake provider. SIGTERM or Ctrl-C stop it gracefully.
+    Serve {
+        /// A keel.toml to read (default: KEEL_CONFIG, else ./keel.toml if
+        /// present). Environment variables win over it.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
     /// Walk one conversation through keel's pure core, in this process: a
     /// scripted model, a real `bash` tool, a cancel, and a replay of the log.
     /// No daemon and no network.
@@ -49,6 +58,7 @@ pub enum Command {
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     let outcome = match cli.command {
+        Command::Serve { config } => serve::run(serve::Options { config }),
         Command::Demo { json } => {
             let format = if json {
                 demo::Format::Json

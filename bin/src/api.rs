@@ -1,0 +1,213 @@
+//! The daemon's HTTP API (docs/daemon.md): its routes, their state, the
+//! bearer-token check and the body limits. Handlers talk to the runtime
+//! only through its library API (`Runtime`, `ConversationHandle`); request
+//! and response shapes are in `types`, errors in `error`.
+//!
+//! Every route is registered through utoipa's router, so `/openapi.json`
+//! is generated from the same handlers and types that serve requests.
+
+pub mod admin;
+pub mod conversations;
+pub mod error;
+pub mod events;
+pub mod types;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Request, State};
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use tokio::sync::watch;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::OpenApi;
+use utoipa::{Modify, OpenApi as _};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use keel_actors::core::config::ModelRef;
+use keel_actors::core::ConversationId;
+use keel_actors::Runtime;
+
+use crate::serve::token;
+use error::ApiError;
+
+/// Largest body of `POST …/messages`: images come base64 in it (4/3 of
+/// their size), each up to 20 MiB before keel scales it down.
+pub const MESSAGE_BODY_LIMIT: usize = 64 * 1024 * 1024;
+/// Largest body of every other route.
+pub const BODY_LIMIT: usize = 64 * 1024;
+
+/// Renders the process's metrics in Prometheus text.
+pub type MetricsRender = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// What every handler shares. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub runtime: Runtime,
+    token: Arc<str>,
+    /// The model a conversation uses unless its creation names another.
+    pub default_model: Arc<ModelRef>,
+    /// The working directory of a conversation created without one.
+    pub default_cwd: Arc<PathBuf>,
+    pub metrics: Option<MetricsRender>,
+    /// Turns true when the daemon starts to stop: event streams end.
+    pub stopping: watch::Receiver<bool>,
+}
+
+impl AppState {
+    pub fn new(
+        runtime: Runtime,
+        token: String,
+        default_model: ModelRef,
+        default_cwd: PathBuf,
+        metrics: Option<MetricsRender>,
+        stopping: watch::Receiver<bool>,
+    ) -> AppState {
+        AppState {
+            runtime,
+            token: token.into(),
+            default_model: Arc::new(default_model),
+            default_cwd: Arc::new(default_cwd),
+            metrics,
+            stopping,
+        }
+    }
+}
+
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "keel",
+        description = "keel runs LLM agent conversations that never get stuck, never lose state, and can always be stopped."
+    ),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// Every route but `/healthz` and `/openapi.json`, with its documentation.
+fn documented() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(conversations::create, conversations::list))
+        .routes(routes!(conversations::get_one))
+        .merge(
+            OpenApiRouter::new()
+                .routes(routes!(conversations::send))
+                .layer(DefaultBodyLimit::max(MESSAGE_BODY_LIMIT)),
+        )
+        .routes(routes!(conversations::cancel))
+        .routes(routes!(conversations::resolve))
+        .routes(routes!(conversations::log))
+        .routes(routes!(events::events))
+        .routes(routes!(admin::actors))
+        .routes(routes!(admin::evict))
+        .routes(routes!(admin::kill))
+        .routes(routes!(admin::metrics))
+        .routes(routes!(admin::healthz))
+}
+
+/// The OpenAPI document of every route.
+pub fn openapi() -> OpenApi {
+    let (_, mut api) = documented().split_for_parts();
+    let (path, item) = openapi_route_doc();
+    api.paths.paths.insert(path, item);
+    api
+}
+
+fn openapi_route_doc() -> (String, utoipa::openapi::PathItem) {
+    use utoipa::openapi::path::{HttpMethod, OperationBuilder, PathItem};
+    use utoipa::openapi::ResponseBuilder;
+    let operation = OperationBuilder::new()
+        .summary(Some("This document: every route, generated from the code."))
+        .response(
+            "200",
+            ResponseBuilder::new().description("OpenAPI 3.1 JSON"),
+        )
+        .build();
+    (
+        "/openapi.json".to_owned(),
+        PathItem::new(HttpMethod::Get, operation),
+    )
+}
+
+/// The daemon's whole router.
+pub fn router(state: AppState) -> Router {
+    let (routes, _) = documented().split_for_parts();
+    let api = Arc::new(openapi());
+    routes
+        .route(
+            "/openapi.json",
+            get(move || {
+                let api = api.clone();
+                async move { Json(api.as_ref().clone()) }
+            }),
+        )
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "no_route", "no such route")
+}
+
+/// The bearer token, on every route but `/healthz`.
+async fn require_token(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    if request.uri().path() == "/healthz" {
+        return next.run(request).await;
+    }
+    let header = request
+        .headers()
+        .get(AUTHORIZATION)
+        .map(|value| value.as_bytes());
+    if token::authorizes(header, &state.token) {
+        next.run(request).await
+    } else {
+        let mut response = ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid `Authorization: Bearer TOKEN` header is required (KEEL_TOKEN, or the token file in the data dir)",
+        )
+        .into_response();
+        response.headers_mut().insert(
+            axum::http::header::WWW_AUTHENTICATE,
+            axum::http::HeaderValue::from_static("Bearer"),
+        );
+        response
+    }
+}
+
+/// A conversation id from the path. An id that cannot be one names no
+/// conversation: 404, like an unknown one.
+pub struct ConversationPath(pub ConversationId);
+
+impl<S: Send + Sync> FromRequestParts<S> for ConversationPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let axum::extract::Path(raw) =
+            axum::extract::Path::<String>::from_request_parts(parts, state).await?;
+        ConversationId::new(raw.clone())
+            .map(ConversationPath)
+            .map_err(|_| ApiError::not_found(&raw))
+    }
+}

@@ -1,0 +1,147 @@
+//! Operations: the live actors, evicting one, killing one (a crash, for
+//! drills), `/metrics` and `/healthz`.
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use keel_actors::core::ConversationId;
+
+use super::error::ApiError;
+use super::types::{ActorList, ActorSummary, ErrorBody, Evicted, Health, Killed};
+use super::{AppState, ConversationPath};
+
+/// The live actors: state, idle time, subscribers and a memory estimate.
+#[utoipa::path(
+    get,
+    path = "/admin/actors",
+    tag = "admin",
+    responses((status = 200, body = ActorList))
+)]
+pub async fn actors(State(state): State<AppState>) -> Json<ActorList> {
+    let actors = state
+        .runtime
+        .actors()
+        .await
+        .into_iter()
+        .map(|stats| ActorSummary {
+            mailbox: 0,
+            id: stats.id.to_string(),
+            state: stats.state.into(),
+            idle_ms: stats.idle_ms,
+            memory_bytes: stats.memory_bytes,
+            subscribers: stats.subscribers,
+            hibernated: stats.hibernated,
+        })
+        .collect();
+    Json(ActorList { actors })
+}
+
+/// Save the conversation's snapshot and stop its actor; the next request
+/// starts it again from the store. A busy conversation answers 409.
+#[utoipa::path(
+    post,
+    path = "/admin/actors/{id}/evict",
+    tag = "admin",
+    params(("id" = String, Path, description = "Conversation id")),
+    responses(
+        (status = 200, body = Evicted),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Busy: cancel first", body = ErrorBody),
+    )
+)]
+pub async fn evict(
+    State(state): State<AppState>,
+    ConversationPath(id): ConversationPath,
+) -> Result<Json<Evicted>, ApiError> {
+    ensure_exists(&state, &id).await?;
+    let was_live = state.runtime.is_live(&id);
+    state
+        .runtime
+        .handle(id.clone())
+        .evict()
+        .await
+        .map_err(|error| ApiError::from_runtime(id.as_str(), error))?;
+    Ok(Json(Evicted {
+        id: id.to_string(),
+        was_live,
+    }))
+}
+
+/// Crash the conversation's actor on purpose (drills): its supervisor
+/// restarts it from the log under its recovery policy.
+#[utoipa::path(
+    post,
+    path = "/admin/actors/{id}/kill",
+    tag = "admin",
+    params(("id" = String, Path, description = "Conversation id")),
+    responses((status = 202, body = Killed), (status = 404, body = ErrorBody))
+)]
+pub async fn kill(
+    State(state): State<AppState>,
+    ConversationPath(id): ConversationPath,
+) -> Result<(StatusCode, Json<Killed>), ApiError> {
+    state
+        .runtime
+        .handle(id.clone())
+        .crash()
+        .await
+        .map_err(|error| ApiError::from_runtime(id.as_str(), error))?;
+    Ok((StatusCode::ACCEPTED, Json(Killed { id: id.to_string() })))
+}
+
+async fn ensure_exists(state: &AppState, id: &ConversationId) -> Result<(), ApiError> {
+    let last_seq = state
+        .runtime
+        .store()
+        .last_seq(id)
+        .await
+        .map_err(|error| ApiError::from_runtime(id.as_str(), error.into()))?;
+    if last_seq == 0 {
+        return Err(ApiError::not_found(id.as_str()));
+    }
+    Ok(())
+}
+
+/// Prometheus text: the runtime's counters and histograms (docs/daemon.md,
+/// "Metrics") and the number of live conversations now.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "admin",
+    responses((status = 200, content_type = "text/plain; version=0.0.4", body = String))
+)]
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let mut text = state
+        .metrics
+        .as_ref()
+        .map(|render| render())
+        .unwrap_or_default();
+    let live = state.runtime.live().len();
+    text.push_str(&format!(
+        "# HELP keel_live_conversations Conversations with a live actor now.\n\
+         # TYPE keel_live_conversations gauge\n\
+         keel_live_conversations {live}\n"
+    ));
+    (
+        [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        text,
+    )
+        .into_response()
+}
+
+/// Liveness: answers without a token.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "admin",
+    security(()),
+    responses((status = 200, body = Health))
+)]
+pub async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok".to_owned(),
+    })
+}

@@ -1,0 +1,357 @@
+//! `/v1/conversations…`: create, list, read, send, cancel, resolve and the
+//! log. Each handler checks its input, makes one call on the runtime and
+//! converts the answer; a refused request changes nothing.
+
+use std::path::PathBuf;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use base64::Engine as _;
+use serde::Deserialize;
+use utoipa::IntoParams;
+
+use keel_actors::core::config::{ConversationConfig, ModelRef, ProviderKind};
+use keel_actors::core::event::Decision;
+use keel_actors::core::ToolCallId;
+use keel_actors::ImageUpload;
+
+use super::error::{ApiError, ApiJson, ApiQuery};
+use super::types::{
+    AcceptedMessage, ApiDecisionKind, ApiEvent, CancelAccepted, ConversationDetail,
+    ConversationList, ConversationSummary, CreateConversation, CreatedConversation, ErrorBody,
+    LogPage, ResolveAccepted, ResolveRequest, SendMessage,
+};
+use super::{AppState, ConversationPath};
+use crate::serve::config::{DEFAULT_ANTHROPIC_MODEL, DEFAULT_OPENAI_MODEL};
+
+/// Most events one `GET …/log` returns.
+pub const MAX_LOG_PAGE: usize = 10_000;
+/// Most images one message may carry.
+pub const MAX_IMAGES: usize = 20;
+
+/// Create a conversation.
+#[utoipa::path(
+    post,
+    path = "/v1/conversations",
+    tag = "conversations",
+    request_body = CreateConversation,
+    responses(
+        (status = 201, body = CreatedConversation),
+        (status = 400, description = "Malformed JSON, an unknown field, or a working directory that is not an existing absolute directory", body = ErrorBody),
+        (status = 413, body = ErrorBody),
+    )
+)]
+pub async fn create(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<CreateConversation>,
+) -> Result<(StatusCode, Json<CreatedConversation>), ApiError> {
+    let cwd = match request.cwd {
+        Some(cwd) => {
+            let cwd = PathBuf::from(cwd);
+            if !cwd.is_absolute() {
+                return Err(ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_cwd",
+                    format!(
+                        "cwd {} is relative; give an absolute path (the daemon's directory is not the client's)",
+                        cwd.display()
+                    ),
+                ));
+            }
+            cwd
+        }
+        None => state.default_cwd.as_ref().clone(),
+    };
+    let default = state.default_model.as_ref();
+    let provider = request
+        .provider
+        .map_or(default.provider, ProviderKind::from);
+    let model = match request.model {
+        Some(model) if model.trim().is_empty() => {
+            return Err(ApiError::bad_request("model is empty"))
+        }
+        Some(model) => model,
+        None if provider == default.provider => default.model.clone(),
+        None => default_model_of(provider).to_owned(),
+    };
+    let mut config = ConversationConfig {
+        system: request.system,
+        primary: ModelRef { provider, model },
+        ..ConversationConfig::default()
+    };
+    if let Some(policy) = request.busy_policy {
+        config.busy_policy = policy.into();
+    }
+    let handle = state
+        .runtime
+        .create(&cwd, config)
+        .await
+        .map_err(|error| ApiError::from_runtime("(new)", error))?;
+    Ok((
+        StatusCode::CREATED,
+        Json(CreatedConversation {
+            id: handle.id().to_string(),
+        }),
+    ))
+}
+
+fn default_model_of(provider: ProviderKind) -> &'static str {
+    match provider {
+        ProviderKind::Anthropic => DEFAULT_ANTHROPIC_MODEL,
+        ProviderKind::OpenAi => DEFAULT_OPENAI_MODEL,
+        ProviderKind::Mock => "mock",
+    }
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Include sub-agents.
+    #[serde(default)]
+    pub all: bool,
+}
+
+/// List conversations, oldest first: the user's own, and with
+/// `all=true` their sub-agents too.
+#[utoipa::path(
+    get,
+    path = "/v1/conversations",
+    tag = "conversations",
+    params(ListQuery),
+    responses((status = 200, body = ConversationList), (status = 400, body = ErrorBody))
+)]
+pub async fn list(
+    State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<ListQuery>,
+) -> Result<Json<ConversationList>, ApiError> {
+    let entries = state
+        .runtime
+        .list(query.all)
+        .await
+        .map_err(|error| ApiError::from_runtime("(list)", error))?;
+    let conversations = entries
+        .into_iter()
+        .map(|entry| {
+            let live = state.runtime.is_live(&entry.id);
+            ConversationSummary::new(entry, live)
+        })
+        .collect();
+    Ok(Json(ConversationList { conversations }))
+}
+
+/// A conversation: its state, history, usage and pending calls. Reading
+/// one that has no live actor wakes nothing.
+#[utoipa::path(
+    get,
+    path = "/v1/conversations/{id}",
+    tag = "conversations",
+    params(("id" = String, Path, description = "Conversation id")),
+    responses((status = 200, body = ConversationDetail), (status = 404, body = ErrorBody))
+)]
+pub async fn get_one(
+    State(state): State<AppState>,
+    ConversationPath(id): ConversationPath,
+) -> Result<Json<ConversationDetail>, ApiError> {
+    let inspection = state
+        .runtime
+        .handle(id.clone())
+        .inspect()
+        .await
+        .map_err(|error| ApiError::from_runtime(id.as_str(), error))?;
+    Ok(Json(inspection.into()))
+}
+
+/// Send a user message. Accepted once it is durable; the reply streams on
+/// `GET …/events`.
+#[utoipa::path(
+    post,
+    path = "/v1/conversations/{id}/messages",
+    tag = "conversations",
+    params(("id" = String, Path, description = "Conversation id")),
+    request_body = SendMessage,
+    responses(
+        (status = 202, body = AcceptedMessage),
+        (status = 400, description = "Malformed JSON or an empty message", body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Busy: cancel the running turn first", body = ErrorBody),
+        (status = 413, body = ErrorBody),
+        (status = 422, description = "An image that cannot be decoded or used", body = ErrorBody),
+    )
+)]
+pub async fn send(
+    State(state): State<AppState>,
+    ConversationPath(id): ConversationPath,
+    ApiJson(request): ApiJson<SendMessage>,
+) -> Result<(StatusCode, Json<AcceptedMessage>), ApiError> {
+    let count = request.images.len();
+    if count > MAX_IMAGES {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_image",
+            format!("{count} images; a message may carry at most {MAX_IMAGES}"),
+        ));
+    }
+    let mut uploads = Vec::with_capacity(count);
+    for (index, image) in request.images.into_iter().enumerate() {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(image.data.trim())
+            .map_err(|error| {
+                ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_image",
+                    format!(
+                        "image {} of {count} was refused: its data is not standard base64 ({error})",
+                        index + 1
+                    ),
+                )
+            })?;
+        uploads.push(ImageUpload::new(image.media_type, bytes));
+    }
+    let event_id = state
+        .runtime
+        .handle(id.clone())
+        .send(request.text, uploads)
+        .await
+        .map_err(|error| ApiError::from_runtime(id.as_str(), error))?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(AcceptedMessage {
+            seq: event_id.seq,
+            event_id: event_id.to_string(),
+        }),
+    ))
+}
+
+/// Stop whatever the conversation is doing: the stream closes, running
+/// tools' process groups are killed, and it comes to rest.
+#[utoipa::path(
+    post,
+    path = "/v1/conversations/{id}/cancel",
+    tag = "conversations",
+    params(("id" = String, Path, description = "Conversation id")),
+    responses((status = 202, body = CancelAccepted), (status = 404, body = ErrorBody))
+)]
+pub async fn cancel(
+    State(state): State<AppState>,
+    ConversationPath(id): ConversationPath,
+) -> Result<(StatusCode, Json<CancelAccepted>), ApiError> {
+    let state_name = state
+        .runtime
+        .handle(id.clone())
+        .cancel()
+        .await
+        .map_err(|error| ApiError::from_runtime(id.as_str(), error))?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(CancelAccepted {
+            state: state_name.into(),
+        }),
+    ))
+}
+
+/// Answer a pending call: approve or deny a tool, answer a question, or
+/// return a client-run tool's output. Exactly once: the same resolution
+/// again answers 200 and changes nothing; a different one, or one for a
+/// call a cancel already settled, answers 409.
+#[utoipa::path(
+    post,
+    path = "/v1/conversations/{id}/resolve",
+    tag = "conversations",
+    params(("id" = String, Path, description = "Conversation id")),
+    request_body = ResolveRequest,
+    responses(
+        (status = 200, body = ResolveAccepted),
+        (status = 400, body = ErrorBody),
+        (status = 404, description = "Unknown conversation or tool call", body = ErrorBody),
+        (status = 409, description = "The call was resolved otherwise, settled by a cancel, or takes another decision", body = ErrorBody),
+    )
+)]
+pub async fn resolve(
+    State(state): State<AppState>,
+    ConversationPath(id): ConversationPath,
+    ApiJson(request): ApiJson<ResolveRequest>,
+) -> Result<Json<ResolveAccepted>, ApiError> {
+    let decision = match (request.decision, request.text) {
+        (ApiDecisionKind::Answer, Some(text)) => Decision::Answer { text },
+        (ApiDecisionKind::Answer, None) => {
+            return Err(ApiError::bad_request("decision `answer` needs `text`"))
+        }
+        (_, Some(_)) => {
+            return Err(ApiError::bad_request(
+                "`text` goes only with decision `answer`",
+            ))
+        }
+        (ApiDecisionKind::Approve, None) => Decision::Approve,
+        (ApiDecisionKind::Deny, None) => Decision::Deny,
+    };
+    if request.tool_call_id.is_empty() {
+        return Err(ApiError::bad_request("tool_call_id is empty"));
+    }
+    let tool_call_id = ToolCallId::new(request.tool_call_id);
+    state
+        .runtime
+        .handle(id.clone())
+        .resolve(tool_call_id.clone(), decision)
+        .await
+        .map_err(|error| ApiError::from_runtime(id.as_str(), error))?;
+    Ok(Json(ResolveAccepted {
+        tool_call_id: tool_call_id.0,
+        decision: request.decision,
+    }))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct LogQuery {
+    /// First seq to return (from 1).
+    #[serde(default = "first_seq")]
+    pub from: u64,
+    /// Most events to return (at most 10000).
+    #[serde(default = "default_limit")]
+    pub limit: usize,
+}
+
+fn first_seq() -> u64 {
+    1
+}
+
+fn default_limit() -> usize {
+    1000
+}
+
+/// The canonical events of the log from seq `from` on. Reading it wakes
+/// nothing.
+#[utoipa::path(
+    get,
+    path = "/v1/conversations/{id}/log",
+    tag = "conversations",
+    params(("id" = String, Path, description = "Conversation id"), LogQuery),
+    responses((status = 200, body = LogPage), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody))
+)]
+pub async fn log(
+    State(state): State<AppState>,
+    ConversationPath(id): ConversationPath,
+    ApiQuery(query): ApiQuery<LogQuery>,
+) -> Result<Json<LogPage>, ApiError> {
+    if query.limit == 0 || query.limit > MAX_LOG_PAGE {
+        return Err(ApiError::bad_request(format!(
+            "limit must be between 1 and {MAX_LOG_PAGE}"
+        )));
+    }
+    let from = query.from.max(1);
+    let events = state
+        .runtime
+        .handle(id.clone())
+        .log(from, query.limit)
+        .await
+        .map_err(|error| ApiError::from_runtime(id.as_str(), error))?;
+    let next_from = events.last().map_or(from, |event| event.seq + 1);
+    Ok(Json(LogPage {
+        events: events
+            .into_iter()
+            .map(|event| ApiEvent::new(&id, event))
+            .collect(),
+        next_from,
+    }))
+}

@@ -1,0 +1,193 @@
+//! Every error the API answers: a status and `{"error": {"code",
+//! "message"}}`, from the runtime's errors and from bodies that cannot be
+//! read. A request that gets one of these changed nothing.
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::de::DeserializeOwned;
+
+use keel_actors::core::Rejection;
+
+use super::types::{ErrorBody, ErrorDetail};
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    pub fn not_found(id: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("conversation {id} not found"),
+        )
+    }
+
+    /// A runtime error on conversation `id`.
+    pub fn from_runtime(id: &str, error: keel_actors::Error) -> ApiError {
+        use keel_actors::Error;
+        match error {
+            Error::NotFound(_) => ApiError::not_found(id),
+            Error::InvalidImage { .. } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_image",
+                error.to_string(),
+            ),
+            Error::Rejected(rejection) => ApiError::from_rejection(id, rejection),
+            Error::InvalidCwd { .. } => {
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_cwd", error.to_string())
+            }
+            Error::ShuttingDown => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "keel is shutting down; try again once it is back",
+            ),
+            Error::Stopped => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "stopped",
+                error.to_string(),
+            ),
+            Error::Timeout => {
+                ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout", error.to_string())
+            }
+            other => {
+                tracing::error!(conversation = id, error = %DisplayChain(&other), "request failed");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    DisplayChain(&other).to_string(),
+                )
+            }
+        }
+    }
+
+    pub fn from_rejection(id: &str, rejection: Rejection) -> ApiError {
+        let (status, code) = match &rejection {
+            Rejection::Busy { .. } => (StatusCode::CONFLICT, "busy"),
+            Rejection::QueueFull { .. } => (StatusCode::CONFLICT, "queue_full"),
+            Rejection::EmptyMessage => (StatusCode::BAD_REQUEST, "empty_message"),
+            Rejection::Finished => (StatusCode::CONFLICT, "finished"),
+            Rejection::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            Rejection::UnknownCall { .. } => (StatusCode::NOT_FOUND, "unknown_call"),
+            Rejection::InvalidDecision { .. } => (StatusCode::CONFLICT, "invalid_decision"),
+        };
+        let message = match &rejection {
+            Rejection::Busy { state } => format!(
+                "conversation {id} is busy ({state}): cancel it first (POST /v1/conversations/{id}/cancel, or `keel cancel {id}`), then send again"
+            ),
+            other => other.to_string(),
+        };
+        ApiError::new(status, code, message)
+    }
+}
+
+/// An error and its causes on one line.
+struct DisplayChain<'a>(&'a dyn std::error::Error);
+
+impl std::fmt::Display for DisplayChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_owned(),
+                message: self.message,
+            },
+        };
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> ApiError {
+        let status = rejection.status();
+        let code = match status {
+            StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+            _ => "bad_json",
+        };
+        // 422 is axum's answer for JSON of the wrong shape; the body is
+        // malformed for this route either way.
+        let status = match status {
+            StatusCode::UNPROCESSABLE_ENTITY => StatusCode::BAD_REQUEST,
+            other => other,
+        };
+        ApiError::new(status, code, rejection.body_text())
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> ApiError {
+        ApiError::bad_request(rejection.body_text())
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> ApiError {
+        ApiError::bad_request(rejection.body_text())
+    }
+}
+
+/// `axum::Json` whose rejections are [`ApiError`]s.
+pub struct ApiJson<T>(pub T);
+
+impl<T, S> FromRequest<S> for ApiJson<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let Json(value) = Json::<T>::from_request(request, state).await?;
+        Ok(ApiJson(value))
+    }
+}
+
+/// `axum::extract::Query` whose rejections are [`ApiError`]s.
+pub struct ApiQuery<T>(pub T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for ApiQuery<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let axum::extract::Query(value) =
+            axum::extract::Query::<T>::from_request_parts(parts, state).await?;
+        Ok(ApiQuery(value))
+    }
+}

@@ -1,0 +1,240 @@
+//! `GET /v1/conversations/{id}/events`: a conversation as server-sent
+//! events. The first frame (`event: snapshot`) says where it stands; then
+//! every canonical event (`event: canonical`, its seq as the SSE `id`) and
+//! the live-only ones between them (`event: live`, no `id`).
+//!
+//! Resuming is the runtime's business: `Last-Event-ID: N` (or `?from=N+1`)
+//! subscribes from seq N+1 (`ConversationHandle::subscribe_from`), which
+//! reads what the client missed from the log and then follows live, with
+//! nothing missed or doubled. A client that falls behind is caught up from
+//! the log by the subscription too. If the conversation's actor stops
+//! (evicted, crashed and restarted), the stream subscribes again from the
+//! next seq it owes, sending a fresh snapshot. A client that disconnects
+//! drops its subscription, and the actor frees the channel.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use futures_util::stream::{self, Stream};
+use serde::{Deserialize, Serialize};
+use utoipa::IntoParams;
+
+use keel_actors::core::{ConversationId, Seq};
+use keel_actors::{ConversationHandle, Received, Subscription, Update};
+
+use super::error::{ApiError, ApiQuery};
+use super::types::{ApiEvent, ApiLiveEvent, ErrorBody, Snapshot};
+use super::{AppState, ConversationPath};
+
+/// How often an idle stream sends a comment, so proxies keep it open.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    /// The first canonical seq to send (events before it are not sent).
+    /// `Last-Event-ID: N` means the same as `from=N+1`, and wins.
+    pub from: Option<u64>,
+}
+
+/// Follow a conversation: a snapshot, then canonical and live events.
+#[utoipa::path(
+    get,
+    path = "/v1/conversations/{id}/events",
+    tag = "conversations",
+    params(
+        ("id" = String, Path, description = "Conversation id"),
+        ("Last-Event-ID" = Option<u64>, Header, description = "The seq of the last canonical event this client saw"),
+        EventsQuery
+    ),
+    responses(
+        (status = 200, content_type = "text/event-stream", description = "`event: snapshot` (a Snapshot), then `event: canonical` (an ApiEvent, `id` = its seq) and `event: live` (an ApiLiveEvent) frames", body = Snapshot),
+        (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    )
+)]
+pub async fn events(
+    State(state): State<AppState>,
+    ConversationPath(id): ConversationPath,
+    headers: HeaderMap,
+    ApiQuery(query): ApiQuery<EventsQuery>,
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    let from = match headers.get("last-event-id") {
+        Some(value) => {
+            let seq = value
+                .to_str()
+                .ok()
+                .and_then(|text| text.trim().parse::<u64>().ok())
+                .ok_or_else(|| {
+                    ApiError::bad_request("Last-Event-ID must be the seq of a canonical event")
+                })?;
+            Some(seq + 1)
+        }
+        None => query.from,
+    };
+    let handle = state.runtime.handle(id.clone());
+    let subscription = subscribe(&handle, from)
+        .await
+        .map_err(|error| ApiError::from_runtime(id.as_str(), error))?;
+    let follow = Follow {
+        handle,
+        id,
+        subscription: Some(subscription),
+        snapshot_sent: false,
+        resume_from: None,
+        stopping: state.stopping.clone(),
+        done: false,
+    };
+    Ok(Sse::new(stream::unfold(follow, |mut follow| async move {
+        let frame = follow.next_frame().await?;
+        Some((Ok(frame), follow))
+    }))
+    .keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+}
+
+async fn subscribe(
+    handle: &ConversationHandle,
+    from: Option<Seq>,
+) -> Result<Subscription, keel_actors::Error> {
+    match from {
+        Some(from) => handle.subscribe_from(from).await,
+        None => handle.subscribe().await,
+    }
+}
+
+/// One client's stream.
+struct Follow {
+    handle: ConversationHandle,
+    id: ConversationId,
+    subscription: Option<Subscription>,
+    snapshot_sent: bool,
+    /// The seq to subscribe from again once the actor's next life answers.
+    resume_from: Option<Seq>,
+    stopping: tokio::sync::watch::Receiver<bool>,
+    done: bool,
+}
+
+/// How often a stream tries to follow a conversation whose actor stopped
+/// before it gives up (with an error frame; the client may reconnect).
+const RESUBSCRIBE_TRIES: u32 = 20;
+
+/// An error frame: the stream ends after it; the client reconnects with
+/// its `Last-Event-ID`.
+#[derive(Serialize)]
+struct StreamError {
+    code: &'static str,
+    message: String,
+}
+
+impl Follow {
+    async fn next_frame(&mut self) -> Option<SseEvent> {
+        loop {
+            if self.done || *self.stopping.borrow() {
+                return None;
+            }
+            if self.subscription.is_none() {
+                if let Err(frame) = self.resubscribe().await {
+                    self.done = true;
+                    return frame;
+                }
+            }
+            let Some(subscription) = self.subscription.as_mut() else {
+                continue;
+            };
+            if !self.snapshot_sent {
+                self.snapshot_sent = true;
+                return Some(frame(
+                    "snapshot",
+                    None,
+                    &Snapshot::from(subscription.view.clone()),
+                ));
+            }
+            let received = tokio::select! {
+                received = subscription.next() => received,
+                _ = self.stopping.changed() => return None,
+            };
+            match received {
+                Received::Update(Update::Event { event }) => {
+                    let seq = event.seq;
+                    let event = ApiEvent::new(&self.id, event.as_ref().clone());
+                    return Some(frame("canonical", Some(seq), &event));
+                }
+                Received::Update(Update::Live { event }) => {
+                    return Some(frame("live", None, &ApiLiveEvent::from(event)));
+                }
+                Received::Lagged { missed } => {
+                    return Some(frame("live", None, &ApiLiveEvent::Lagged { missed }));
+                }
+                Received::CatchUpFailed { error } => {
+                    self.done = true;
+                    return Some(frame(
+                        "error",
+                        None,
+                        &StreamError {
+                            code: "catch_up_failed",
+                            message: format!(
+                                "could not read missed events from the log ({error}); reconnect with Last-Event-ID"
+                            ),
+                        },
+                    ));
+                }
+                Received::Closed => {
+                    // The actor stopped; follow its next life from the
+                    // next seq this client is owed.
+                    let next = subscription.next_seq();
+                    self.subscription = None;
+                    self.resume_from = Some(next);
+                }
+            }
+        }
+    }
+}
+
+impl Follow {
+    /// Subscribe again after the actor stopped: it is started again from
+    /// the store (or by its supervisor). `Err` ends the stream, with the
+    /// frame to send last, if any.
+    async fn resubscribe(&mut self) -> Result<(), Option<SseEvent>> {
+        let mut last_error = String::new();
+        for attempt in 0..RESUBSCRIBE_TRIES {
+            if *self.stopping.borrow() {
+                return Err(None);
+            }
+            match subscribe(&self.handle, self.resume_from).await {
+                Ok(subscription) => {
+                    self.subscription = Some(subscription);
+                    self.snapshot_sent = false;
+                    return Ok(());
+                }
+                Err(keel_actors::Error::ShuttingDown) => return Err(None),
+                Err(error) => last_error = error.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(50) * (attempt + 1)).await;
+        }
+        Err(Some(frame(
+            "error",
+            None,
+            &StreamError {
+                code: "conversation_unavailable",
+                message: format!(
+                    "the conversation stopped and could not be followed again ({last_error}); reconnect with Last-Event-ID"
+                ),
+            },
+        )))
+    }
+}
+
+fn frame<T: Serialize>(name: &'static str, id: Option<Seq>, data: &T) -> SseEvent {
+    let event = SseEvent::default().event(name);
+    let event = match id {
+        Some(seq) => event.id(seq.to_string()),
+        None => event,
+    };
+    match serde_json::to_string(data) {
+        Ok(json) => event.data(json),
+        Err(error) => event.comment(format!("unserialisable frame: {error}")),
+    }
+}
