@@ -78,6 +78,11 @@ pub async fn create(
     let mut config = ConversationConfig {
         system: request.system,
         primary: ModelRef { provider, model },
+        tools: request
+            .tools
+            .into_iter()
+            .map(|(name, policy)| (name, policy.into()))
+            .collect(),
         ..ConversationConfig::default()
     };
     if let Some(policy) = request.busy_policy {

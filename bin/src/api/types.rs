@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use keel_actors::core::config::{BusyPolicy, ProviderKind};
+use std::collections::BTreeMap;
+
+use keel_actors::core::config::{BusyPolicy, ProviderKind, ToolPolicy};
 use keel_actors::core::event::{
     Decision, Event, EventKind, InterruptReason, NudgeReason, Outcome, PendingCall, PendingKind,
     RecoveryAction, TurnNote,
@@ -36,6 +38,29 @@ pub struct CreateConversation {
     pub provider: Option<ApiProvider>,
     pub model: Option<String>,
     pub busy_policy: Option<ApiBusyPolicy>,
+    /// How each named tool runs: `auto` (the default), `approve` (waits
+    /// for a human's approve or deny) or `client` (the client runs it and
+    /// answers).
+    #[serde(default)]
+    pub tools: BTreeMap<String, ApiToolPolicy>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApiToolPolicy {
+    Auto,
+    Approve,
+    Client,
+}
+
+impl From<ApiToolPolicy> for ToolPolicy {
+    fn from(policy: ApiToolPolicy) -> ToolPolicy {
+        match policy {
+            ApiToolPolicy::Auto => ToolPolicy::Auto,
+            ApiToolPolicy::Approve => ToolPolicy::Approve,
+            ApiToolPolicy::Client => ToolPolicy::Client,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
