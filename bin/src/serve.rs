@@ -101,7 +101,10 @@ async fn serve(mut config: Config) -> anyhow::Result<()> {
         providers: config.providers.clone(),
         tools: ToolRegistry::with_defaults(),
         process_dir: Some(data_dir.join("processes")),
-        settings: Settings::default(),
+        settings: Settings {
+            shutdown_grace: config.shutdown_grace,
+            ..Settings::default()
+        },
     })
     .await
     .context("starting the runtime")?;

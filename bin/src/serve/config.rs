@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -56,9 +57,15 @@ pub struct Config {
     pub builtin_mock: bool,
     /// `KEEL_LOG_FORMAT`: `plain` or `json`, read by the tracing set-up.
     pub log_format: Option<String>,
+    /// `KEEL_SHUTDOWN_GRACE_MS`: how long a graceful stop lets turns in
+    /// flight finish before it interrupts them.
+    pub shutdown_grace: Duration,
     /// Where the file came from, if one was read.
     pub file: Option<PathBuf>,
 }
+
+/// The default of `KEEL_SHUTDOWN_GRACE_MS`.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// `keel.toml`. Unknown keys are an error: a misspelt key silently
 /// ignored is a setting the user thinks they made.
@@ -73,6 +80,7 @@ struct File {
     model: Option<String>,
     log_format: Option<String>,
     mock_url: Option<String>,
+    shutdown_grace_ms: Option<u64>,
     #[serde(default)]
     anthropic: Endpoint,
     #[serde(default)]
@@ -108,6 +116,10 @@ impl File {
             ("KEEL_MODEL", self.model),
             ("KEEL_LOG_FORMAT", self.log_format),
             ("KEEL_MOCK_URL", self.mock_url),
+            (
+                "KEEL_SHUTDOWN_GRACE_MS",
+                self.shutdown_grace_ms.map(|ms| ms.to_string()),
+            ),
             ("ANTHROPIC_API_KEY", self.anthropic.api_key),
             ("ANTHROPIC_BASE_URL", self.anthropic.base_url),
             ("OPENAI_API_KEY", self.openai.api_key),
@@ -210,6 +222,15 @@ impl Config {
                 ));
             }
         }
+        let shutdown_grace = match lookup("KEEL_SHUTDOWN_GRACE_MS") {
+            None => DEFAULT_SHUTDOWN_GRACE,
+            Some(raw) => Duration::from_millis(raw.parse::<u64>().map_err(|_| {
+                invalid(
+                    "KEEL_SHUTDOWN_GRACE_MS",
+                    format!("{raw:?} is not a whole number of milliseconds"),
+                )
+            })?),
+        };
         let mut providers = ProviderConfig::from_lookup(lookup).map_err(|error| match error {
             keel_actors::Error::Config { name, reason } => invalid(name, reason),
             other => invalid("provider", other.to_string()),
@@ -228,6 +249,7 @@ impl Config {
             providers,
             builtin_mock,
             log_format,
+            shutdown_grace,
             file: file.map(|(path, _)| path.to_owned()),
         })
     }
@@ -365,6 +387,10 @@ mod tests {
             (&[("KEEL_STORE", "memory")], "KEEL_STORE"),
             (&[("KEEL_STORE", "postgres")], "KEEL_STORE"),
             (&[("KEEL_LOG_FORMAT", "xml")], "KEEL_LOG_FORMAT"),
+            (
+                &[("KEEL_SHUTDOWN_GRACE_MS", "-1")],
+                "KEEL_SHUTDOWN_GRACE_MS",
+            ),
             (&[("KEEL_IDLE_TIMEOUT_MS", "soon")], "KEEL_IDLE_TIMEOUT_MS"),
         ];
         for (pairs, setting) in cases {
