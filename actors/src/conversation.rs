@@ -176,11 +176,34 @@ impl ConversationHandle {
     }
 
     /// Answer a pending call: approve or deny a tool, answer a question,
-    /// return a client-run tool's output.
+    /// return a client-run tool's output. [`resolve_as`](Self::resolve_as)
+    /// without saying who decides.
     pub async fn resolve(&self, tool_call_id: ToolCallId, decision: Decision) -> Result<(), Error> {
+        self.resolve_as(tool_call_id, decision, None).await
+    }
+
+    /// Answer a pending call and record `by`, who decided (free text such
+    /// as a user name, at most `MAX_RESOLVED_BY_CHARS` characters), in its
+    /// `Resolved` event.
+    ///
+    /// Exactly once, so it is safe to ask again after a lost answer: the
+    /// same decision (answer text included) for a call already resolved
+    /// succeeds and changes nothing. Refused with `Error::Rejected`:
+    /// another decision for a resolved call (`AlreadyResolved`), a call
+    /// that got its result otherwise, say by a cancel or a restart
+    /// (`AlreadySettled`), a call this conversation never had
+    /// (`UnknownCall`), and a decision that does not fit the call
+    /// (`InvalidDecision`).
+    pub async fn resolve_as(
+        &self,
+        tool_call_id: ToolCallId,
+        decision: Decision,
+        by: Option<String>,
+    ) -> Result<(), Error> {
         self.call(|reply| ConversationMsg::Resolve {
             tool_call_id: tool_call_id.clone(),
             decision: decision.clone(),
+            by: by.clone(),
             reply,
         })
         .await?
@@ -339,8 +362,8 @@ impl ConversationHandle {
 /// Whether a request may be asked again when its answer was lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Retry {
-    /// Asking twice does no harm (a view, a cancel, a resolution the actor
-    /// refuses the second time).
+    /// Asking twice does no harm (a view, a cancel, a resolution: the same
+    /// one again succeeds and changes nothing).
     Always,
     /// Only if it never reached the actor.
     OnlyUndelivered,

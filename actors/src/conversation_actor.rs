@@ -54,6 +54,7 @@ pub(crate) enum ConversationMsg {
     Resolve {
         tool_call_id: ToolCallId,
         decision: Decision,
+        by: Option<String>,
         reply: RpcReplyPort<Result<(), Rejection>>,
     },
     Cancel {
@@ -379,6 +380,7 @@ impl Actor for ConversationActor {
             ConversationMsg::Resolve {
                 tool_call_id,
                 decision,
+                by,
                 reply,
             } => {
                 let outcome = effects::step(
@@ -387,6 +389,7 @@ impl Actor for ConversationActor {
                     Input::Resolve {
                         tool_call_id,
                         decision,
+                        by,
                     },
                 )
                 .await?;

@@ -74,9 +74,16 @@ pub enum EventKind {
     Suspended {
         pending: Vec<PendingCall>,
     },
+    /// A pending call was decided. Recorded once per call: asking again
+    /// with the same decision changes nothing, another one is refused.
     Resolved {
         tool_call_id: ToolCallId,
         decision: Decision,
+        /// Who decided, as the client named them (a user name, say), at
+        /// most [`MAX_RESOLVED_BY_CHARS`] characters; for audit only.
+        /// Absent in logs written before it was recorded.
+        #[serde(default)]
+        by: Option<String>,
     },
     TurnCompleted {
         turn: u32,
@@ -130,6 +137,11 @@ pub enum EventKind {
         outcome: Outcome,
     },
 }
+
+/// The longest `by` a resolution may name, in characters: enough for any
+/// user name or e-mail address, and bounded because it is written to the
+/// log of every resolution.
+pub const MAX_RESOLVED_BY_CHARS: usize = 200;
 
 /// A tool call that waits on someone outside keel.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -45,9 +45,17 @@ pub enum Input {
         content: String,
         is_error: bool,
     },
+    /// Decide a pending call. Exactly once: the same decision again is
+    /// accepted and changes nothing (a client retrying after a lost
+    /// answer), a different one is refused.
     Resolve {
         tool_call_id: ToolCallId,
         decision: Decision,
+        /// Who decides, recorded in the `Resolved` event; at most
+        /// [`MAX_RESOLVED_BY_CHARS`](crate::event::MAX_RESOLVED_BY_CHARS)
+        /// characters.
+        #[serde(default)]
+        by: Option<String>,
     },
     Cancel,
     TimerFired {

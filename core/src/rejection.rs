@@ -23,8 +23,24 @@ pub enum Rejection {
     Finished,
     /// The actor is stopping.
     ShuttingDown,
-    /// No pending call has this id.
+    /// No pending call has this id, and none resolved in this turn or with
+    /// a result in the prompt: the conversation never had it, or the call
+    /// has not come to wait yet (it runs, or waits behind another call).
     UnknownCall { tool_call_id: ToolCallId },
+    /// The call was already resolved with another decision, the one given
+    /// here; a resolution is never replaced. (The same decision again is
+    /// accepted and changes nothing.)
+    AlreadyResolved {
+        tool_call_id: ToolCallId,
+        decision: Decision,
+    },
+    /// The call has its result and no resolution of this turn is on
+    /// record: it got it otherwise (it ran, keel answered it when the turn
+    /// was cancelled or interrupted), or was resolved in an earlier turn.
+    AlreadySettled { tool_call_id: ToolCallId },
+    /// The `by` of a resolution is longer than
+    /// [`MAX_RESOLVED_BY_CHARS`](crate::event::MAX_RESOLVED_BY_CHARS).
+    ResolvedByTooLong { limit: usize },
     /// The decision does not fit the pending call (approving a question, say).
     InvalidDecision {
         tool_call_id: ToolCallId,
@@ -60,13 +76,37 @@ impl fmt::Display for Rejection {
                     PendingKind::Elicitation => "answer or deny",
                     PendingKind::ClientExec => "answer (with the tool's output) or deny",
                 };
-                let got = match decision {
-                    Decision::Approve => "approve",
-                    Decision::Deny => "deny",
-                    Decision::Answer { .. } => "answer",
-                };
+                let got = decision_name(decision);
                 write!(f, "tool call {tool_call_id} takes {wanted}, not {got}")
             }
+            Rejection::AlreadyResolved {
+                tool_call_id,
+                decision,
+            } => {
+                // The answer's text is left out: it may be long, and the
+                // one asking may not be the one who answered.
+                let recorded = decision_name(decision);
+                write!(
+                    f,
+                    "tool call {tool_call_id} was already resolved ({recorded}); a resolution cannot be changed"
+                )
+            }
+            Rejection::AlreadySettled { tool_call_id } => write!(
+                f,
+                "tool call {tool_call_id} was already settled (it has its result: it ran, was cancelled or interrupted, or was resolved in an earlier turn); nothing to resolve"
+            ),
+            Rejection::ResolvedByTooLong { limit } => write!(
+                f,
+                "the name of who resolves (by) is too long; at most {limit} characters"
+            ),
         }
+    }
+}
+
+fn decision_name(decision: &Decision) -> &'static str {
+    match decision {
+        Decision::Approve => "approve",
+        Decision::Deny => "deny",
+        Decision::Answer { .. } => "answer",
     }
 }

@@ -76,7 +76,8 @@ pub fn transition(state: Conversation, input: Input, now: Timestamp) -> Step {
         Input::Resolve {
             tool_call_id,
             decision,
-        } => tools::resolve(&mut ctx, tool_call_id, decision),
+            by,
+        } => tools::resolve(&mut ctx, tool_call_id, decision, by),
         Input::Cancel => cancel::cancel(&mut ctx),
         Input::TimerFired { timer } => lifecycle::timer(&mut ctx, timer),
         Input::ChangeConfig { config } => lifecycle::change_config(&mut ctx, config),

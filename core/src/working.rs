@@ -30,7 +30,7 @@ use crate::time::Timestamp;
 /// whenever the same events would give a different working set, or one
 /// with other fields: checkpoints (`codec::checkpoint`) written by another
 /// version are then ignored and the log replayed.
-pub const REDUCER_VERSION: u32 = 2;
+pub const REDUCER_VERSION: u32 = 3;
 
 /// Everything derived from the log. Two working sets are equal exactly when
 /// they were built from the same events.
@@ -57,6 +57,13 @@ pub struct WorkingSet {
     pub pending: Vec<PendingCall>,
     /// Open calls a human approved that have not produced a result yet.
     pub approved: Vec<ToolCallId>,
+    /// Every resolution recorded since the latest turn started, in order,
+    /// kept after the call's result so that a resolution asked for again
+    /// (a client retrying after a lost answer) is told apart from a
+    /// different one (`transition/tools.rs`). Cleared when a turn starts:
+    /// bounded by the calls of one turn, never by the length of the log.
+    #[serde(default)]
+    pub resolved: Vec<(ToolCallId, Decision)>,
     /// User messages that arrived mid-turn under `busy_policy = queue`; they
     /// join the prompt when the turn ends.
     pub queued: Vec<QueuedMessage>,
@@ -178,6 +185,7 @@ impl WorkingSet {
             open_calls: Vec::new(),
             pending: Vec::new(),
             approved: Vec::new(),
+            resolved: Vec::new(),
             queued: Vec::new(),
             usage: Usage::default(),
             last_error: None,
@@ -258,6 +266,25 @@ impl WorkingSet {
             (None, None) if self.last_error.is_some() => Status::Error,
             (None, None) => Status::Idle,
         }
+    }
+
+    /// The decision recorded for `tool_call_id` since the latest turn
+    /// started, if any.
+    pub fn resolution(&self, tool_call_id: &ToolCallId) -> Option<&Decision> {
+        self.resolved
+            .iter()
+            .find(|(id, _)| id == tool_call_id)
+            .map(|(_, decision)| decision)
+    }
+
+    /// Whether the prompt holds a result for `tool_call_id`: the call was
+    /// settled, by its tool, a resolution or keel (a cancel, a restart).
+    pub fn has_result(&self, tool_call_id: &ToolCallId) -> bool {
+        self.messages.iter().any(|message| {
+            message.content.iter().any(|block| {
+                matches!(block, ContentBlock::ToolResult { result } if result.tool_call_id == *tool_call_id)
+            })
+        })
     }
 
     /// Every `tool_use` in the prompt has its result: the prompt may be sent.
@@ -346,6 +373,7 @@ impl WorkingSet {
                 // The turn answers every message owed so far: they are all
                 // in the prompt it sends.
                 self.untriggered.clear();
+                self.resolved.clear();
             }
             Payload::AssistantMessage { blocks, usage } => {
                 // The calls are both prompt content and open calls: one of
@@ -396,9 +424,11 @@ impl WorkingSet {
             } => {
                 self.pending
                     .retain(|pending| pending.call.id != *tool_call_id);
+                let tool_call_id = tool_call_id.into_owned();
                 if *decision == Decision::Approve {
-                    self.approved.push(tool_call_id.into_owned());
+                    self.approved.push(tool_call_id.clone());
                 }
+                self.resolved.push((tool_call_id, decision.into_owned()));
             }
             Payload::TurnCompleted | Payload::TurnInterrupted => self.end_turn(),
             Payload::TurnFailed { error } => {
@@ -552,6 +582,7 @@ impl<'a> Payload<'a> {
             EventKind::Resolved {
                 tool_call_id,
                 decision,
+                ..
             } => Payload::Resolved {
                 tool_call_id: Cow::Borrowed(tool_call_id),
                 decision: Cow::Borrowed(decision),
@@ -609,6 +640,7 @@ impl<'a> Payload<'a> {
             EventKind::Resolved {
                 tool_call_id,
                 decision,
+                ..
             } => Payload::Resolved {
                 tool_call_id: Cow::Owned(tool_call_id),
                 decision: Cow::Owned(decision),

@@ -15,15 +15,15 @@
 use std::collections::BTreeMap;
 
 use keel_core::config::SubAgentLimits;
-use keel_core::message::{AssistantBlock, StopReason, ToolCall, Usage};
+use keel_core::message::{AssistantBlock, ContentBlock, StopReason, ToolCall, Usage};
 use keel_core::recovery::MAX_CONSECUTIVE_RESUMES;
 use keel_core::retry::RetryPolicy;
 use keel_core::state::Request;
 use keel_core::{
     create, transition, AssistantResponse, BusyPolicy, Conversation, ConversationConfig,
     ConversationId, Decision, Effect, Event, EventKind, Generation, Input, LlmFailure, ModelRef,
-    Phase, ProviderKind, RecoveryPolicy, Seq, Step, StreamDelta, Timer, Timestamp, ToolCallId,
-    ToolPolicy, WorkingSet,
+    Phase, ProviderKind, RecoveryPolicy, Rejection, Seq, Step, StreamDelta, Timer, Timestamp,
+    ToolCallId, ToolPolicy, WorkingSet,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -182,6 +182,12 @@ enum Action {
         decision: DecisionKind,
     },
     ResolveUnknown,
+    /// Resolve the `pick`th call that has its result (resolved, run,
+    /// cancelled, refused) again: a retry, a change of mind, or too late.
+    ResolveSettled {
+        pick: usize,
+        decision: DecisionKind,
+    },
     Cancel,
     /// Fire the most recent debounce or retry timer that has not fired yet,
     /// at its time.
@@ -313,6 +319,8 @@ fn action(restart_weight: u32) -> impl Strategy<Value = Action> {
         5 => (0usize..4, decision_kind())
             .prop_map(|(pick, decision)| Action::Resolve { pick, decision }),
         1 => Just(Action::ResolveUnknown),
+        2 => (0usize..4, decision_kind())
+            .prop_map(|(pick, decision)| Action::ResolveSettled { pick, decision }),
         2 => Just(Action::Cancel),
         4 => Just(Action::FireTimer),
         1 => Just(Action::FireDeadline),
@@ -538,19 +546,28 @@ impl Driver {
                 };
                 Input::Resolve {
                     tool_call_id,
-                    decision: match decision {
-                        DecisionKind::Approve => Decision::Approve,
-                        DecisionKind::Deny => Decision::Deny,
-                        DecisionKind::Answer => Decision::Answer {
-                            text: "yes".to_owned(),
-                        },
-                    },
+                    decision: decision_of(*decision),
+                    by: (pick % 2 == 0).then(|| "tester".to_owned()),
                 }
             }
             Action::ResolveUnknown => Input::Resolve {
                 tool_call_id: ToolCallId::new("call-unknown"),
                 decision: Decision::Approve,
+                by: None,
             },
+            Action::ResolveSettled { pick, decision } => {
+                let settled = settled_ids(&self.state.working);
+                let tool_call_id = if settled.is_empty() {
+                    ToolCallId::new("call-unknown")
+                } else {
+                    settled[pick % settled.len()].clone()
+                };
+                Input::Resolve {
+                    tool_call_id,
+                    decision: decision_of(*decision),
+                    by: None,
+                }
+            }
             Action::Cancel => Input::Cancel,
             Action::FireTimer => self.fire(|timer| timer != Timer::Deadline),
             Action::FireDeadline => self.fire(|timer| timer == Timer::Deadline),
@@ -716,31 +733,80 @@ impl Driver {
             Input::Resolve {
                 tool_call_id: ToolCallId::new("call-unknown"),
                 decision: Decision::Deny,
+                by: None,
             },
             Input::TimerFired {
                 timer: Timer::Deadline,
             },
             Input::ChangeConfig { config },
         ];
-        for pending in &self.state.working.pending {
-            for decision in [
-                Decision::Approve,
-                Decision::Deny,
-                Decision::Answer {
-                    text: "probe".to_owned(),
-                },
-            ] {
+        let mut calls: Vec<ToolCallId> = self
+            .state
+            .working
+            .pending
+            .iter()
+            .map(|pending| pending.call.id.clone())
+            .collect();
+        calls.extend(settled_ids(&self.state.working).into_iter().rev().take(3));
+        for tool_call_id in calls {
+            for decision in every_decision() {
                 inputs.push(Input::Resolve {
-                    tool_call_id: pending.call.id.clone(),
+                    tool_call_id: tool_call_id.clone(),
                     decision,
+                    by: Some("probe".to_owned()),
                 });
             }
+        }
+        for (tool_call_id, decision) in &self.state.working.resolved {
+            inputs.push(Input::Resolve {
+                tool_call_id: tool_call_id.clone(),
+                decision: decision.clone(),
+                by: None,
+            });
         }
         for armed in &self.timers {
             inputs.push(Input::TimerFired { timer: armed.timer });
         }
         inputs
     }
+}
+
+fn decision_of(kind: DecisionKind) -> Decision {
+    match kind {
+        DecisionKind::Approve => Decision::Approve,
+        DecisionKind::Deny => Decision::Deny,
+        DecisionKind::Answer => Decision::Answer {
+            text: "yes".to_owned(),
+        },
+    }
+}
+
+/// One decision of each kind, and a second answer that differs only in
+/// its text.
+fn every_decision() -> Vec<Decision> {
+    vec![
+        Decision::Approve,
+        Decision::Deny,
+        Decision::Answer {
+            text: "yes".to_owned(),
+        },
+        Decision::Answer {
+            text: "no".to_owned(),
+        },
+    ]
+}
+
+/// The ids of the calls that have a result in the prompt, oldest first.
+fn settled_ids(working: &WorkingSet) -> Vec<ToolCallId> {
+    working
+        .messages
+        .iter()
+        .flat_map(|message| &message.content)
+        .filter_map(|block| match block {
+            ContentBlock::ToolResult { result } => Some(result.tool_call_id.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 fn text_response(text: &str) -> AssistantResponse {
@@ -1444,6 +1510,79 @@ proptest! {
                 recovered
             );
             prop_assert_eq!(driver.state.working.consecutive_resumes, recovered);
+            Ok(())
+        })?;
+    }
+    /// A resolution happens exactly once. Resolving a call again with the
+    /// decision it got gives the same log as resolving it once: accepted,
+    /// no event, no effect, from every reachable state (a finished
+    /// sub-agent included) for every call resolved in this turn. In a
+    /// state that still takes input, any other decision is refused with
+    /// `AlreadyResolved` naming the recorded one; a call that got its
+    /// result without a resolution in this turn is `AlreadySettled`; an id
+    /// never seen is `UnknownCall`.
+    #[test]
+    fn resolutions_happen_exactly_once(setup in setup(), moves in moves(4)) {
+        run(&setup, &moves, |driver, performed| {
+            if let Some(p) = performed {
+                let accepted = p.step.rejection.is_none() && !p.step.appended().is_empty();
+                if matches!(p.input, Input::Resolve { .. }) && accepted {
+                    let again = transition(p.step.state.clone(), p.input.clone(), p.now);
+                    prop_assert_eq!(again.rejection, None);
+                    prop_assert!(again.effects.is_empty(), "a repeat had effects {:?}", again.effects);
+                    prop_assert_eq!(&again.state, &p.step.state);
+                }
+            }
+            let phase = &driver.state.phase;
+            let takes_input = !phase.is_terminal() && *phase != Phase::Terminating;
+            let working = &driver.state.working;
+            let is_pending = |id: &ToolCallId| working.pending.iter().any(|pending| pending.call.id == *id);
+            for (tool_call_id, recorded) in &working.resolved {
+                prop_assert!(!is_pending(tool_call_id), "{} is resolved and pending", tool_call_id);
+                for decision in every_decision() {
+                    let step = driver.probe(Input::Resolve {
+                        tool_call_id: tool_call_id.clone(),
+                        decision: decision.clone(),
+                        by: Some("someone else".to_owned()),
+                    });
+                    if decision == *recorded {
+                        prop_assert_eq!(step.rejection, None);
+                        prop_assert!(step.effects.is_empty(), "a repeat had effects {:?}", step.effects);
+                        prop_assert_eq!(&step.state, &driver.state);
+                    } else if takes_input {
+                        prop_assert_eq!(step.rejection, Some(Rejection::AlreadyResolved {
+                            tool_call_id: tool_call_id.clone(),
+                            decision: recorded.clone(),
+                        }));
+                    }
+                }
+            }
+            if !takes_input {
+                return Ok(());
+            }
+            for tool_call_id in settled_ids(working) {
+                if is_pending(&tool_call_id) || working.resolution(&tool_call_id).is_some() {
+                    continue;
+                }
+                for decision in every_decision() {
+                    let step = driver.probe(Input::Resolve {
+                        tool_call_id: tool_call_id.clone(),
+                        decision,
+                        by: None,
+                    });
+                    prop_assert_eq!(step.rejection, Some(Rejection::AlreadySettled {
+                        tool_call_id: tool_call_id.clone(),
+                    }));
+                }
+            }
+            let step = driver.probe(Input::Resolve {
+                tool_call_id: ToolCallId::new("call-never-issued"),
+                decision: Decision::Approve,
+                by: None,
+            });
+            prop_assert_eq!(step.rejection, Some(Rejection::UnknownCall {
+                tool_call_id: ToolCallId::new("call-never-issued"),
+            }));
             Ok(())
         })?;
     }

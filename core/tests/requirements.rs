@@ -165,9 +165,14 @@ impl Harness {
     }
 
     fn resolve(&mut self, id: &str, decision: Decision) -> Step {
+        self.resolve_as(id, decision, None)
+    }
+
+    fn resolve_as(&mut self, id: &str, decision: Decision, by: Option<&str>) -> Step {
         self.step(Input::Resolve {
             tool_call_id: ToolCallId::new(id),
             decision,
+            by: by.map(str::to_owned),
         })
     }
 
@@ -1352,6 +1357,270 @@ fn client_exec_tools_wait_for_the_client_answer() {
     assert_eq!(started_streams(&step).len(), 1);
 }
 
+// --- Resolutions happen exactly once, and record who decided -----------------------
+
+fn gated() -> ConversationConfig {
+    ConversationConfig {
+        tools: [("deploy".to_owned(), ToolPolicy::Approve)].into(),
+        ..ConversationConfig::default()
+    }
+}
+
+#[test]
+fn a_resolution_records_who_decided() {
+    let mut harness = Harness::new(gated());
+    harness.send("ship");
+    harness.call_tools(&[("d1", "deploy"), ("d2", "deploy")]);
+    harness.resolve_as("d1", Decision::Approve, Some("alice"));
+    assert!(matches!(
+        harness.last_kind(),
+        EventKind::Resolved { tool_call_id, decision: Decision::Approve, by: Some(by) }
+            if tool_call_id.as_str() == "d1" && by == "alice"
+    ));
+    harness.tool_done("d1", "deployed", false);
+    harness.resolve("d2", Decision::Deny);
+    let resolved: Vec<_> = harness
+        .log
+        .iter()
+        .filter(|event| matches!(event.kind, EventKind::Resolved { .. }))
+        .collect();
+    assert_eq!(resolved.len(), 2);
+    assert!(matches!(
+        &resolved[1].kind,
+        EventKind::Resolved { by: None, .. }
+    ));
+    for event in resolved {
+        let current = keel_core::codec::encode(event);
+        assert_eq!(&keel_core::codec::decode(&current).unwrap(), event);
+        let v1 = keel_core::codec::encode_v1(event);
+        assert_eq!(&keel_core::codec::decode(&v1).unwrap(), event);
+    }
+}
+
+#[test]
+fn a_resolution_naming_who_decided_at_too_great_a_length_is_refused() {
+    let mut harness = Harness::new(gated());
+    harness.send("ship");
+    harness.call_tools(&[("d1", "deploy")]);
+    let before = harness.conv().clone();
+    // Counted in characters, not bytes.
+    let too_long = "é".repeat(keel_core::event::MAX_RESOLVED_BY_CHARS + 1);
+    let step = harness.resolve_as("d1", Decision::Approve, Some(&too_long));
+    let rejection = step.rejection.clone().expect("refused");
+    assert_eq!(
+        rejection,
+        Rejection::ResolvedByTooLong {
+            limit: keel_core::event::MAX_RESOLVED_BY_CHARS
+        }
+    );
+    assert!(rejection.to_string().contains("at most 200 characters"));
+    assert!(step.effects.is_empty());
+    assert_eq!(harness.conv(), &before);
+    let longest = "é".repeat(keel_core::event::MAX_RESOLVED_BY_CHARS);
+    let step = harness.resolve_as("d1", Decision::Approve, Some(&longest));
+    assert_eq!(step.rejection, None);
+    assert_eq!(started_tools(&step), vec!["d1"]);
+}
+
+#[test]
+fn resolving_again_with_the_same_decision_succeeds_and_changes_nothing() {
+    let mut harness = Harness::new(gated());
+    harness.send("ship");
+    harness.call_tools(&[("d1", "deploy"), ("t2", "bash")]);
+    harness.resolve_as("d1", Decision::Approve, Some("alice"));
+    let log = harness.log.len();
+    // While the approved call runs, after it finished, and after the turn
+    // ended: a client that lost the answer may ask again at any point.
+    let before = harness.conv().clone();
+    let again = harness.resolve_as("d1", Decision::Approve, Some("bob"));
+    assert_eq!(again.rejection, None);
+    assert!(again.effects.is_empty(), "{:?}", again.effects);
+    assert_eq!(harness.conv(), &before);
+    assert_eq!(harness.log.len(), log);
+    harness.tool_done("d1", "deployed", false);
+    harness.tool_done("t2", "ok", false);
+    let again = harness.resolve("d1", Decision::Approve);
+    assert_eq!(again.rejection, None);
+    assert!(again.effects.is_empty());
+    harness.reply("shipped");
+    let again = harness.resolve("d1", Decision::Approve);
+    assert_eq!(again.rejection, None);
+    assert!(again.effects.is_empty());
+    let resolutions = harness
+        .kinds()
+        .into_iter()
+        .filter(|kind| matches!(kind, EventKind::Resolved { .. }))
+        .count();
+    assert_eq!(resolutions, 1, "one Resolved event, however often asked");
+}
+
+#[test]
+fn a_resolution_asked_again_while_stopping_still_succeeds() {
+    // It was applied, so the answer is success even though the
+    // conversation takes no new input any more; anything else is refused.
+    let mut harness = Harness::new(gated());
+    harness.send("ship");
+    harness.call_tools(&[("d1", "deploy")]);
+    harness.resolve("d1", Decision::Approve);
+    harness.step(Input::Shutdown);
+    assert_eq!(harness.phase(), &Phase::Terminating);
+    let before = harness.conv().clone();
+    let again = harness.resolve("d1", Decision::Approve);
+    assert_eq!(again.rejection, None);
+    assert!(again.effects.is_empty());
+    assert_eq!(harness.conv(), &before);
+    assert_eq!(
+        harness.resolve("d1", Decision::Deny).rejection,
+        Some(Rejection::ShuttingDown)
+    );
+}
+
+#[test]
+fn repeating_an_answer_must_repeat_its_text() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("ask");
+    harness.respond(
+        vec![tool_block("q1", "ask_user", json!({"question": "color?"}))],
+        Usage::default(),
+    );
+    let blue = || Decision::Answer {
+        text: "blue".to_owned(),
+    };
+    harness.resolve("q1", blue());
+    let before = harness.conv().clone();
+    let again = harness.resolve("q1", blue());
+    assert_eq!(again.rejection, None);
+    assert!(again.effects.is_empty());
+    let other = harness.resolve(
+        "q1",
+        Decision::Answer {
+            text: "red".to_owned(),
+        },
+    );
+    assert_eq!(
+        other.rejection,
+        Some(Rejection::AlreadyResolved {
+            tool_call_id: ToolCallId::new("q1"),
+            decision: blue(),
+        })
+    );
+    assert_eq!(harness.conv(), &before);
+}
+
+#[test]
+fn a_different_decision_for_a_resolved_call_is_refused_with_the_recorded_one() {
+    let mut harness = Harness::new(gated());
+    harness.send("ship");
+    harness.call_tools(&[("d1", "deploy"), ("t2", "bash")]);
+    harness.resolve("d1", Decision::Deny);
+    let before = harness.conv().clone();
+    let step = harness.resolve("d1", Decision::Approve);
+    let rejection = step.rejection.clone().expect("refused");
+    assert_eq!(
+        rejection,
+        Rejection::AlreadyResolved {
+            tool_call_id: ToolCallId::new("d1"),
+            decision: Decision::Deny,
+        }
+    );
+    assert_eq!(
+        rejection.to_string(),
+        "tool call d1 was already resolved (deny); a resolution cannot be changed"
+    );
+    assert!(step.effects.is_empty());
+    assert_eq!(harness.conv(), &before);
+    // An answer's text stays out of what the user is shown.
+    let secret = Rejection::AlreadyResolved {
+        tool_call_id: ToolCallId::new("q1"),
+        decision: Decision::Answer {
+            text: "the password".to_owned(),
+        },
+    };
+    assert!(!secret.to_string().contains("password"), "{secret}");
+}
+
+#[test]
+fn resolving_a_call_settled_otherwise_is_refused() {
+    let settled = |id: &str| {
+        Some(Rejection::AlreadySettled {
+            tool_call_id: ToolCallId::new(id),
+        })
+    };
+    // Cancelled while it waited: keel answered it.
+    let mut harness = Harness::new(gated());
+    harness.send("ship");
+    harness.call_tools(&[("d1", "deploy")]);
+    harness.step(Input::Cancel);
+    let before = harness.conv().clone();
+    let step = harness.resolve("d1", Decision::Approve);
+    assert_eq!(step.rejection, settled("d1"));
+    assert!(step.effects.is_empty());
+    assert_eq!(harness.conv(), &before);
+    assert_eq!(
+        step.rejection.unwrap().to_string(),
+        "tool call d1 was already settled (it has its result: it ran, was cancelled or interrupted, or was resolved in an earlier turn); nothing to resolve"
+    );
+    // A call that never got to wait: the process restarted under
+    // `recovery = idle` while the call before it ran.
+    let mut harness = Harness::new(ConversationConfig {
+        recovery: RecoveryPolicy::Idle,
+        ..gated()
+    });
+    harness.send("ship");
+    harness.call_tools(&[("t1", "bash"), ("d2", "deploy")]);
+    harness.restart();
+    assert_eq!(
+        harness.resolve("d2", Decision::Approve).rejection,
+        settled("d2")
+    );
+    // Resolved in an earlier turn: a new turn forgets the resolutions.
+    let mut harness = Harness::new(gated());
+    harness.send("ship");
+    harness.call_tools(&[("d1", "deploy")]);
+    harness.resolve("d1", Decision::Deny);
+    harness.reply("not shipped");
+    harness.send("ship anyway");
+    assert!(harness.working().resolved.is_empty());
+    assert_eq!(
+        harness.resolve("d1", Decision::Deny).rejection,
+        settled("d1")
+    );
+    // Never seen at all.
+    assert_eq!(
+        harness.resolve("nope", Decision::Deny).rejection,
+        Some(Rejection::UnknownCall {
+            tool_call_id: ToolCallId::new("nope")
+        })
+    );
+}
+
+#[test]
+fn a_resolution_logged_before_by_existed_is_still_readable() {
+    // Version 1 (JSON), as an older keel wrote it: no `by`.
+    let v1 = br#"{"v":1,"event":{"seq":7,"at":5,"parent":4,"triggers_turn":false,
+        "kind":{"type":"resolved","tool_call_id":"d1","decision":{"decision":"approve"}}}}"#;
+    // Version 2 (MessagePack), likewise.
+    let v2 = rmp_serde::to_vec_named(&json!({
+        "v": 2,
+        "event": {
+            "seq": 7, "at": 5, "parent": 4, "triggers_turn": false,
+            "kind": {"resolved": {"tool_call_id": "d1", "decision": {"decision": "approve"}}},
+        },
+    }))
+    .unwrap();
+    for record in [&v1[..], &v2[..]] {
+        let event = keel_core::codec::decode(record).unwrap();
+        assert_eq!(
+            event.kind,
+            EventKind::Resolved {
+                tool_call_id: ToolCallId::new("d1"),
+                decision: Decision::Approve,
+                by: None,
+            }
+        );
+    }
+}
+
 // --- Questions to the user, the request cap, stale reports, configuration, stop ----------
 
 #[test]
@@ -1942,10 +2211,12 @@ fn a_reducer_change_comes_with_a_new_reducer_version() {
     harness.tool_done("t2", "command not found", true);
     harness.reply("done, with one error");
     harness.send("now ship");
-    harness.call_tools(&[("d1", "deploy"), ("t3", "bash")]);
+    harness.call_tools(&[("d0", "deploy"), ("d1", "deploy"), ("t3", "bash")]);
+    harness.resolve_as("d0", Decision::Deny, Some("alice"));
     let working = WorkingSet::replay(&harness.log).unwrap();
     assert_eq!(&working, harness.working());
     assert_eq!(working.pending.len(), 1);
+    assert_eq!(working.resolved.len(), 1);
 
     let actual = json!({
         "reducer": keel_core::working::REDUCER_VERSION,

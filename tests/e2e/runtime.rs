@@ -23,7 +23,7 @@ use keel_actors::core::{BusyPolicy, Event, LiveEvent, RecoveryPolicy, Rejection,
 use keel_actors::provider::Timeouts;
 use keel_actors::store::{self, BackendKind, EventLog};
 use keel_actors::{
-    ConversationHandle, Received, Runtime, RuntimeConfig, Settings, Subscription, Update,
+    ConversationHandle, Error, Received, Runtime, RuntimeConfig, Settings, Subscription, Update,
 };
 use serde_json::json;
 
@@ -683,10 +683,37 @@ async fn runtime_approval_runs_the_tool_and_survives_a_restart() {
     assert_eq!(inspection.state, StateName::AwaitingInput);
     let call = inspection.pending[0].call.id.clone();
     let mut subscription = watch(&conversation).await;
-    conversation.resolve(call, Decision::Approve).await.unwrap();
+    conversation
+        .resolve_as(call.clone(), Decision::Approve, Some("alice".to_owned()))
+        .await
+        .unwrap();
     subscription.reach(StateName::Idle).await;
     assert!(rig.cwd().join("approved").exists());
     assert_paired(&conversation).await;
+
+    // Exactly once: asking again (an answer lost on the way) succeeds and
+    // records nothing; another decision is refused with the recorded one.
+    let before = conversation.inspect().await.unwrap().last_seq;
+    conversation
+        .resolve(call.clone(), Decision::Approve)
+        .await
+        .unwrap();
+    match conversation.resolve(call.clone(), Decision::Deny).await {
+        Err(Error::Rejected(Rejection::AlreadyResolved { decision, .. })) => {
+            assert_eq!(decision, Decision::Approve);
+        }
+        other => panic!("a change of mind was not refused: {other:?}"),
+    }
+    assert_eq!(conversation.inspect().await.unwrap().last_seq, before);
+    let log = conversation.log(1, usize::MAX).await.unwrap();
+    let by: Vec<_> = log
+        .iter()
+        .filter_map(|event| match &event.kind {
+            EventKind::Resolved { by, .. } => Some(by.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(by, vec![Some("alice".to_owned())]);
     runtime.shutdown().await;
 }
 

@@ -262,13 +262,18 @@ pub fn event_summary(kind: &EventKind) -> String {
         EventKind::Resolved {
             tool_call_id,
             decision,
+            by,
         } => {
             let decision = match decision {
                 Decision::Approve => "approve".to_owned(),
                 Decision::Deny => "deny".to_owned(),
                 Decision::Answer { text } => format!("answer {}", quote(text)),
             };
-            format!("resolved  {tool_call_id} {decision}")
+            let by = by
+                .as_deref()
+                .map(|by| format!(" by {}", quote(by)))
+                .unwrap_or_default();
+            format!("resolved  {tool_call_id} {decision}{by}")
         }
         EventKind::TurnCompleted {
             turn,

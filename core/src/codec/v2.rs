@@ -83,6 +83,8 @@ enum Kind {
     Resolved {
         tool_call_id: ToolCallId,
         decision: Decision,
+        #[serde(default)]
+        by: Option<String>,
     },
     TurnCompleted {
         turn: u32,
@@ -231,9 +233,11 @@ macro_rules! map_kinds {
                     $from::Resolved {
                         tool_call_id,
                         decision,
+                        by,
                     } => $to::Resolved {
                         tool_call_id,
                         decision,
+                        by,
                     },
                     $from::TurnCompleted {
                         turn,

@@ -8,7 +8,7 @@ use super::{turn, Ctx};
 use crate::builtin::{self, ASK_USER, SPAWN_AGENTS, SUBMIT_RESULT};
 use crate::config::ToolPolicy;
 use crate::effect::Effect;
-use crate::event::{Decision, EventKind, Outcome, PendingCall, PendingKind};
+use crate::event::{Decision, EventKind, Outcome, PendingCall, PendingKind, MAX_RESOLVED_BY_CHARS};
 use crate::ids::ToolCallId;
 use crate::live::LiveEvent;
 use crate::message::ToolCall;
@@ -155,22 +155,54 @@ pub(super) fn finished(ctx: &mut Ctx, tool_call_id: ToolCallId, content: String,
     advance(ctx);
 }
 
-pub(super) fn resolve(ctx: &mut Ctx, tool_call_id: ToolCallId, decision: Decision) {
+/// Decide a pending call, exactly once. A client that lost the answer to a
+/// resolution asks again: the same decision then succeeds without doing
+/// anything, while a different one, or any decision on a call that got its
+/// result otherwise, is refused, so that no call is decided twice.
+pub(super) fn resolve(
+    ctx: &mut Ctx,
+    tool_call_id: ToolCallId,
+    decision: Decision,
+    by: Option<String>,
+) {
+    if by
+        .as_ref()
+        .is_some_and(|by| by.chars().count() > MAX_RESOLVED_BY_CHARS)
+    {
+        return ctx.reject(Rejection::ResolvedByTooLong {
+            limit: MAX_RESOLVED_BY_CHARS,
+        });
+    }
+    let working = &ctx.conv.working;
+    let pending = working
+        .pending
+        .iter()
+        .find(|pending| pending.call.id == tool_call_id)
+        .cloned();
+    // The resolution asked for again: it was applied, so the answer is
+    // success, in whatever state that left the conversation (a sub-agent
+    // it finished, a runtime now stopping). Who decides is left out of the
+    // comparison: the decision is what was asked for, and the first one
+    // to ask is on record.
+    if pending.is_none() && working.resolution(&tool_call_id) == Some(&decision) {
+        return;
+    }
     if ctx.conv.phase.is_terminal() {
         return ctx.reject(Rejection::Finished);
     }
     if ctx.conv.phase == Phase::Terminating {
         return ctx.reject(Rejection::ShuttingDown);
     }
-    let Some(pending) = ctx
-        .conv
-        .working
-        .pending
-        .iter()
-        .find(|pending| pending.call.id == tool_call_id)
-        .cloned()
-    else {
-        return ctx.reject(Rejection::UnknownCall { tool_call_id });
+    let Some(pending) = pending else {
+        let rejection = match working.resolution(&tool_call_id) {
+            Some(recorded) => Rejection::AlreadyResolved {
+                decision: recorded.clone(),
+                tool_call_id,
+            },
+            None if working.has_result(&tool_call_id) => Rejection::AlreadySettled { tool_call_id },
+            None => Rejection::UnknownCall { tool_call_id },
+        };
+        return ctx.reject(rejection);
     };
     let answer: Option<(String, bool)> = match (pending.kind, &decision) {
         (PendingKind::Approval, Decision::Approve) => None,
@@ -199,6 +231,7 @@ pub(super) fn resolve(ctx: &mut Ctx, tool_call_id: ToolCallId, decision: Decisio
     ctx.emit(EventKind::Resolved {
         tool_call_id: tool_call_id.clone(),
         decision,
+        by,
     });
     if let Some((content, is_error)) = answer {
         ctx.emit(EventKind::ToolResult {
