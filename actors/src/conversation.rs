@@ -21,6 +21,7 @@ use keel_core::{ConversationConfig, Generation};
 use crate::conversation_actor::ConversationMsg;
 use crate::door;
 use crate::image::{prepare_uploads, ImageUpload};
+use crate::metrics;
 use crate::pubsub::Subscription;
 use crate::runtime::Runtime;
 use crate::Error;
@@ -171,6 +172,7 @@ impl ConversationHandle {
     pub async fn cancel(&self) -> Result<StateName, Error> {
         let runtime = &self.runtime;
         let actor = door::cancel(&runtime.shared, &runtime.supervisor.get_cell(), &self.id).await?;
+        metrics::cancel();
         self.call_on(actor, |reply| ConversationMsg::Cancel { reply })
             .await
     }

@@ -25,6 +25,7 @@ use keel_core::event::Decision;
 use keel_core::ids::{ConversationId, EventId, Seq, ToolCallId};
 use keel_core::message::{ContentBlock, ImageRef};
 use keel_core::state::{Conversation, Phase};
+use keel_core::time::Timestamp;
 use keel_core::{
     AssistantResponse, ConversationConfig, Generation, Input, LiveEvent, LlmFailure,
     NewConversation, Rejection, StateName, StreamDelta, Timer,
@@ -159,6 +160,21 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// What keel calls itself as an agent: `gen_ai.agent.name` of its turn spans.
+const AGENT_NAME: &str = "keel";
+
+/// The span of a turn in progress: an OpenTelemetry GenAI `invoke_agent`
+/// span (its name for OpenTelemetry is `otel.name`; `turn` stays the
+/// `tracing` name that logs show).
+pub(crate) struct TurnSpan {
+    pub(crate) turn: u32,
+    /// When the turn started, by the conversation's clock (its
+    /// `TurnStarted`): the turn metrics measure from it the endings that
+    /// carry no duration of their own.
+    pub(crate) started_at: Timestamp,
+    pub(crate) span: tracing::Span,
+}
+
 pub(crate) struct ConversationState {
     pub(crate) id: ConversationId,
     pub(crate) shared: Arc<Shared>,
@@ -187,10 +203,10 @@ pub(crate) struct ConversationState {
     /// of (0: none): hibernating saves one only when it is behind.
     pub(crate) checkpoint_seq: Seq,
     pub(crate) span: tracing::Span,
-    /// The span of the working set's turn in progress (its number, the
-    /// span), under `span`; its requests and tools run in it. Kept in step
-    /// by [`ConversationState::sync_turn_span`].
-    pub(crate) turn_span: Option<(u32, tracing::Span)>,
+    /// The span of the working set's turn in progress, under `span`; its
+    /// requests and tools run in it. Kept in step by
+    /// [`ConversationState::sync_turn_span`].
+    pub(crate) turn_span: Option<TurnSpan>,
     /// Last, so that it drops after `shared`.
     pub(crate) _alive: Alive,
 }
@@ -228,7 +244,9 @@ impl ConversationState {
 
     /// The span work runs in: the turn's, or the conversation's between turns.
     pub(crate) fn work_span(&self) -> &tracing::Span {
-        self.turn_span.as_ref().map_or(&self.span, |(_, span)| span)
+        self.turn_span
+            .as_ref()
+            .map_or(&self.span, |turn| &turn.span)
     }
 
     /// Open, keep or close the turn span to match the turn in progress of
@@ -240,12 +258,28 @@ impl ConversationState {
             .conversation
             .as_ref()
             .and_then(|conversation| conversation.working.current_turn.as_ref())
-            .map(|turn| turn.turn);
+            .map(|turn| (turn.turn, turn.started_at));
         match (turn, &self.turn_span) {
-            (Some(turn), Some((open, _))) if *open == turn => {}
-            (Some(turn), _) => {
-                let span = tracing::info_span!(parent: &self.span, "turn", turn);
-                self.turn_span = Some((turn, span));
+            (Some((turn, _)), Some(open)) if open.turn == turn => {}
+            (Some((turn, started_at)), _) => {
+                let span = tracing::info_span!(
+                    parent: &self.span,
+                    "turn",
+                    turn,
+                    // `invoke_agent {gen_ai.agent.name}`, as the conventions name it.
+                    otel.name = "invoke_agent keel",
+                    gen_ai.operation.name = "invoke_agent",
+                    gen_ai.agent.name = AGENT_NAME,
+                    gen_ai.conversation.id = %self.id,
+                    keel.turn.outcome = tracing::field::Empty,
+                    "error.type" = tracing::field::Empty,
+                    otel.status_code = tracing::field::Empty,
+                );
+                self.turn_span = Some(TurnSpan {
+                    turn,
+                    started_at,
+                    span,
+                });
             }
             (None, _) => self.turn_span = None,
         }

@@ -6,6 +6,9 @@
 //! only by id through `ensure_started`, and its `LlmStreamActor` and
 //! `ToolActor` workers; the provider client ([`provider`]), image handling
 //! ([`image`]), tools ([`tool`]) and process groups ([`process_group`]).
+//! It reports through `tracing` spans named after the OpenTelemetry GenAI
+//! conventions, and counts through the `metrics` crate's facade (the names
+//! are in [`metrics`]).
 //! Only this crate names ractor types.
 
 pub mod clock;
@@ -13,6 +16,7 @@ pub mod conversation;
 mod conversation_actor;
 mod door;
 pub mod image;
+pub mod metrics;
 pub mod process_group;
 pub mod provider;
 pub mod pubsub;

@@ -18,18 +18,19 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::Instrument;
 
-use keel_core::message::{ContentBlock, ImageRef, Message};
+use keel_core::message::{ContentBlock, ImageRef, Message, StopReason};
 use keel_core::wire::{ImageData, PromptRequest, ToolSpec};
 use keel_core::ProviderKind;
 use keel_core::{AssistantResponse, Generation, LlmFailure, ModelRef};
 
 use crate::conversation_actor::ConversationMsg;
 use crate::image::{image_data, refit_blocking, ImageLimits};
+use crate::metrics::{self, RequestOutcome};
 use crate::runtime::{Alive, Shared};
 
 /// Everything one request is built from, owned: the worker outlives the
@@ -85,7 +86,11 @@ impl Actor for LlmStreamActor {
         let span = args.span.clone();
         let generation = args.generation;
         let report = args.report.clone();
-        let message = match run(args).instrument(span).await {
+        let provider = args.request.model.provider;
+        let result = run(args).instrument(span.clone()).await;
+        metrics::llm_request(provider, RequestOutcome::of(&result));
+        record_outcome(&span, &result);
+        let message = match result {
             Ok(response) => ConversationMsg::StreamFinished {
                 generation,
                 response: Box::new(response),
@@ -127,9 +132,14 @@ async fn run(args: StreamArgs) -> Result<AssistantResponse, LlmFailure> {
     };
     tracing::debug!(model = %request.model, n_messages = request.messages.len(), "request sent");
     let limit = (request.timeout_ms > 0).then(|| Duration::from_millis(request.timeout_ms));
+    let sent = Instant::now();
+    let mut first = true;
     let result = shared
         .provider
         .stream(provider, &prompt, limit, |delta| {
+            if std::mem::take(&mut first) {
+                metrics::llm_first_token(provider, sent.elapsed());
+            }
             let _ = report.cast(ConversationMsg::StreamDelta { generation, delta });
         })
         .await;
@@ -140,6 +150,42 @@ async fn run(args: StreamArgs) -> Result<AssistantResponse, LlmFailure> {
         }
     }
     result
+}
+
+/// The response attributes of the request's `chat` span, or its
+/// `error.type` (`retryable_error` or `error`, as in
+/// `keel_llm_requests_total`).
+fn record_outcome(span: &tracing::Span, result: &Result<AssistantResponse, LlmFailure>) {
+    match result {
+        Ok(response) => {
+            span.record("gen_ai.response.model", response.model.as_str());
+            span.record("gen_ai.usage.input_tokens", response.usage.input_tokens);
+            span.record("gen_ai.usage.output_tokens", response.usage.output_tokens);
+            // One response, one reason; a string, as `tracing` records no
+            // arrays.
+            span.record(
+                "gen_ai.response.finish_reasons",
+                finish_reason(response.stop_reason),
+            );
+        }
+        Err(_) => {
+            span.record("error.type", RequestOutcome::of(result).as_str());
+            span.record("otel.status_code", "error");
+        }
+    }
+}
+
+/// keel's stop reason as its log spells it (snake_case).
+fn finish_reason(reason: StopReason) -> &'static str {
+    match reason {
+        StopReason::EndTurn => "end_turn",
+        StopReason::ToolUse => "tool_use",
+        StopReason::MaxTokens => "max_tokens",
+        StopReason::StopSequence => "stop_sequence",
+        StopReason::Refusal => "refusal",
+        StopReason::PauseTurn => "pause_turn",
+        StopReason::Other => "other",
+    }
 }
 
 /// The bytes of every image the prompt references, fitted to `provider`'s

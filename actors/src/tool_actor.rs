@@ -16,6 +16,7 @@ use tracing::Instrument;
 use keel_core::message::ToolCall;
 
 use crate::conversation_actor::ConversationMsg;
+use crate::metrics;
 use crate::process_group::ProcessLedger;
 use crate::tool::{Tool, ToolContext, ToolOutcome, ToolOutput};
 
@@ -70,9 +71,10 @@ async fn run(args: ToolArgs) {
         cwd,
         ledger,
         report,
-        ..
+        span,
     } = args;
     let tool_call_id = call.id.clone();
+    let tool_name = call.name.clone();
     let (output, mut chunks) = ToolOutput::channel();
     let context = ToolContext {
         call,
@@ -107,6 +109,11 @@ async fn run(args: ToolArgs) {
         ToolOutcome::error(format!("the tool panicked: {why}"))
     });
     tracing::debug!(is_error = outcome.is_error, "tool finished");
+    metrics::tool_run(&tool_name, outcome.is_error);
+    if outcome.is_error {
+        span.record("error.type", "tool_error");
+        span.record("otel.status_code", "error");
+    }
     let _ = report.cast(ConversationMsg::ToolFinished {
         tool_call_id,
         outcome,

@@ -1,6 +1,7 @@
-//! keel, the binary's library: the command line (`cli`) and what each
-//! command does. `main.rs` only parses arguments and calls `cli::run`, so
-//! everything here can be tested without spawning a process.
+//! keel, the binary's library: the command line (`cli`), what each
+//! command does, and the logs, traces and metrics a long-running command
+//! installs (`telemetry`). `main.rs` only parses arguments and calls
+//! `cli::run`, so everything here can be tested without spawning a process.
 
 pub mod api;
 pub mod cli;

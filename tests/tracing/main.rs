@@ -1,7 +1,10 @@
 //! The runtime's tracing spans, as a subscriber sees them: a span per
 //! conversation, one per turn under it, and the turn's LLM requests and
-//! tools under the turn. Its own test binary, because it installs a global
-//! subscriber (the actors run on the runtime's worker threads).
+//! tools under the turn; the last three carry the OpenTelemetry GenAI
+//! attributes (`invoke_agent`, `chat {model}`, `execute_tool {name}`). The
+//! same run checks the metrics the daemon exports. Its own test binary,
+//! because it installs a global subscriber and metrics recorder (the actors
+//! run on the runtime's worker threads).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -18,15 +21,15 @@ use keel_actors::provider::Timeouts;
 use keel_actors::store::{self, BackendKind};
 use keel_actors::{Received, Runtime, RuntimeConfig, Settings, Update};
 use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id};
+use tracing::span::{Attributes, Id, Record};
 use tracing::Subscriber;
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 
 use crate::harness::MockLlm;
 
-/// One span as it was opened: its name, its parent's name and the fields
-/// that name things (`id`, `turn`).
+/// One span: its name, its parent's name, the fields it was opened with
+/// and those recorded later (a response's model and usage, say).
 #[derive(Debug, Clone)]
 struct Opened {
     id: u64,
@@ -68,6 +71,17 @@ where
             fields: fields.0,
         });
     }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, _ctx: Context<'_, S>) {
+        let mut fields = Fields(Vec::new());
+        values.record(&mut fields);
+        let mut spans = self.0.lock().unwrap();
+        // The registry reuses the ids of closed spans: the live one with
+        // this id is the newest.
+        if let Some(span) = spans.iter_mut().rev().find(|span| span.id == id.into_u64()) {
+            span.fields.extend(fields.0);
+        }
+    }
 }
 
 fn field<'a>(span: &'a Opened, name: &str) -> Option<&'a str> {
@@ -82,6 +96,7 @@ async fn turns_requests_and_tools_have_their_spans() {
     let recorder = Recorder::default();
     tracing::subscriber::set_global_default(tracing_subscriber::registry().with(recorder.clone()))
         .unwrap();
+    let metrics = keel::telemetry::install_metrics().unwrap();
 
     let mock = MockLlm::start();
     let dir = tempfile::tempdir().unwrap();
@@ -161,4 +176,71 @@ async fn turns_requests_and_tools_have_their_spans() {
         "the request that called the tool and the one that summarised it: {spans:#?}"
     );
     assert_eq!(under_turn("tool"), 1, "{spans:#?}");
+
+    // The OpenTelemetry GenAI view of the same spans: their `otel.name`s
+    // and a few attributes, set at opening or recorded at the end.
+    let turn = turns[0];
+    assert_eq!(field(turn, "otel.name"), Some("invoke_agent keel"));
+    assert_eq!(field(turn, "gen_ai.operation.name"), Some("invoke_agent"));
+    assert_eq!(field(turn, "gen_ai.agent.name"), Some("keel"));
+    assert_eq!(field(turn, "gen_ai.conversation.id"), Some(id.as_str()));
+    assert_eq!(field(turn, "keel.turn.outcome"), Some("completed"));
+    let chats: Vec<&Opened> = spans
+        .iter()
+        .filter(|span| span.name == "llm_request" && span.parent == Some(turn.id))
+        .collect();
+    for chat in &chats {
+        assert_eq!(field(chat, "otel.name"), Some("chat claude-mock"));
+        assert_eq!(field(chat, "gen_ai.operation.name"), Some("chat"));
+        assert_eq!(field(chat, "gen_ai.provider.name"), Some("anthropic"));
+        assert_eq!(field(chat, "gen_ai.request.model"), Some("claude-mock"));
+        assert_eq!(field(chat, "gen_ai.conversation.id"), Some(id.as_str()));
+        assert_eq!(field(chat, "gen_ai.response.model"), Some("claude-mock"));
+        assert!(
+            field(chat, "gen_ai.usage.output_tokens").is_some(),
+            "{chat:#?}"
+        );
+        assert_eq!(field(chat, "error.type"), None, "{chat:#?}");
+    }
+    let reasons: Vec<_> = chats
+        .iter()
+        .map(|chat| field(chat, "gen_ai.response.finish_reasons"))
+        .collect();
+    assert_eq!(reasons, [Some("tool_use"), Some("end_turn")]);
+    let tool = spans
+        .iter()
+        .find(|span| span.name == "tool" && span.parent == Some(turn.id))
+        .expect("the tool's span");
+    assert_eq!(field(tool, "otel.name"), Some("execute_tool bash"));
+    assert_eq!(field(tool, "gen_ai.operation.name"), Some("execute_tool"));
+    assert_eq!(field(tool, "gen_ai.tool.name"), Some("bash"));
+    assert_eq!(field(tool, "gen_ai.tool.call.id"), field(tool, "id"));
+    assert!(field(tool, "gen_ai.tool.call.id").is_some_and(|id| !id.is_empty()));
+
+    // The metrics of the same run, as Prometheus would scrape them.
+    let text = metrics.render();
+    for line in [
+        r#"keel_turns_total{outcome="completed"} 1"#,
+        r#"keel_turn_duration_seconds_count{outcome="completed"} 1"#,
+        r#"keel_tool_runs_total{tool="bash",outcome="ok"} 1"#,
+        r#"keel_llm_requests_total{provider="anthropic",outcome="ok"} 2"#,
+        r#"keel_llm_time_to_first_token_seconds_count{provider="anthropic"} 2"#,
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} not in:\n{text}");
+    }
+    let appends = text
+        .lines()
+        .find_map(|l| l.strip_prefix("keel_append_seconds_count "))
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(appends.is_some_and(|n| n >= 5), "{text}");
+    for quiet in [
+        "keel_llm_retries_total",
+        "keel_llm_fallbacks_total",
+        "keel_cancels_total",
+    ] {
+        assert!(
+            !text.contains(&format!("\n{quiet} ")),
+            "{quiet} counted:\n{text}"
+        );
+    }
 }

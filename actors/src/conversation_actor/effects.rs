@@ -7,6 +7,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
@@ -14,9 +15,12 @@ use keel_core::event::{Event, EventKind};
 use keel_core::ids::{Seq, ToolCallId};
 use keel_core::message::ToolCall;
 use keel_core::snapshot::FsmSnapshot;
-use keel_core::{transition, Effect, Generation, Input, ModelRef, Rejection, Step};
+use keel_core::{
+    transition, Effect, Generation, Input, LiveEvent, ModelRef, Rejection, Step, Timestamp,
+};
 
 use super::{AbortOnDrop, ConversationMsg, ConversationState, Worker};
+use crate::metrics::{self, TurnOutcome};
 use crate::pubsub::Update;
 use crate::stream_actor::{LlmStreamActor, StreamArgs, StreamRequest};
 use crate::tool::ToolOutcome;
@@ -97,7 +101,8 @@ async fn run_apply(
     })
 }
 
-/// Make `events` durable, then publish them. A store error fails the actor.
+/// Make `events` durable, then count and publish them. A store error fails
+/// the actor.
 async fn append(
     state: &mut ConversationState,
     events: Vec<Event>,
@@ -107,9 +112,24 @@ async fn append(
     } else {
         Vec::new()
     };
+    let endings = turn_endings(state, &events);
+    let started = Instant::now();
     if let Err(error) = state.shared.store.append(&state.id, events).await {
         tracing::error!(parent: &state.span, %error, "append failed; the actor stops and recovers from the log");
         return Err(Box::new(error));
+    }
+    metrics::append(started.elapsed());
+    // Counted once durable: a turn whose ending was lost to a failed
+    // append is recovered from the log and ends again.
+    for (outcome, duration) in endings {
+        metrics::turn_ended(outcome, duration);
+        if let Some(turn) = &state.turn_span {
+            turn.span.record("keel.turn.outcome", outcome.as_str());
+            if outcome == TurnOutcome::Failed {
+                turn.span.record("error.type", "turn_failed");
+                turn.span.record("otel.status_code", "error");
+            }
+        }
     }
     for event in published {
         state.publisher.publish(Update::Event {
@@ -117,6 +137,37 @@ async fn append(
         });
     }
     Ok(())
+}
+
+/// The turns that `events` end, and how long each took when that is known:
+/// `TurnCompleted` says; the other endings are measured from the open
+/// turn's start, or from a `TurnStarted` of the same batch.
+fn turn_endings(
+    state: &ConversationState,
+    events: &[Event],
+) -> Vec<(TurnOutcome, Option<Duration>)> {
+    let mut started_at = state.turn_span.as_ref().map(|turn| turn.started_at);
+    let since_start = |started_at: Option<Timestamp>, event: &Event| {
+        started_at.map(|at| Duration::from_millis(event.at.millis_since(at)))
+    };
+    let mut endings = Vec::new();
+    for event in events {
+        match &event.kind {
+            EventKind::TurnStarted { .. } => started_at = Some(event.at),
+            EventKind::TurnCompleted { duration_ms, .. } => endings.push((
+                TurnOutcome::Completed,
+                Some(Duration::from_millis(*duration_ms)),
+            )),
+            EventKind::TurnFailed { .. } => {
+                endings.push((TurnOutcome::Failed, since_start(started_at, event)));
+            }
+            EventKind::TurnInterrupted { .. } => {
+                endings.push((TurnOutcome::Interrupted, since_start(started_at, event)));
+            }
+            _ => {}
+        }
+    }
+    endings
 }
 
 /// Carry out one effect (boxed, like [`step`]).
@@ -135,7 +186,14 @@ async fn run_effect(
 ) -> Result<(), ActorProcessingErr> {
     match effect {
         Effect::Append { events } => append(state, events).await?,
-        Effect::Publish { event } => state.publisher.publish(Update::Live { event }),
+        Effect::Publish { event } => {
+            match &event {
+                LiveEvent::Retrying { .. } => metrics::llm_retry(),
+                LiveEvent::FallbackUsed { .. } => metrics::llm_fallback(),
+                _ => {}
+            }
+            state.publisher.publish(Update::Live { event });
+        }
         Effect::StartStream {
             generation,
             model,
@@ -228,12 +286,13 @@ async fn start_stream(
         max_tokens: working.config.max_tokens,
         timeout_ms,
     };
+    let span = chat_span(state, generation, &request);
     let args = StreamArgs {
         generation,
         request,
         shared: state.shared.clone(),
         report: myself.clone(),
-        span: tracing::info_span!(parent: state.work_span(), "llm_request", turn = generation.turn, attempt = generation.attempt),
+        span,
         _alive: state.shared.alive(),
     };
     match LlmStreamActor::spawn_linked(None, LlmStreamActor, args, myself.get_cell()).await {
@@ -284,13 +343,14 @@ async fn start_tool(
         .map(|conversation| conversation.working.cwd.clone())
         .unwrap_or_default();
     let tool_call_id = call.id.clone();
+    let span = tool_span(state, &call);
     let args = ToolArgs {
         call,
         tool,
         cwd: cwd.into(),
         ledger: state.shared.ledger.clone(),
         report: myself.clone(),
-        span: tracing::info_span!(parent: state.work_span(), "tool", id = %tool_call_id),
+        span,
     };
     match ToolActor::spawn_linked(None, ToolActor, args, myself.get_cell()).await {
         Ok((worker, _)) => {
@@ -306,6 +366,54 @@ async fn start_tool(
         ),
     }
     Ok(())
+}
+
+/// The span of one LLM request: an OpenTelemetry GenAI `chat` span under
+/// the turn's. The stream worker records the response attributes (and
+/// `error.type`) when the request ends.
+fn chat_span(
+    state: &ConversationState,
+    generation: Generation,
+    request: &StreamRequest,
+) -> tracing::Span {
+    let model = &request.model;
+    tracing::info_span!(
+        parent: state.work_span(),
+        "llm_request",
+        turn = generation.turn,
+        attempt = generation.attempt,
+        otel.name = format!("chat {}", model.model),
+        otel.kind = "client",
+        gen_ai.operation.name = "chat",
+        gen_ai.provider.name = metrics::provider_label(model.provider),
+        gen_ai.request.model = %model.model,
+        gen_ai.request.max_tokens = request.max_tokens,
+        gen_ai.conversation.id = %state.id,
+        gen_ai.response.model = tracing::field::Empty,
+        gen_ai.response.finish_reasons = tracing::field::Empty,
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
+        "error.type" = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    )
+}
+
+/// The span of one tool run: an OpenTelemetry GenAI `execute_tool` span
+/// under the turn's. The tool worker records `error.type` on an error
+/// result.
+fn tool_span(state: &ConversationState, call: &ToolCall) -> tracing::Span {
+    tracing::info_span!(
+        parent: state.work_span(),
+        "tool",
+        id = %call.id,
+        otel.name = format!("execute_tool {}", call.name),
+        gen_ai.operation.name = "execute_tool",
+        gen_ai.tool.name = %call.name,
+        gen_ai.tool.call.id = %call.id,
+        gen_ai.conversation.id = %state.id,
+        "error.type" = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    )
 }
 
 /// Feed a tool's result back through the mailbox, like a worker would.

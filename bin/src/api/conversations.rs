@@ -297,7 +297,7 @@ pub async fn resolve(
     state
         .runtime
         .handle(id.clone())
-        .resolve(tool_call_id.clone(), decision)
+        .resolve_as(tool_call_id.clone(), decision, request.by)
         .await
         .map_err(|error| ApiError::from_runtime(id.as_str(), error))?;
     Ok(Json(ResolveAccepted {

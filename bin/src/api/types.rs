@@ -585,6 +585,8 @@ pub enum ApiEventKind {
         tool_call_id: String,
         decision: ApiDecisionKind,
         text: Option<String>,
+        /// Who decided, when the resolve request said.
+        by: Option<String>,
     },
     TurnCompleted {
         turn: u32,
@@ -677,13 +679,14 @@ impl From<EventKind> for ApiEventKind {
             EventKind::Resolved {
                 tool_call_id,
                 decision,
-                ..
+                by,
             } => {
                 let (decision, text) = decision_parts(decision);
                 ApiEventKind::Resolved {
                     tool_call_id: tool_call_id.0,
                     decision,
                     text,
+                    by,
                 }
             }
             EventKind::TurnCompleted {
