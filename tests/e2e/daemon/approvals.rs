@@ -160,22 +160,16 @@ async fn resolved_once(wire: Wire, first: &str, other: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "waits for the runtime's exactly-once resolve (in progress on another branch): \
-            today a repeated resolution answers 404 unknown_call instead of 200"]
 async fn daemon_an_approval_is_recorded_once_and_a_denial_after_it_conflicts() {
     resolved_once(Wire::Anthropic, "approve", "deny").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "waits for the runtime's exactly-once resolve (in progress on another branch): \
-            today a repeated resolution answers 404 unknown_call instead of 200"]
 async fn daemon_a_denial_is_recorded_once_and_an_approval_after_it_conflicts() {
     resolved_once(Wire::OpenAi, "deny", "approve").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "waits for the runtime's exactly-once resolve (in progress on another branch): \
-            today resolving a call a cancel settled answers 404 unknown_call instead of 409"]
 async fn daemon_resolving_a_call_a_cancel_settled_conflicts() {
     let mock = MockLlm::start();
     let site = Site::new();
@@ -203,4 +197,36 @@ async fn daemon_resolving_a_call_a_cancel_settled_conflicts() {
     assert_eq!(results[0]["synthetic"], true);
     assert!(resolved_for(&settled, &call).len() <= 1, "{settled:#?}");
     assert_eq!(daemon.conversation(&id).await["state"], "idle");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_records_who_resolved_a_call_and_refuses_an_overlong_name() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start(&site, Wire::OpenAi, &mock, &[]);
+    let (id, call) = awaiting_approval(&daemon, &site, "echo audited").await;
+    let before = daemon.log(&id).await;
+
+    let overlong = daemon
+        .post(
+            &format!("/v1/conversations/{id}/resolve"),
+            &json!({"tool_call_id": call, "decision": "approve", "by": "x".repeat(10_000)}),
+        )
+        .await;
+    let (code, _) = overlong.error(StatusCode::BAD_REQUEST);
+    assert_eq!(code, "resolved_by_too_long");
+    assert_eq!(daemon.log(&id).await, before, "a refused resolve changes nothing");
+
+    let reply = daemon
+        .post(
+            &format!("/v1/conversations/{id}/resolve"),
+            &json!({"tool_call_id": call, "decision": "deny", "by": "ada@ops"}),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    let log = daemon.wait_turn_done(&id, 1).await;
+    let resolved = resolved_for(&log, &call);
+    assert_eq!(resolved.len(), 1, "{log:#?}");
+    assert_eq!(resolved[0]["decision"], "deny");
+    assert_eq!(resolved[0]["by"], "ada@ops");
 }
