@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
-use ractor::{ActorRef, RpcReplyPort};
+use ractor::RpcReplyPort;
 use serde::Serialize;
 
 use keel_core::event::Event;
@@ -21,6 +21,7 @@ use keel_core::{ConversationConfig, Generation};
 use crate::conversation_actor::ConversationMsg;
 use crate::door;
 use crate::image::{prepare_uploads, ImageUpload};
+use crate::mailbox::Mailbox;
 use crate::metrics;
 use crate::pubsub::Subscription;
 use crate::runtime::Runtime;
@@ -65,16 +66,27 @@ pub struct Inspection {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ActorStats {
     pub id: ConversationId,
-    /// The state it is in (a hibernating one: the state it rested in).
+    /// The state it is in (a hibernating one: the state it rested in; one
+    /// that is not responding: the state it was last seen in).
     pub state: StateName,
-    /// Time since a user, worker or timer last did something here.
+    /// It answered. An actor busy with one message for longer than
+    /// `Runtime::actors` waits (a stuck store write, say) is listed all
+    /// the same, from what it was last seen doing: its state, how long it
+    /// has been on that message (`idle_ms`) and its mailbox; what only it
+    /// can tell (subscribers, hibernation, memory) is `None`.
+    pub responding: bool,
+    /// Time since a user, worker or timer last did something here; for an
+    /// actor not responding, time since it began the message it is on.
     pub idle_ms: u64,
-    pub subscribers: usize,
+    pub subscribers: Option<usize>,
     /// The short-idle tier released its working set.
-    pub hibernated: bool,
+    pub hibernated: Option<bool>,
     /// An estimate of the bytes the actor holds: its state and its working
     /// set's messages (text, tool inputs and results).
-    pub memory_bytes: u64,
+    pub memory_bytes: Option<u64>,
+    /// Messages waiting in its mailbox (an estimate: see `mailbox.rs`);
+    /// one that keeps growing is a conversation that cannot keep up.
+    pub mailbox: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -290,7 +302,7 @@ impl ConversationHandle {
         answer.map_err(Error::Rejected)?;
         // The actor stops itself after this answer; wait until it has, so
         // that the next call starts it afresh.
-        let _ = actor.wait(Some(CALL_TIMEOUT)).await;
+        let _ = actor.actor().wait(Some(CALL_TIMEOUT)).await;
         Ok(())
     }
 
@@ -348,7 +360,7 @@ impl ConversationHandle {
         }
     }
 
-    async fn call_on<T, F>(&self, actor: ActorRef<ConversationMsg>, message: F) -> Result<T, Error>
+    async fn call_on<T, F>(&self, actor: Mailbox, message: F) -> Result<T, Error>
     where
         T: Send + 'static,
         F: Fn(RpcReplyPort<T>) -> ConversationMsg,

@@ -14,7 +14,7 @@
 mod effects;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
@@ -34,6 +34,7 @@ use keel_store::{rehydrate, Rehydrated};
 
 use crate::conversation::{ActorStats, Inspection, WorkerInfo};
 use crate::door;
+use crate::mailbox::Mailbox;
 use crate::pubsub::{Publisher, Subscription, Update, View, VIEW_MESSAGES};
 use crate::runtime::{Alive, Shared};
 use crate::tool::ToolOutcome;
@@ -44,6 +45,39 @@ use crate::tool::ToolOutcome;
 pub(crate) struct Control {
     /// A cancel was asked for and not yet carried out.
     pub(crate) cancel_requested: AtomicBool,
+    /// Messages in the actor's mailbox, as counted by [`Mailbox`]
+    /// (`crate::mailbox`).
+    pub(crate) queued: AtomicUsize,
+    /// What the actor was last seen doing, readable while it is busy with
+    /// one message (and cannot answer `Stats`): `Runtime::actors` lists a
+    /// stuck actor from here.
+    pub(crate) seen: std::sync::Mutex<Seen>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Seen {
+    /// The conversation's state after the last message it finished.
+    pub(crate) state: Option<StateName>,
+    /// When it began the message it is handling now, if any.
+    pub(crate) handling_since: Option<std::time::Instant>,
+}
+
+impl Control {
+    fn see(&self, change: impl FnOnce(&mut Seen)) {
+        change(
+            &mut self
+                .seen
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+    }
+
+    pub(crate) fn seen(&self) -> Seen {
+        *self
+            .seen
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 pub(crate) enum ConversationMsg {
@@ -219,8 +253,16 @@ impl ConversationState {
         checkpoint_seq: Seq,
         span: tracing::Span,
     ) -> ConversationState {
+        let control = door::control(&shared, &id);
+        // A new life of the actor has a new, empty mailbox, and is busy
+        // starting until `post_start` ends.
+        control.queued.store(0, Ordering::Relaxed);
+        control.see(|seen| {
+            seen.state = conversation.as_ref().map(Conversation::state_name);
+            seen.handling_since = Some(std::time::Instant::now());
+        });
         let mut state = ConversationState {
-            control: door::control(&shared, &id),
+            control,
             id,
             conversation,
             stream: None,
@@ -240,6 +282,25 @@ impl ConversationState {
         };
         state.sync_turn_span();
         state
+    }
+
+    /// Done with a message (or with starting): note the state it is in for
+    /// `Runtime::actors` to read if the next message never ends.
+    fn seen_at_rest(&self) {
+        let now_in = self
+            .conversation
+            .as_ref()
+            .map_or(self.rest_state, Conversation::state_name);
+        self.control.see(|seen| {
+            seen.state = Some(now_in);
+            seen.handling_since = None;
+        });
+    }
+
+    /// This actor's mailbox, for its workers, timers and subscriptions to
+    /// send through (counted: `crate::mailbox`).
+    pub(crate) fn mailbox(&self, myself: &ActorRef<ConversationMsg>) -> Mailbox {
+        Mailbox::new(myself.clone(), Some(self.control.clone()))
     }
 
     /// The span work runs in: the turn's, or the conversation's between turns.
@@ -348,6 +409,7 @@ impl Actor for ConversationActor {
             effects::step(&myself, state, Input::Started).await?;
         }
         rest_at_once(state).await?;
+        state.seen_at_rest();
         Ok(())
     }
 
@@ -367,6 +429,10 @@ impl Actor for ConversationActor {
         message: ConversationMsg,
         state: &mut ConversationState,
     ) -> Result<(), ActorProcessingErr> {
+        state.control.taken();
+        state
+            .control
+            .see(|seen| seen.handling_since = Some(std::time::Instant::now()));
         let was_hibernating = state.hibernated;
         if !matches!(
             message,
@@ -446,7 +512,12 @@ impl Actor for ConversationActor {
                 let view = view(state)?;
                 let receiver = state.publisher.subscribe();
                 let store = state.shared.store.clone();
-                let _ = reply.send(Subscription::new(view, receiver, store, myself.clone()));
+                let _ = reply.send(Subscription::new(
+                    view,
+                    receiver,
+                    store,
+                    state.mailbox(&myself),
+                ));
             }
             ConversationMsg::Inspect { reply } => {
                 let mut inspection = inspect(state)?;
@@ -549,6 +620,7 @@ impl Actor for ConversationActor {
         }
         settle_drain(&myself, state).await?;
         rest_at_once(state).await?;
+        state.seen_at_rest();
         Ok(())
     }
 
@@ -794,6 +866,7 @@ fn view(state: &ConversationState) -> Result<View, ActorProcessingErr> {
 }
 
 fn stats(state: &ConversationState) -> ActorStats {
+    // (Read while handling `Stats`: `seen` is for when no answer comes.)
     let (state_name, memory_bytes) = match &state.conversation {
         Some(conversation) => (
             conversation.state_name(),
@@ -804,10 +877,12 @@ fn stats(state: &ConversationState) -> ActorStats {
     ActorStats {
         id: state.id.clone(),
         state: state_name,
+        responding: true,
         idle_ms: state.last_touched.elapsed().as_millis() as u64,
-        subscribers: state.publisher.subscribers(),
-        hibernated: state.hibernated,
-        memory_bytes: memory_bytes + std::mem::size_of::<ConversationState>() as u64,
+        subscribers: Some(state.publisher.subscribers()),
+        hibernated: Some(state.hibernated),
+        memory_bytes: Some(memory_bytes + std::mem::size_of::<ConversationState>() as u64),
+        mailbox: state.control.mailbox_len(),
     }
 }
 

@@ -22,6 +22,7 @@ use keel_core::{ConversationConfig, NewConversation};
 use crate::conversation_actor::{
     Control, ConversationActor, ConversationArgs, ConversationMsg, Start,
 };
+use crate::mailbox::Mailbox;
 use crate::runtime::Shared;
 use crate::Error;
 
@@ -41,18 +42,37 @@ pub(crate) fn conversation_of(instance: &str, name: &str) -> Option<Conversation
 }
 
 /// The live actor of `id`, without starting one.
-pub(crate) fn lookup(shared: &Shared, id: &ConversationId) -> Option<ActorRef<ConversationMsg>> {
-    ractor::registry::where_is(actor_name(&shared.instance, id)).map(ActorRef::from)
+pub(crate) fn lookup(shared: &Shared, id: &ConversationId) -> Option<Mailbox> {
+    let cell = ractor::registry::where_is(actor_name(&shared.instance, id))?;
+    Some(mailbox(shared, id, cell.into()))
+}
+
+/// The way to `actor`'s mailbox that counts what waits in it. It takes the
+/// control block only if the actor made one (it does as it starts), so a
+/// send to an id that is not live leaves nothing behind in `controls`.
+pub(crate) fn mailbox(
+    shared: &Shared,
+    id: &ConversationId,
+    actor: ActorRef<ConversationMsg>,
+) -> Mailbox {
+    let control = shared
+        .controls
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .get(id)
+        .cloned();
+    Mailbox::new(actor, control)
 }
 
 /// Every live conversation of this runtime and its actor.
-pub(crate) fn live(shared: &Shared) -> Vec<(ConversationId, ActorRef<ConversationMsg>)> {
-    let mut live: Vec<(ConversationId, ActorRef<ConversationMsg>)> = ractor::registry::registered()
+pub(crate) fn live(shared: &Shared) -> Vec<(ConversationId, Mailbox)> {
+    let mut live: Vec<(ConversationId, Mailbox)> = ractor::registry::registered()
         .into_iter()
         .filter_map(|name| {
             let id = conversation_of(&shared.instance, &name)?;
             let cell = ractor::registry::where_is(name)?;
-            Some((id, cell.into()))
+            let mailbox = mailbox(shared, &id, cell.into());
+            Some((id, mailbox))
         })
         .collect();
     live.sort_by(|left, right| left.0.cmp(&right.0));
@@ -66,11 +86,11 @@ pub(crate) async fn ensure_started(
     shared: &Arc<Shared>,
     supervisor: &ActorCell,
     id: &ConversationId,
-) -> Result<ActorRef<ConversationMsg>, Error> {
+) -> Result<Mailbox, Error> {
     let name = actor_name(&shared.instance, id);
     for _ in 0..100 {
         if let Some(cell) = ractor::registry::where_is(name.clone()) {
-            return Ok(cell.into());
+            return Ok(mailbox(shared, id, cell.into()));
         }
         // A runtime that is stopping starts nothing; live conversations
         // still answer until they end their session.
@@ -93,7 +113,7 @@ pub(crate) async fn ensure_started(
         )
         .await
         {
-            Ok((actor, _)) => return Ok(actor),
+            Ok((actor, _)) => return Ok(mailbox(shared, id, actor)),
             // Someone else started it between our look and our spawn; or
             // an actor that is stopping still holds the name: look again.
             Err(SpawnErr::ActorAlreadyRegistered(_)) => tokio::task::yield_now().await,
@@ -176,12 +196,12 @@ pub(crate) async fn cancel(
     shared: &Arc<Shared>,
     supervisor: &ActorCell,
     id: &ConversationId,
-) -> Result<ActorRef<ConversationMsg>, Error> {
+) -> Result<Mailbox, Error> {
     let actor = ensure_started(shared, supervisor, id).await?;
     control(shared, id)
         .cancel_requested
         .store(true, Ordering::SeqCst);
-    for worker in actor.get_children() {
+    for worker in actor.actor().get_children() {
         worker.kill();
     }
     Ok(actor)

@@ -16,6 +16,7 @@ pub mod conversation;
 mod conversation_actor;
 mod door;
 pub mod image;
+mod mailbox;
 pub mod metrics;
 pub mod process_group;
 pub mod provider;

@@ -16,7 +16,6 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use ractor::ActorRef;
 use serde::Serialize;
 use tokio::sync::broadcast;
 
@@ -28,6 +27,7 @@ use keel_core::LiveEvent;
 use keel_store::EventLog;
 
 use crate::conversation_actor::ConversationMsg;
+use crate::mailbox::Mailbox;
 
 /// How many updates a subscriber may fall behind before it lags. Small:
 /// the buffer is allocated whole while anyone watches, and a subscriber
@@ -99,7 +99,7 @@ pub struct Subscription {
     /// Canonical events read from the log, to yield before anything else.
     backlog: VecDeque<Arc<Event>>,
     /// Told when this subscription is dropped, so it can free its channel.
-    actor: ActorRef<ConversationMsg>,
+    actor: Mailbox,
 }
 
 impl std::fmt::Debug for Subscription {
@@ -117,7 +117,7 @@ impl Subscription {
         view: View,
         receiver: broadcast::Receiver<Update>,
         store: Arc<dyn EventLog>,
-        actor: ActorRef<ConversationMsg>,
+        actor: Mailbox,
     ) -> Subscription {
         Subscription {
             next_seq: view.last_seq + 1,

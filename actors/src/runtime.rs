@@ -24,6 +24,7 @@ use crate::clock::Clock;
 use crate::conversation::{ActorStats, ConversationHandle};
 use crate::conversation_actor::{Control, ConversationMsg};
 use crate::door;
+use crate::mailbox::Mailbox;
 use crate::process_group::ProcessLedger;
 use crate::provider::{ProviderClient, ProviderConfig};
 use crate::tool::ToolRegistry;
@@ -228,10 +229,7 @@ impl Runtime {
         Ok(self.handle(id.clone()))
     }
 
-    pub(crate) async fn ensure_started(
-        &self,
-        id: &ConversationId,
-    ) -> Result<ActorRef<ConversationMsg>, Error> {
+    pub(crate) async fn ensure_started(&self, id: &ConversationId) -> Result<Mailbox, Error> {
         door::ensure_started(&self.shared, &self.supervisor.get_cell(), id).await
     }
 
@@ -249,22 +247,37 @@ impl Runtime {
     }
 
     /// Every live actor now, by conversation id: its state, idle time,
-    /// subscribers and an estimate of its memory. Asking wakes no
+    /// mailbox, subscribers and an estimate of its memory. Asking wakes no
     /// hibernating conversation; an actor that stops meanwhile is left out.
+    /// All are asked at once, and one that does not answer within
+    /// `STATS_TIMEOUT` (stuck on one message) is listed from what it was
+    /// last seen doing, `responding: false`: the actor an operator most
+    /// needs to see.
     pub async fn actors(&self) -> Vec<ActorStats> {
-        let mut stats = Vec::new();
-        for (_, actor) in door::live(&self.shared) {
-            if let Ok(ractor::rpc::CallResult::Success(one)) = actor
-                .call(
-                    |reply| ConversationMsg::Stats { reply },
-                    Some(STATS_TIMEOUT),
-                )
-                .await
-            {
-                stats.push(one);
-            }
-        }
-        stats
+        let asks = door::live(&self.shared)
+            .into_iter()
+            .map(|(id, actor)| async move {
+                let answer = actor
+                    .call(
+                        |reply| ConversationMsg::Stats { reply },
+                        Some(STATS_TIMEOUT),
+                    )
+                    .await;
+                match answer {
+                    Ok(ractor::rpc::CallResult::Success(mut stats)) => {
+                        // Messages that arrived while it answered count too.
+                        stats.mailbox = actor.len();
+                        Some(stats)
+                    }
+                    Ok(ractor::rpc::CallResult::Timeout) => Some(not_responding(id, &actor)),
+                    Ok(ractor::rpc::CallResult::SenderError) | Err(_) => None,
+                }
+            });
+        futures_util::future::join_all(asks)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     /// Whether conversation `id` has a live actor now.
@@ -292,6 +305,19 @@ impl Runtime {
         &self.shared.tools
     }
 
+    /// Send `message` to a conversation's actor found as the supervisor's
+    /// child, counted in its mailbox like any other.
+    fn tell(&self, conversation: &ActorCell, message: ConversationMsg) {
+        let id = conversation
+            .get_name()
+            .and_then(|name| door::conversation_of(&self.shared.instance, &name));
+        let actor: ActorRef<ConversationMsg> = conversation.clone().into();
+        let _ = match id {
+            Some(id) => door::mailbox(&self.shared, &id, actor).cast(message),
+            None => actor.cast(message),
+        };
+    }
+
     /// Stop gracefully (docs/requirements.md, "Graceful stop"), and return
     /// once every actor has let go of the runtime: a disk store is then
     /// closed and its lock free, unless the caller still holds a handle or a
@@ -311,12 +337,12 @@ impl Runtime {
         self.shared.closed.store(true, Ordering::SeqCst);
         let conversations = self.supervisor.get_children();
         for conversation in &conversations {
-            let _ = conversation.send_message(ConversationMsg::Drain);
+            self.tell(conversation, ConversationMsg::Drain);
         }
         let grace = self.shared.settings.shutdown_grace;
         let late = wait_stopped(&conversations, grace).await;
         for conversation in &late {
-            let _ = conversation.send_message(ConversationMsg::ShutdownNow);
+            self.tell(conversation, ConversationMsg::ShutdownNow);
         }
         let stuck = wait_stopped(&late, PATIENCE).await;
         if !stuck.is_empty() {
@@ -363,7 +389,7 @@ impl Runtime {
 
 /// How long `actors` waits for one actor's answer: a busy actor answers
 /// after the step it is in.
-const STATS_TIMEOUT: Duration = Duration::from_secs(5);
+const STATS_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long shutting down waits for an actor that was told to stop.
 const PATIENCE: Duration = Duration::from_secs(5);
@@ -418,4 +444,21 @@ fn spawn_idle_sweeper(shared: &Arc<Shared>) {
             }
         }
     });
+}
+
+/// An actor that did not answer `Stats`, as its control block saw it last.
+fn not_responding(id: ConversationId, actor: &Mailbox) -> ActorStats {
+    let seen = actor.seen();
+    ActorStats {
+        id,
+        state: seen.state.unwrap_or(keel_core::StateName::Idle),
+        responding: false,
+        idle_ms: seen
+            .handling_since
+            .map_or(0, |since| since.elapsed().as_millis() as u64),
+        subscribers: None,
+        hibernated: None,
+        memory_bytes: None,
+        mailbox: actor.len(),
+    }
 }

@@ -30,6 +30,7 @@ use keel_core::{AssistantResponse, Generation, LlmFailure, ModelRef};
 
 use crate::conversation_actor::ConversationMsg;
 use crate::image::{image_data, refit_blocking, ImageLimits};
+use crate::mailbox::Mailbox;
 use crate::metrics::{self, RequestOutcome};
 use crate::runtime::{Alive, Shared};
 
@@ -48,7 +49,7 @@ pub(crate) struct StreamArgs {
     pub(crate) generation: Generation,
     pub(crate) request: StreamRequest,
     pub(crate) shared: Arc<Shared>,
-    pub(crate) report: ActorRef<ConversationMsg>,
+    pub(crate) report: Mailbox,
     pub(crate) span: tracing::Span,
     /// Last, so that it drops after `shared`.
     pub(crate) _alive: Alive,

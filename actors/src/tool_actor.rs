@@ -16,6 +16,7 @@ use tracing::Instrument;
 use keel_core::message::ToolCall;
 
 use crate::conversation_actor::ConversationMsg;
+use crate::mailbox::Mailbox;
 use crate::metrics;
 use crate::process_group::ProcessLedger;
 use crate::tool::{Tool, ToolContext, ToolOutcome, ToolOutput};
@@ -25,7 +26,7 @@ pub(crate) struct ToolArgs {
     pub(crate) tool: Arc<dyn Tool>,
     pub(crate) cwd: PathBuf,
     pub(crate) ledger: Option<Arc<ProcessLedger>>,
-    pub(crate) report: ActorRef<ConversationMsg>,
+    pub(crate) report: Mailbox,
     pub(crate) span: tracing::Span,
 }
 

@@ -2,7 +2,8 @@
 //! process on a free loopback port, its data dir in a tempdir, talking to
 //! a separate `keel mock-llm` in either wire format, driven over HTTP and
 //! followed over SSE. The areas are in `daemon/`: streaming and resuming,
-//! cancel, approvals, refused requests, access and start-up, restarts.
+//! cancel, approvals, refused requests, access and start-up, restarts,
+//! and operations (admin routes, metrics, OTLP export).
 //!
 //! The harness here starts a daemon (and waits for its `keel listening on`
 //! line), holds its token and an HTTP client that sends it, reads its event
@@ -16,6 +17,7 @@
 
 mod approvals;
 mod cancel;
+mod operations;
 mod refusals;
 mod restart;
 mod sse;

@@ -29,6 +29,7 @@ use serde_json::json;
 
 use crate::harness::{group_is_gone, group_member_states, MockLlm};
 
+mod actors;
 mod images;
 
 /// Longest any wait here may take before the test fails.

@@ -20,6 +20,7 @@ use keel_core::{
 };
 
 use super::{AbortOnDrop, ConversationMsg, ConversationState, Worker};
+use crate::mailbox::Mailbox;
 use crate::metrics::{self, TurnOutcome};
 use crate::pubsub::Update;
 use crate::stream_actor::{LlmStreamActor, StreamArgs, StreamRequest};
@@ -210,7 +211,7 @@ async fn run_effect(
             // Sub-agents come with their own runtime support; until then the
             // model is told plainly, and the conversation goes on.
             report_tool(
-                myself,
+                state.mailbox(myself),
                 call.id,
                 ToolOutcome::error("spawn_agents is not available in this runtime yet"),
             );
@@ -224,7 +225,7 @@ async fn run_effect(
         }
         Effect::SetTimer { timer, at } => {
             let delay = state.shared.clock.until(at);
-            let target = myself.clone();
+            let target = state.mailbox(myself);
             let task = tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
                 let _ = target.cast(ConversationMsg::TimerFired { timer });
@@ -291,7 +292,7 @@ async fn start_stream(
         generation,
         request,
         shared: state.shared.clone(),
-        report: myself.clone(),
+        report: state.mailbox(myself),
         span,
         _alive: state.shared.alive(),
     };
@@ -303,7 +304,7 @@ async fn start_stream(
             });
         }
         Err(error) => {
-            let _ = myself.cast(ConversationMsg::StreamFailed {
+            let _ = state.mailbox(myself).cast(ConversationMsg::StreamFailed {
                 generation,
                 failure: keel_core::LlmFailure {
                     retryable: true,
@@ -334,7 +335,7 @@ async fn start_tool(
             .collect::<Vec<_>>()
             .join(", ");
         let message = format!("there is no tool named {:?}; available: {known}", call.name);
-        report_tool(myself, call.id, ToolOutcome::error(message));
+        report_tool(state.mailbox(myself), call.id, ToolOutcome::error(message));
         return Ok(());
     };
     let cwd = state
@@ -349,7 +350,7 @@ async fn start_tool(
         tool,
         cwd: cwd.into(),
         ledger: state.shared.ledger.clone(),
-        report: myself.clone(),
+        report: state.mailbox(myself),
         span,
     };
     match ToolActor::spawn_linked(None, ToolActor, args, myself.get_cell()).await {
@@ -360,7 +361,7 @@ async fn start_tool(
             });
         }
         Err(error) => report_tool(
-            myself,
+            state.mailbox(myself),
             tool_call_id,
             ToolOutcome::error(format!("could not start the tool: {error}")),
         ),
@@ -417,8 +418,8 @@ fn tool_span(state: &ConversationState, call: &ToolCall) -> tracing::Span {
 }
 
 /// Feed a tool's result back through the mailbox, like a worker would.
-fn report_tool(myself: &ActorRef<ConversationMsg>, tool_call_id: ToolCallId, outcome: ToolOutcome) {
-    let _ = myself.cast(ConversationMsg::ToolFinished {
+fn report_tool(mailbox: Mailbox, tool_call_id: ToolCallId, outcome: ToolOutcome) {
+    let _ = mailbox.cast(ConversationMsg::ToolFinished {
         tool_call_id,
         outcome,
     });

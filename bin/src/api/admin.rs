@@ -13,7 +13,8 @@ use super::error::ApiError;
 use super::types::{ActorList, ActorSummary, ErrorBody, Evicted, Health, Killed};
 use super::{AppState, ConversationPath};
 
-/// The live actors: state, idle time, subscribers and a memory estimate.
+/// The live actors: state, idle time, mailbox, subscribers and a memory
+/// estimate; an actor stuck on one message is listed `responding: false`.
 #[utoipa::path(
     get,
     path = "/admin/actors",
@@ -27,9 +28,10 @@ pub async fn actors(State(state): State<AppState>) -> Json<ActorList> {
         .await
         .into_iter()
         .map(|stats| ActorSummary {
-            mailbox: 0,
             id: stats.id.to_string(),
             state: stats.state.into(),
+            responding: stats.responding,
+            mailbox: stats.mailbox,
             idle_ms: stats.idle_ms,
             memory_bytes: stats.memory_bytes,
             subscribers: stats.subscribers,

@@ -90,7 +90,9 @@ impl ApiError {
             Rejection::InvalidDecision { .. } => (StatusCode::CONFLICT, "invalid_decision"),
             Rejection::AlreadyResolved { .. } => (StatusCode::CONFLICT, "already_resolved"),
             Rejection::AlreadySettled { .. } => (StatusCode::CONFLICT, "already_settled"),
-            Rejection::ResolvedByTooLong { .. } => (StatusCode::BAD_REQUEST, "resolved_by_too_long"),
+            Rejection::ResolvedByTooLong { .. } => {
+                (StatusCode::BAD_REQUEST, "resolved_by_too_long")
+            }
         };
         let message = match &rejection {
             Rejection::Busy { state } => format!(

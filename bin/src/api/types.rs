@@ -977,15 +977,21 @@ impl From<View> for Snapshot {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ActorSummary {
     pub id: String,
+    /// Its state; for an actor not responding, the state it was last seen in.
     pub state: ApiState,
+    /// It answered. `false`: it has been on one message longer than the
+    /// listing waits (a stuck store write, say); then `idle_ms` is how long
+    /// it has been on it, and what only it can tell is null.
+    pub responding: bool,
+    /// Time since anything happened here (see `responding`).
     pub idle_ms: u64,
-    /// Messages waiting in the actor's mailbox.
+    /// Messages waiting in the actor's mailbox (an estimate).
     pub mailbox: usize,
     /// Estimated bytes of the actor's working set.
-    pub memory_bytes: u64,
-    pub subscribers: usize,
+    pub memory_bytes: Option<u64>,
+    pub subscribers: Option<usize>,
     /// Its working set is released (short-idle tier) until the next message.
-    pub hibernated: bool,
+    pub hibernated: Option<bool>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -215,7 +215,11 @@ async fn daemon_records_who_resolved_a_call_and_refuses_an_overlong_name() {
         .await;
     let (code, _) = overlong.error(StatusCode::BAD_REQUEST);
     assert_eq!(code, "resolved_by_too_long");
-    assert_eq!(daemon.log(&id).await, before, "a refused resolve changes nothing");
+    assert_eq!(
+        daemon.log(&id).await,
+        before,
+        "a refused resolve changes nothing"
+    );
 
     let reply = daemon
         .post(

@@ -1,0 +1,285 @@
+//! Operating a daemon: `/admin/actors` with its mailbox and memory figures,
+//! evict and kill (a crash, for drills) and what they leave behind,
+//! `/metrics` after real turns, and the runtime's spans exported over OTLP
+//! to a collector when `OTEL_EXPORTER_OTLP_ENDPOINT` says where.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+
+use super::*;
+
+/// The entry of `id` in `GET /admin/actors`, if listed.
+async fn listed(daemon: &Daemon, id: &str) -> Option<Value> {
+    let reply = daemon.get("/admin/actors").await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    reply.body["actors"]
+        .as_array()
+        .expect("an actors array")
+        .iter()
+        .find(|actor| actor["id"] == id)
+        .cloned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_admin_lists_evicts_and_kills_actors() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[]);
+    let id = daemon.create(&site, json!({})).await;
+    daemon.send(&id, "run: echo admin").await;
+    daemon.wait_turn_done(&id, 1).await;
+
+    let deadline = Instant::now() + PATIENCE;
+    let actor = loop {
+        let actor = listed(&daemon, &id)
+            .await
+            .expect("the live actor is listed");
+        if actor["mailbox"] == 0 || Instant::now() > deadline {
+            break actor;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(actor["state"], "idle", "{actor}");
+    assert_eq!(actor["responding"], true, "{actor}");
+    assert_eq!(actor["mailbox"], 0, "nothing waits at rest: {actor}");
+    assert!(actor["memory_bytes"].as_u64().unwrap() > 0, "{actor}");
+    assert_eq!(actor["subscribers"], 0, "{actor}");
+    assert!(actor["idle_ms"].is_u64(), "{actor}");
+
+    // Evict: the actor stops, the conversation stays whole in the store.
+    let before = daemon.log(&id).await;
+    let evicted = daemon
+        .post(&format!("/admin/actors/{id}/evict"), &json!({}))
+        .await;
+    assert_eq!(evicted.status, StatusCode::OK, "{evicted:?}");
+    assert_eq!(evicted.body, json!({"id": id, "was_live": true}));
+    assert_eq!(
+        listed(&daemon, &id).await,
+        None,
+        "evicted actors are not listed"
+    );
+    let after = daemon.log(&id).await;
+    assert_eq!(after[..before.len()], before[..]);
+    let ended: Vec<&str> = after[before.len()..].iter().map(kind).collect();
+    assert_eq!(
+        ended,
+        ["session_ended"],
+        "an eviction ends the session, and only that"
+    );
+    let again = daemon
+        .post(&format!("/admin/actors/{id}/evict"), &json!({}))
+        .await;
+    assert_eq!(again.body, json!({"id": id, "was_live": false}));
+
+    // The next message brings it back from the store and it goes on.
+    daemon.send(&id, "after the eviction").await;
+    daemon.wait_turn_done(&id, 2).await;
+
+    // Kill crashes the actor; its supervisor starts it again from the log,
+    // which the crash does not touch, and the next turn works.
+    let before = daemon.log(&id).await;
+    let killed = daemon
+        .post(&format!("/admin/actors/{id}/kill"), &json!({}))
+        .await;
+    assert_eq!(killed.status, StatusCode::ACCEPTED, "{killed:?}");
+    assert_eq!(killed.body, json!({"id": id}));
+    daemon.send(&id, "after the crash").await;
+    let after = daemon.wait_turn_done(&id, 3).await;
+    assert_eq!(
+        after[..before.len()],
+        before[..],
+        "the crash changed no event"
+    );
+    assert_eq!(seqs(&after), (1..=after.len() as u64).collect::<Vec<_>>());
+
+    for route in ["evict", "kill"] {
+        let unknown = daemon
+            .post(
+                &format!("/admin/actors/c-0000000000000000000000000/{route}"),
+                &json!({}),
+            )
+            .await;
+        unknown.error(StatusCode::NOT_FOUND);
+    }
+}
+
+/// The value of the sample `name{labels}` in Prometheus text, if present.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            (name == series).then(|| value.parse().ok())?
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_metrics_count_turns_tool_runs_and_cancels() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start(&site, Wire::OpenAi, &mock, &[]);
+    let id = daemon.create(&site, json!({})).await;
+    daemon.send(&id, "run: echo measured").await;
+    daemon.wait_turn_done(&id, 1).await;
+    let cancelled = daemon.cancel(&id).await;
+    assert_eq!(cancelled.status, StatusCode::ACCEPTED, "{cancelled:?}");
+
+    let reply = daemon.get("/metrics").await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    let text = reply.body.as_str().expect("Prometheus text").to_owned();
+    let expect = |series: &str, value: f64| {
+        assert_eq!(sample(&text, series), Some(value), "{series} in:\n{text}");
+    };
+    expect(r#"keel_turns_total{outcome="completed"}"#, 1.0);
+    expect(r#"keel_tool_runs_total{tool="bash",outcome="ok"}"#, 1.0);
+    expect(
+        r#"keel_llm_requests_total{provider="openai",outcome="ok"}"#,
+        2.0,
+    );
+    expect("keel_cancels_total", 1.0);
+    expect("keel_live_conversations", 1.0);
+    for histogram in [
+        "keel_append_seconds_count",
+        r#"keel_turn_duration_seconds_count{outcome="completed"}"#,
+        r#"keel_llm_time_to_first_token_seconds_count{provider="openai"}"#,
+    ] {
+        let count = sample(&text, histogram).unwrap_or_else(|| panic!("{histogram} in:\n{text}"));
+        assert!(count >= 1.0, "{histogram} = {count}");
+    }
+}
+
+/// What the collector received: each request line and its body.
+type Received = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
+/// A stand-in OTLP collector: answers every HTTP request 200 and keeps
+/// the request lines and bodies.
+struct Collector {
+    endpoint: String,
+    received: Received,
+}
+
+impl Collector {
+    fn start() -> Collector {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let into = received.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let into = into.clone();
+                std::thread::spawn(move || serve_collector(stream, &into));
+            }
+        });
+        Collector { endpoint, received }
+    }
+
+    fn bodies_to(&self, path: &str) -> Vec<Vec<u8>> {
+        self.received
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(line, _)| line.contains(path))
+            .map(|(_, body)| body.clone())
+            .collect()
+    }
+}
+
+fn serve_collector(stream: std::net::TcpStream, into: &Mutex<Vec<(String, Vec<u8>)>>) {
+    let mut writer = stream.try_clone().unwrap();
+    let mut reader = BufReader::new(stream);
+    loop {
+        let mut request_line = String::new();
+        if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut length = 0;
+        loop {
+            let mut header = String::new();
+            if reader.read_line(&mut header).unwrap_or(0) == 0 {
+                return;
+            }
+            let header = header.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = header.split_once(':') {
+                if name.eq_ignore_ascii_case("content-length") {
+                    length = value.trim().parse().unwrap_or(0);
+                }
+            }
+        }
+        let mut body = vec![0; length];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        into.lock()
+            .unwrap()
+            .push((request_line.trim_end().to_owned(), body));
+        let answer =
+            "HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+        if writer.write_all(answer.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+fn contains(haystack: &[u8], needle: &str) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|window| window == needle.as_bytes())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_exports_genai_spans_over_otlp_when_told_where() {
+    let collector = Collector::start();
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let mut daemon = Daemon::start(
+        &site,
+        Wire::Anthropic,
+        &mock,
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint.as_str())],
+    );
+    let id = daemon.create(&site, json!({})).await;
+    daemon.send(&id, "run: echo traced").await;
+    daemon.wait_turn_done(&id, 1).await;
+    // A graceful stop flushes the spans still batched.
+    daemon.sigterm();
+    assert!(daemon.wait_exit().success(), "{}", daemon.output());
+
+    let bodies = collector.bodies_to("/v1/traces");
+    assert!(
+        !bodies.is_empty(),
+        "no POST /v1/traces: {}",
+        daemon.output()
+    );
+    let all: Vec<u8> = bodies.concat();
+    for needle in [
+        "invoke_agent keel",
+        "chat claude-mock",
+        "execute_tool bash",
+        "gen_ai.operation.name",
+        "gen_ai.conversation.id",
+        id.as_str(),
+    ] {
+        assert!(
+            contains(&all, needle),
+            "{needle:?} not in the exported spans"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_exports_nothing_without_an_otlp_endpoint() {
+    let collector = Collector::start();
+    let mock = MockLlm::start();
+    let site = Site::new();
+    // The collector listens, but nothing tells the daemon about it.
+    let mut daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[]);
+    let id = daemon.create(&site, json!({})).await;
+    daemon.send(&id, "hello").await;
+    daemon.wait_turn_done(&id, 1).await;
+    daemon.sigterm();
+    assert!(daemon.wait_exit().success());
+    assert!(collector.received.lock().unwrap().is_empty());
+}

@@ -1,0 +1,226 @@
+//! `Runtime::actors`, the list behind `/admin/actors` and `keel ps`: every
+//! message sent to a conversation is counted into its mailbox and out as
+//! the actor takes it, so a conversation at rest shows an empty mailbox
+//! after a full turn (tool output, worker reports, subscriptions); and an
+//! actor stuck on one message (here a store write that does not return)
+//! is still listed, not responding, with the messages piling up behind it.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use keel_actors::core::event::Event;
+use keel_actors::core::ids::{ConversationId, Seq};
+use keel_actors::core::snapshot::FsmSnapshot;
+use keel_actors::store::IndexEntry;
+use keel_actors::ActorStats;
+use tokio::sync::watch as gate;
+
+use super::*;
+
+/// A store whose appends wait while its gate is shut.
+struct GatedAppends {
+    inner: Arc<dyn EventLog>,
+    open: gate::Sender<bool>,
+    waiting: AtomicUsize,
+}
+
+#[async_trait]
+impl EventLog for GatedAppends {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    async fn append(
+        &self,
+        conversation: &ConversationId,
+        events: Vec<Event>,
+    ) -> keel_actors::store::Result<()> {
+        let mut open = self.open.subscribe();
+        if !*open.borrow() {
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            let _ = open.wait_for(|open| *open).await;
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.inner.append(conversation, events).await
+    }
+
+    async fn read(
+        &self,
+        conversation: &ConversationId,
+        from: Seq,
+        limit: usize,
+    ) -> keel_actors::store::Result<Vec<Event>> {
+        self.inner.read(conversation, from, limit).await
+    }
+
+    async fn read_tail(
+        &self,
+        conversation: &ConversationId,
+        n: usize,
+    ) -> keel_actors::store::Result<Vec<Event>> {
+        self.inner.read_tail(conversation, n).await
+    }
+
+    async fn last_seq(&self, conversation: &ConversationId) -> keel_actors::store::Result<Seq> {
+        self.inner.last_seq(conversation).await
+    }
+
+    async fn save_snapshot(
+        &self,
+        conversation: &ConversationId,
+        snapshot: &FsmSnapshot,
+    ) -> keel_actors::store::Result<()> {
+        self.inner.save_snapshot(conversation, snapshot).await
+    }
+
+    async fn load_snapshot(
+        &self,
+        conversation: &ConversationId,
+    ) -> keel_actors::store::Result<Option<FsmSnapshot>> {
+        self.inner.load_snapshot(conversation).await
+    }
+
+    async fn save_checkpoint(
+        &self,
+        conversation: &ConversationId,
+        working: &WorkingSet,
+    ) -> keel_actors::store::Result<()> {
+        self.inner.save_checkpoint(conversation, working).await
+    }
+
+    async fn load_checkpoint(
+        &self,
+        conversation: &ConversationId,
+    ) -> keel_actors::store::Result<Option<WorkingSet>> {
+        self.inner.load_checkpoint(conversation).await
+    }
+
+    async fn put_blob(&self, bytes: Vec<u8>) -> keel_actors::store::Result<String> {
+        self.inner.put_blob(bytes).await
+    }
+
+    async fn get_blob(&self, hash: &str) -> keel_actors::store::Result<Option<Vec<u8>>> {
+        self.inner.get_blob(hash).await
+    }
+
+    async fn index_entry(
+        &self,
+        conversation: &ConversationId,
+    ) -> keel_actors::store::Result<Option<IndexEntry>> {
+        self.inner.index_entry(conversation).await
+    }
+
+    async fn list(&self, include_sub_agents: bool) -> keel_actors::store::Result<Vec<IndexEntry>> {
+        self.inner.list(include_sub_agents).await
+    }
+}
+
+async fn stats_of(runtime: &Runtime, conversation: &ConversationHandle) -> ActorStats {
+    let all = runtime.actors().await;
+    let mut mine: Vec<ActorStats> = all
+        .into_iter()
+        .filter(|stats| &stats.id == conversation.id())
+        .collect();
+    assert_eq!(mine.len(), 1, "{mine:?}");
+    mine.remove(0)
+}
+
+/// Lists until `check` holds of the conversation's entry (bounded).
+async fn listed_until(
+    runtime: &Runtime,
+    conversation: &ConversationHandle,
+    what: &str,
+    check: impl Fn(&ActorStats) -> bool,
+) -> ActorStats {
+    let listed = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let stats = stats_of(runtime, conversation).await;
+            if check(&stats) {
+                return stats;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    listed.unwrap_or_else(|_| panic!("{what}: not within {PATIENCE:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_actor_list_counts_the_mailbox_and_shows_a_stuck_actor() {
+    let rig = Rig::new();
+    let (open, _) = gate::channel(true);
+    let store = Arc::new(GatedAppends {
+        inner: rig.store(BackendKind::Memory),
+        open,
+        waiting: AtomicUsize::new(0),
+    });
+    let runtime = rig.runtime(store.clone()).await;
+    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+
+    // A full turn with a tool: the worker's reports, the tool's output and
+    // a subscription all go through the mailbox and are all taken out.
+    let mut watching = watch(&conversation).await;
+    conversation
+        .send("run: echo counted", Vec::new())
+        .await
+        .unwrap();
+    watching.reach(StateName::ExecutingTools).await;
+    watching.reach(StateName::Idle).await;
+    drop(watching);
+    let at_rest = listed_until(
+        &runtime,
+        &conversation,
+        "an empty mailbox at rest",
+        |stats| stats.mailbox == 0,
+    )
+    .await;
+    assert!(at_rest.responding, "{at_rest:?}");
+    assert_eq!(at_rest.state, StateName::Idle);
+    assert!(
+        at_rest.memory_bytes.is_some_and(|bytes| bytes > 0),
+        "{at_rest:?}"
+    );
+    assert_eq!(at_rest.subscribers, Some(0), "{at_rest:?}");
+
+    // Now the store stops answering in the middle of the next message.
+    store.open.send_replace(false);
+    let send = {
+        let conversation = conversation.clone();
+        tokio::spawn(async move { conversation.send("hello", Vec::new()).await })
+    };
+    eventually("the actor waits on its store", || {
+        store.waiting.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let mut inspections = Vec::new();
+    for _ in 0..3 {
+        let conversation = conversation.clone();
+        inspections.push(tokio::spawn(async move { conversation.inspect().await }));
+    }
+    // Three inspections and (at least) the listing's own question wait.
+    let stuck = listed_until(&runtime, &conversation, "a stuck actor listed", |stats| {
+        !stats.responding && stats.mailbox >= 4
+    })
+    .await;
+    assert_eq!(
+        stuck.state,
+        StateName::Idle,
+        "the state it was last seen in"
+    );
+    assert_eq!(stuck.memory_bytes, None);
+    assert_eq!(stuck.subscribers, None);
+
+    // The store answers again: everything queued is taken, the turn runs.
+    store.open.send_replace(true);
+    send.await.unwrap().unwrap();
+    for inspection in inspections {
+        inspection.await.unwrap().unwrap();
+    }
+    let drained = listed_until(&runtime, &conversation, "the mailbox drained", |stats| {
+        stats.responding && stats.mailbox == 0 && stats.state == StateName::Idle
+    })
+    .await;
+    assert!(drained.memory_bytes.is_some(), "{drained:?}");
+    runtime.shutdown().await;
+}
