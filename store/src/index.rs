@@ -4,9 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use keel_core::event::{Event, EventKind};
-use keel_core::ids::{ConversationId, Seq};
+use keel_core::event::{Event, EventKind, Outcome};
+use keel_core::ids::{ConversationId, Seq, ToolCallId};
 use keel_core::time::Timestamp;
+use keel_core::working::Status;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IndexEntry {
@@ -31,6 +32,22 @@ pub struct IndexEntry {
     /// (or record why not) even though no turn is in flight.
     #[serde(default)]
     pub turn_owed: bool,
+    /// The working directory, fixed at creation. (Empty in entries written
+    /// before it was recorded.)
+    #[serde(default)]
+    pub cwd: String,
+    /// The number of the latest turn started: how many turns there were.
+    #[serde(default)]
+    pub turns: u32,
+    /// The calls of the turn in flight waiting on a human or a client.
+    #[serde(default)]
+    pub pending: Vec<ToolCallId>,
+    /// The last turn failed (the conversation rests in `error`).
+    #[serde(default)]
+    pub last_turn_failed: bool,
+    /// The sub-agent finished with `Failed` (with `finished`).
+    #[serde(default)]
+    pub failed: bool,
 }
 
 impl IndexEntry {
@@ -39,10 +56,16 @@ impl IndexEntry {
         match &event.kind {
             EventKind::Created {
                 conversation,
+                cwd,
                 parent_conversation,
                 user_initiated,
                 ..
             } => Some(IndexEntry {
+                cwd: cwd.clone(),
+                turns: 0,
+                pending: Vec::new(),
+                last_turn_failed: false,
+                failed: false,
                 id: conversation.clone(),
                 created_at: event.at,
                 parent: parent_conversation.clone(),
@@ -67,6 +90,25 @@ impl IndexEntry {
             && self.turn_in_flight == other.turn_in_flight
             && self.finished == other.finished
             && self.turn_owed == other.turn_owed
+            && self.cwd == other.cwd
+            && self.turns == other.turns
+            && self.pending == other.pending
+            && self.last_turn_failed == other.last_turn_failed
+            && self.failed == other.failed
+    }
+
+    /// The status the log implies, as `WorkingSet::status` gives it from
+    /// the whole log: what a listing shows for a conversation no actor
+    /// serves.
+    pub fn status(&self) -> Status {
+        match (self.finished, self.turn_in_flight) {
+            (true, _) if self.failed => Status::Failed,
+            (true, _) => Status::Completed,
+            (false, true) if !self.pending.is_empty() => Status::AwaitingInput,
+            (false, true) => Status::TurnInFlight,
+            (false, false) if self.last_turn_failed => Status::Error,
+            (false, false) => Status::Idle,
+        }
     }
 
     /// Whether a runtime starting up must start this conversation: a turn
@@ -79,24 +121,39 @@ impl IndexEntry {
         self.last_activity = event.at;
         self.last_seq = event.seq;
         match &event.kind {
-            EventKind::TurnStarted { .. } => {
+            EventKind::TurnStarted { turn } => {
                 self.turn_in_flight = true;
                 self.turn_owed = false;
+                self.turns = *turn;
+                self.last_turn_failed = false;
             }
             EventKind::UserMessage { .. } if event.triggers_turn => self.turn_owed = true,
             EventKind::Unanswered { .. } | EventKind::DebounceCancelled => self.turn_owed = false,
-            EventKind::TurnCompleted { .. }
-            | EventKind::TurnInterrupted { .. }
-            | EventKind::TurnFailed { .. } => self.turn_in_flight = false,
-            EventKind::Finished { .. } => self.finished = true,
+            EventKind::TurnCompleted { .. } | EventKind::TurnInterrupted { .. } => {
+                self.turn_in_flight = false;
+                self.pending.clear();
+            }
+            EventKind::TurnFailed { .. } => {
+                self.turn_in_flight = false;
+                self.pending.clear();
+                self.last_turn_failed = true;
+            }
+            EventKind::Suspended { pending } => self
+                .pending
+                .extend(pending.iter().map(|pending| pending.call.id.clone())),
+            EventKind::ToolResult { tool_call_id, .. }
+            | EventKind::Resolved { tool_call_id, .. } => {
+                self.pending.retain(|id| id != tool_call_id);
+            }
+            EventKind::Finished { outcome } => {
+                self.finished = true;
+                self.failed = matches!(outcome, Outcome::Failed { .. });
+            }
             EventKind::Created { .. }
             | EventKind::SessionStarted
             | EventKind::SessionEnded
             | EventKind::UserMessage { .. }
             | EventKind::AssistantMessage { .. }
-            | EventKind::ToolResult { .. }
-            | EventKind::Suspended { .. }
-            | EventKind::Resolved { .. }
             | EventKind::ConfigChanged { .. }
             | EventKind::Recovered { .. }
             | EventKind::Nudge { .. } => {}
@@ -173,5 +230,144 @@ mod tests {
         );
         apply(&started, &mut entry);
         assert!(entry.turn_in_flight && !entry.turn_owed);
+    }
+
+    /// What a listing shows for a conversation no actor serves comes from
+    /// the index alone: it must agree with the status, turn count and
+    /// directory the whole log gives (`WorkingSet`), after every step of a
+    /// turn that waits for an approval, one that fails, and one that
+    /// completes.
+    #[test]
+    fn the_entry_knows_what_the_log_says_of_status_turns_and_cwd() {
+        use keel_core::config::{ProviderKind, ToolPolicy};
+        use keel_core::event::Decision;
+        use keel_core::ids::ToolCallId;
+        use keel_core::message::{AssistantBlock, StopReason, ToolCall, Usage};
+        use keel_core::state::Phase;
+        use keel_core::{AssistantResponse, Conversation, LlmFailure, Step};
+
+        struct Run {
+            conversation: Option<Conversation>,
+            entry: IndexEntry,
+            now: u64,
+        }
+        impl Run {
+            fn step(&mut self, input: Input) {
+                self.now += 10;
+                let step: Step = transition(
+                    self.conversation.take().unwrap(),
+                    input,
+                    Timestamp(self.now),
+                );
+                for event in step.appended() {
+                    self.entry.apply(event);
+                }
+                self.conversation = Some(step.state);
+                let working = &self.conversation.as_ref().unwrap().working;
+                assert_eq!(self.entry.status(), working.status(), "{:?}", self.entry);
+                assert_eq!(self.entry.turns, working.turn);
+                assert_eq!(self.entry.cwd, working.cwd);
+            }
+            fn generation(&self) -> keel_core::Generation {
+                match &self.conversation.as_ref().unwrap().phase {
+                    Phase::Streaming { request, .. } => request.generation,
+                    other => panic!("not streaming: {other:?}"),
+                }
+            }
+            fn respond(&mut self, blocks: Vec<AssistantBlock>, stop_reason: StopReason) {
+                let generation = self.generation();
+                self.step(Input::StreamFinished {
+                    generation,
+                    response: AssistantResponse {
+                        blocks,
+                        stop_reason,
+                        usage: Usage::default(),
+                        provider: ProviderKind::Mock,
+                        model: "mock".to_owned(),
+                    },
+                });
+            }
+        }
+
+        let mut config = ConversationConfig::default();
+        config.tools.insert("bash".to_owned(), ToolPolicy::Approve);
+        let created = create(
+            NewConversation {
+                id: ConversationId::new("c").unwrap(),
+                cwd: "/srv/work".to_owned(),
+                config,
+                parent_conversation: None,
+            },
+            Timestamp(1),
+        );
+        let mut entry = IndexEntry::created(&created.appended()[0]).unwrap();
+        for event in created.appended() {
+            entry.apply(event);
+        }
+        let mut run = Run {
+            conversation: Some(created.state),
+            entry,
+            now: 1,
+        };
+        assert_eq!(run.entry.status(), keel_core::working::Status::Idle);
+
+        // A call that waits for approval, approved, run, answered.
+        run.step(message("run it"));
+        let call = ToolCall {
+            id: ToolCallId::new("t1"),
+            name: "bash".to_owned(),
+            input: serde_json::json!({"command": "true"}),
+        };
+        run.respond(vec![AssistantBlock::ToolUse { call }], StopReason::ToolUse);
+        assert_eq!(
+            run.entry.status(),
+            keel_core::working::Status::AwaitingInput
+        );
+        run.step(Input::Resolve {
+            tool_call_id: ToolCallId::new("t1"),
+            decision: Decision::Approve,
+            by: None,
+        });
+        run.step(Input::ToolFinished {
+            tool_call_id: ToolCallId::new("t1"),
+            content: "done".to_owned(),
+            is_error: false,
+        });
+        let text = AssistantBlock::Text {
+            text: "ok".to_owned(),
+        };
+        run.respond(vec![text.clone()], StopReason::EndTurn);
+        assert_eq!(run.entry.status(), keel_core::working::Status::Idle);
+
+        // A turn that fails for good rests in error; the next one clears it.
+        run.step(message("again"));
+        let generation = run.generation();
+        run.step(Input::StreamFailed {
+            generation,
+            failure: LlmFailure {
+                retryable: false,
+                retry_after_ms: None,
+                message: "no".to_owned(),
+            },
+            jitter: 0,
+        });
+        assert_eq!(run.entry.status(), keel_core::working::Status::Error);
+        run.step(message("once more"));
+        assert_eq!(run.entry.status(), keel_core::working::Status::TurnInFlight);
+        run.respond(vec![text], StopReason::EndTurn);
+        assert_eq!(run.entry.turns, 3);
+
+        // A denied call and a cancel while waiting both leave no pending call.
+        run.step(message("run another"));
+        let call = ToolCall {
+            id: ToolCallId::new("t2"),
+            name: "bash".to_owned(),
+            input: serde_json::json!({"command": "true"}),
+        };
+        run.respond(vec![AssistantBlock::ToolUse { call }], StopReason::ToolUse);
+        assert_eq!(run.entry.pending, vec![ToolCallId::new("t2")]);
+        run.step(Input::Cancel);
+        assert!(run.entry.pending.is_empty());
+        assert_eq!(run.entry.status(), keel_core::working::Status::Idle);
     }
 }

@@ -2,6 +2,7 @@
 //! log. Each handler checks its input, makes one call on the runtime and
 //! converts the answer; a refused request changes nothing.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use axum::extract::State;
@@ -13,7 +14,7 @@ use utoipa::IntoParams;
 
 use keel_actors::core::config::{ConversationConfig, ModelRef, ProviderKind};
 use keel_actors::core::event::Decision;
-use keel_actors::core::ToolCallId;
+use keel_actors::core::{ConversationId, StateName, ToolCallId};
 use keel_actors::ImageUpload;
 
 use super::error::{ApiError, ApiJson, ApiQuery};
@@ -135,11 +136,20 @@ pub async fn list(
         .list(query.all)
         .await
         .map_err(|error| ApiError::from_runtime("(list)", error))?;
+    // A live conversation's state is its actor's; the others' is what
+    // their log implies, kept in the index.
+    let live: HashMap<ConversationId, StateName> = state
+        .runtime
+        .actors()
+        .await
+        .into_iter()
+        .map(|actor| (actor.id, actor.state))
+        .collect();
     let conversations = entries
         .into_iter()
         .map(|entry| {
-            let live = state.runtime.is_live(&entry.id);
-            ConversationSummary::new(entry, live)
+            let actor_state = live.get(&entry.id).copied();
+            ConversationSummary::new(entry, actor_state)
         })
         .collect();
     Ok(Json(ConversationList { conversations }))

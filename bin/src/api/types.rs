@@ -19,7 +19,7 @@ use keel_actors::core::message::{
     AssistantBlock, ContentBlock, ImageRef, Message, Role, StopReason, ToolCall, Usage,
 };
 use keel_actors::core::state::StateName;
-use keel_actors::core::{ConversationId, Generation};
+use keel_actors::core::{ConversationId, Generation, Status};
 use keel_actors::store::IndexEntry;
 use keel_actors::{Inspection, View};
 
@@ -260,6 +260,13 @@ impl From<StateName> for ApiState {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ConversationSummary {
     pub id: String,
+    /// Its state: a live actor's, or else what its log implies (`recovering`
+    /// for a turn that was cut short and resumes when it is next woken).
+    pub state: ApiState,
+    /// Its working directory.
+    pub cwd: String,
+    /// How many turns it has had.
+    pub turns: u32,
     /// The conversation that spawned this one (sub-agents only).
     pub parent: Option<String>,
     pub user_initiated: bool,
@@ -273,16 +280,31 @@ pub struct ConversationSummary {
 }
 
 impl ConversationSummary {
-    pub fn new(entry: IndexEntry, live: bool) -> ConversationSummary {
+    /// `entry` from the index, with the state of its live actor if any.
+    pub fn new(entry: IndexEntry, actor_state: Option<StateName>) -> ConversationSummary {
+        let state = match actor_state {
+            Some(state) => state.into(),
+            None => match entry.status() {
+                Status::Idle => ApiState::Idle,
+                Status::Error => ApiState::Error,
+                Status::TurnInFlight => ApiState::Recovering,
+                Status::AwaitingInput => ApiState::AwaitingInput,
+                Status::Completed => ApiState::Completed,
+                Status::Failed => ApiState::Failed,
+            },
+        };
         ConversationSummary {
             id: entry.id.to_string(),
+            state,
+            cwd: entry.cwd,
+            turns: entry.turns,
             parent: entry.parent.map(String::from),
             user_initiated: entry.user_initiated,
             created_at_ms: entry.created_at.as_millis(),
             last_activity_ms: entry.last_activity.as_millis(),
             last_seq: entry.last_seq,
             turn_in_flight: entry.turn_in_flight,
-            live,
+            live: actor_state.is_some(),
         }
     }
 }

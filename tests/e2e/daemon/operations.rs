@@ -283,3 +283,71 @@ async fn daemon_exports_nothing_without_an_otlp_endpoint() {
     assert!(daemon.wait_exit().success());
     assert!(collector.received.lock().unwrap().is_empty());
 }
+
+/// The listing entry of `id` (`GET /v1/conversations`).
+async fn summary(daemon: &Daemon, id: &str) -> Value {
+    let reply = daemon.get("/v1/conversations").await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    reply.body["conversations"]
+        .as_array()
+        .expect("a conversations array")
+        .iter()
+        .find(|conversation| conversation["id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("{id} not listed: {}", reply.body))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_lists_conversations_with_state_turns_and_cwd_live_or_not() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[]);
+    let cwd = site.cwd().display().to_string();
+    let talked = daemon.create(&site, json!({})).await;
+    daemon.send(&talked, "hello").await;
+    daemon.wait_turn_done(&talked, 1).await;
+    daemon.send(&talked, "hello again").await;
+    daemon.wait_turn_done(&talked, 2).await;
+    let waiting = daemon
+        .create(&site, json!({"tools": {"bash": "approve"}}))
+        .await;
+    daemon.send(&waiting, "run: true").await;
+    daemon.wait_state(&waiting, "awaiting_input").await;
+
+    let listed = summary(&daemon, &talked).await;
+    assert_eq!(
+        (
+            &listed["state"],
+            &listed["turns"],
+            &listed["cwd"],
+            &listed["live"]
+        ),
+        (&json!("idle"), &json!(2), &json!(cwd), &json!(true)),
+        "{listed}"
+    );
+    let listed = summary(&daemon, &waiting).await;
+    assert_eq!(listed["state"], "awaiting_input", "{listed}");
+    assert_eq!(listed["turns"], 1, "{listed}");
+
+    // With no actor, the state comes from the index: the same answers,
+    // after a restart too.
+    let evicted = daemon
+        .post(&format!("/admin/actors/{talked}/evict"), &json!({}))
+        .await;
+    assert_eq!(evicted.status, StatusCode::OK, "{evicted:?}");
+    let mut daemon = daemon;
+    daemon.sigterm();
+    assert!(daemon.wait_exit().success());
+    let daemon = daemon.restart();
+    // (Boot recovery wakes the one waiting on a human; the other sleeps.)
+    for (id, state, turns, live) in [
+        (&talked, "idle", 2, false),
+        (&waiting, "awaiting_input", 1, true),
+    ] {
+        let listed = summary(&daemon, id).await;
+        assert_eq!(listed["live"], live, "{listed}");
+        assert_eq!(listed["state"], state, "{listed}");
+        assert_eq!(listed["turns"], turns, "{listed}");
+        assert_eq!(listed["cwd"], cwd, "{listed}");
+    }
+}
