@@ -12,6 +12,7 @@ pub mod error;
 pub mod events;
 pub mod types;
 
+use std::any::Any;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -24,6 +25,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use tokio::sync::watch;
+use tower_http::catch_panic::CatchPanicLayer;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::OpenApi;
 use utoipa::{Modify, OpenApi as _};
@@ -163,7 +165,30 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(catch_panics())
         .with_state(state)
+}
+
+/// A handler that panics answers 500 in the API's error shape, and the
+/// daemon goes on serving: no request can take it down. (The runtime's own
+/// actors have their supervisor; this covers the HTTP layer.)
+fn catch_panics() -> CatchPanicLayer<fn(Box<dyn Any + Send + 'static>) -> Response> {
+    CatchPanicLayer::custom(panic_response as fn(Box<dyn Any + Send + 'static>) -> Response)
+}
+
+fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response {
+    let why = panic
+        .downcast_ref::<&str>()
+        .map(|text| (*text).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".to_owned());
+    tracing::error!(panic = %why, "a request handler panicked");
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "the request failed inside keel (a bug: the daemon logged it); nothing else is affected",
+    )
+    .into_response()
 }
 
 async fn not_found() -> ApiError {
@@ -209,5 +234,45 @@ impl<S: Send + Sync> FromRequestParts<S> for ConversationPath {
         ConversationId::new(raw.clone())
             .map(ConversationPath)
             .map_err(|_| ApiError::not_found(&raw))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// A panicking handler becomes a 500 in the API's shape, and the
+    /// server answers the next request.
+    #[tokio::test]
+    async fn a_panicking_handler_answers_500_and_the_server_goes_on() {
+        async fn boom() -> &'static str {
+            panic!("boom")
+        }
+        let app: Router = Router::new()
+            .route("/boom", get(boom))
+            .route("/fine", get(|| async { "fine" }))
+            .layer(catch_panics());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let http = reqwest::Client::new();
+
+        let failed = http
+            .get(format!("http://{address}/boom"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(failed.status(), reqwest::StatusCode::INTERNAL_SERVER_ERROR);
+        let body: serde_json::Value = failed.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "internal");
+
+        let fine = http
+            .get(format!("http://{address}/fine"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(fine.text().await.unwrap(), "fine");
     }
 }
