@@ -147,7 +147,7 @@ static INSTANCES: AtomicU64 = AtomicU64::new(0);
 impl Runtime {
     /// Open a runtime: start the supervisor, kill tool process groups that
     /// outlived a previous run, and recover every conversation the index
-    /// says was mid-turn. What boot did is in [`Runtime::boot_report`].
+    /// says was mid-turn. What boot did is the returned [`BootReport`].
     pub async fn open(config: RuntimeConfig) -> Result<(Runtime, BootReport), Error> {
         let RuntimeConfig {
             store,

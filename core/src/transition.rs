@@ -2,7 +2,7 @@
 //! conversation, as a pure function (REQ-BED-001).
 //!
 //! The handlers are split by input kind under `transition/`. They all work on
-//! a [`Ctx`], which emits events (stamping seq, time and parent and folding each
+//! a `Ctx`, which emits events (stamping seq, time and parent and folding each
 //! into the working set through the reducer) and collects effects. `finish`
 //! puts the one `Append` first and a `StateChanged` publish right after it
 //! whenever the phase's name changed, so no handler can forget either.
