@@ -1,12 +1,62 @@
 //! The command line: clap's derive definitions and `run`, which dispatches to
 //! each command. Errors are `anyhow` here; `main` prints them and exits 1.
+//!
+//! The client commands (`ls`, `new`, `send`, `chat`, `log`, `inspect`,
+//! `cancel`, `approve`, `deny`, `answer`, `evict`, `ps`) are clients of a
+//! running daemon through `crate::client`, found at `KEEL_ADDR` with the
+//! token from `KEEL_TOKEN` or `KEEL_DATA_DIR/token`; they live in `cli/`
+//! (docs/cli.md describes them, their output and their exit codes).
+
+pub mod chat;
+pub mod commands;
+pub mod output;
+pub mod turn;
 
 use std::io;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use crate::api::types::{ApiBusyPolicy, ApiDecisionKind, ApiProvider, ApiToolPolicy};
+use crate::client::Client;
 use crate::{demo, mock_llm, serve};
+
+/// How a command ends, as its exit status. Scripts branch on these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Done; for `send`, the turn completed.
+    Ok,
+    /// The command failed: no daemon, a refused request, bad input. (2 is
+    /// clap's, for a command line that does not parse.)
+    Failed,
+    /// `send`: the turn failed (the provider gave up, say).
+    TurnFailed,
+    /// `send`: the turn was interrupted (cancelled, superseded, the
+    /// daemon stopped) before it completed.
+    Interrupted,
+    /// `send`: the turn waits for a decision on a pending call; the call
+    /// ids and the commands to decide them are printed on stdout.
+    Pending,
+}
+
+impl Exit {
+    pub fn code(self) -> u8 {
+        match self {
+            Exit::Ok => 0,
+            Exit::Failed => 1,
+            Exit::TurnFailed => 3,
+            Exit::Interrupted => 4,
+            Exit::Pending => 5,
+        }
+    }
+}
+
+impl From<Exit> for ExitCode {
+    fn from(exit: Exit) -> ExitCode {
+        ExitCode::from(exit.code())
+    }
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -54,11 +104,167 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         script: Option<PathBuf>,
     },
+    /// List the conversations: id, state, turns, last activity, cwd.
+    Ls {
+        /// Add sub-agents, with their parent.
+        #[arg(long)]
+        all: bool,
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Create a conversation; prints its id.
+    New {
+        /// The directory its tools run in (default: this one).
+        #[arg(long, value_name = "DIR")]
+        cwd: Option<PathBuf>,
+        /// The model (default: the daemon's).
+        #[arg(long)]
+        model: Option<String>,
+        /// The provider: anthropic, openai or mock (default: the daemon's).
+        #[arg(long, value_parser = parse_provider)]
+        provider: Option<ApiProvider>,
+        /// What a message sent mid-turn does: reject (default), interrupt
+        /// or queue.
+        #[arg(long, value_parser = parse_busy_policy)]
+        busy_policy: Option<ApiBusyPolicy>,
+        /// The system prompt.
+        #[arg(long)]
+        system: Option<String>,
+        /// How a tool runs, as NAME=POLICY with POLICY auto, approve or
+        /// client; repeatable (`--tool bash=approve`).
+        #[arg(long = "tool", value_name = "NAME=POLICY", value_parser = parse_tool)]
+        tools: Vec<(String, ApiToolPolicy)>,
+        /// Print `{"id": …}`.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Send a message and print the reply, tool calls and their output as
+    /// they stream.
+    #[command(after_help = SEND_EXIT_CODES)]
+    Send {
+        id: String,
+        text: String,
+        /// Attach an image (PNG, JPEG, GIF or WebP); repeatable.
+        #[arg(long = "image", value_name = "FILE")]
+        images: Vec<PathBuf>,
+        /// Print every frame of the turn as a JSON line
+        /// (`{"frame": "live"|"canonical"|…, "data": …}`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// An interactive session: type messages, see replies stream, approve
+    /// or answer calls inline. Ctrl-C cancels the running turn; Ctrl-C
+    /// twice at the prompt (or Ctrl-D) leaves. Without ID, a new
+    /// conversation in this directory.
+    Chat {
+        id: Option<String>,
+        /// Print frames as JSON lines instead of text (for tools that
+        /// drive a chat session).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a conversation's log: its canonical events.
+    Log {
+        id: String,
+        /// The first seq to print.
+        #[arg(long, default_value_t = 1)]
+        from: u64,
+        /// Then print each new event as it is stored, until Ctrl-C.
+        #[arg(long)]
+        follow: bool,
+        /// One event a line, as the API's JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A conversation's state, pending calls, usage against the context
+    /// window, and its live actor's memory and mailbox.
+    Inspect {
+        id: String,
+        /// `{"conversation": …, "actor": …}` as the API gives them.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel the running turn; prints the state it came to rest in.
+    Cancel {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a pending call: it runs.
+    Approve {
+        id: String,
+        call_id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Deny a pending call: the model is told it was denied.
+    Deny {
+        id: String,
+        call_id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Answer a pending question, or give a client-run tool's output.
+    Answer {
+        id: String,
+        call_id: String,
+        text: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Save a conversation and stop its actor (refused while busy).
+    Evict {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The live actors: state, idle time, mailbox, memory.
+    Ps {
+        #[arg(long)]
+        json: bool,
+    },
 }
 
-pub fn run(cli: Cli) -> anyhow::Result<()> {
+const SEND_EXIT_CODES: &str = "\
+Exit status:
+  0  the turn completed
+  1  the command failed (no daemon, unknown conversation, busy, bad image)
+  3  the turn failed (the provider gave up; the reason is printed)
+  4  the turn was interrupted (`keel cancel`, a newer message, the daemon stopping)
+  5  the turn waits for a decision on a tool call: the call ids and the
+     `keel approve|deny|answer` commands are printed; after deciding,
+     `keel log ID --from SEQ --follow` shows the rest of the turn
+
+keel send does not wait for a person: a script decides pending calls itself.";
+
+fn parse_provider(text: &str) -> Result<ApiProvider, String> {
+    wire_enum(text, "anthropic, openai or mock")
+}
+
+fn parse_busy_policy(text: &str) -> Result<ApiBusyPolicy, String> {
+    wire_enum(text, "reject, interrupt or queue")
+}
+
+fn parse_tool(text: &str) -> Result<(String, ApiToolPolicy), String> {
+    let (name, policy) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?}: give NAME=POLICY, such as bash=approve"))?;
+    Ok((
+        name.to_owned(),
+        wire_enum(policy, "auto, approve or client")?,
+    ))
+}
+
+/// A value of one of the API's enums by its wire name.
+fn wire_enum<T: serde::de::DeserializeOwned>(text: &str, expected: &str) -> Result<T, String> {
+    serde_json::from_value(serde_json::Value::String(text.to_owned()))
+        .map_err(|_| format!("{text:?} is not one of {expected}"))
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<Exit> {
     let outcome = match cli.command {
-        Command::Serve { config } => serve::run(serve::Options { config }),
+        Command::Serve { config } => serve::run(serve::Options { config }).map(|()| Exit::Ok),
         Command::Demo { json } => {
             let format = if json {
                 demo::Format::Json
@@ -66,17 +272,103 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 demo::Format::Human
             };
             let stdout = io::stdout().lock();
-            demo::run(io::BufWriter::new(stdout), format)
+            demo::run(io::BufWriter::new(stdout), format).map(|()| Exit::Ok)
         }
         Command::MockLlm { port, host, script } => {
-            mock_llm::run(mock_llm::Options { host, port, script })
+            mock_llm::run(mock_llm::Options { host, port, script }).map(|()| Exit::Ok)
         }
+        client_command => run_client(client_command),
     };
     match outcome {
         // `keel demo | head` closes the pipe early; that is the reader's
         // choice, not a failure.
-        Err(err) if is_broken_pipe(&err) => Ok(()),
+        Err(err) if is_broken_pipe(&err) => Ok(Exit::Ok),
         other => other,
+    }
+}
+
+/// A client command, on a runtime of its own (one thread: a client waits
+/// on one daemon at a time).
+fn run_client(command: Command) -> anyhow::Result<Exit> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let client = Client::from_env();
+    runtime.block_on(async move {
+        match command {
+            Command::Ls { all, json } => commands::ls(&client, all, json).await,
+            Command::New {
+                cwd,
+                model,
+                provider,
+                busy_policy,
+                system,
+                tools,
+                json,
+            } => {
+                let options = commands::NewOptions {
+                    cwd,
+                    model,
+                    provider,
+                    busy_policy,
+                    system,
+                    tools,
+                };
+                commands::new(&client, options, json).await
+            }
+            Command::Send {
+                id,
+                text,
+                images,
+                json,
+            } => turn::send(&client, &id, text, &images, json).await,
+            Command::Chat { id, json } => chat::run(client, id, json).await,
+            Command::Log {
+                id,
+                from,
+                follow,
+                json,
+            } => commands::log(&client, &id, from, follow, json).await,
+            Command::Inspect { id, json } => commands::inspect(&client, &id, json).await,
+            Command::Cancel { id, json } => commands::cancel(&client, &id, json).await,
+            Command::Approve { id, call_id, json } => {
+                commands::resolve(&client, &id, &call_id, ApiDecisionKind::Approve, None, json)
+                    .await
+            }
+            Command::Deny { id, call_id, json } => {
+                commands::resolve(&client, &id, &call_id, ApiDecisionKind::Deny, None, json).await
+            }
+            Command::Answer {
+                id,
+                call_id,
+                text,
+                json,
+            } => {
+                commands::resolve(
+                    &client,
+                    &id,
+                    &call_id,
+                    ApiDecisionKind::Answer,
+                    Some(text),
+                    json,
+                )
+                .await
+            }
+            Command::Evict { id, json } => commands::evict(&client, &id, json).await,
+            Command::Ps { json } => commands::ps(&client, json).await,
+            Command::Serve { .. } | Command::Demo { .. } | Command::MockLlm { .. } => Ok(Exit::Ok),
+        }
+    })
+}
+
+/// An error for a person: a client error that says what to do is shown
+/// alone (its transport cause would only distract), anything else with
+/// its causes on one line.
+pub fn describe_error(error: &anyhow::Error) -> String {
+    match error.downcast_ref::<crate::client::Error>() {
+        Some(client_error) if client_error.code().is_some() => client_error.to_string(),
+        Some(crate::client::Error::NoDaemon { .. }) => error.to_string(),
+        _ => format!("{error:#}"),
     }
 }
 

@@ -1,8 +1,18 @@
 //! The `keel` binary: parses the command line and hands over to `keel::cli`.
-//! An error is printed with its causes and the process exits with status 1.
+//! An error is printed on stderr with its causes and the process exits
+//! with status 1; a command's own outcome (a failed turn, say) picks its
+//! status through `keel::cli::Exit`.
+
+use std::process::ExitCode;
 
 use clap::Parser;
 
-fn main() -> anyhow::Result<()> {
-    keel::cli::run(keel::cli::Cli::parse())
+fn main() -> ExitCode {
+    match keel::cli::run(keel::cli::Cli::parse()) {
+        Ok(exit) => exit.into(),
+        Err(error) => {
+            eprintln!("error: {}", keel::cli::describe_error(&error));
+            keel::cli::Exit::Failed.into()
+        }
+    }
 }

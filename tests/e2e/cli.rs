@@ -11,14 +11,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod client;
+mod commands;
+
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
 
 use crate::daemon::{Daemon, Site, Wire};
-use crate::harness::MockLlm;
+use crate::harness::{keel_bin, MockLlm};
 
 /// A daemon against a mock, and the site it runs in.
 pub struct Rig {
-    /// Kept alive for the daemon's sake.
-    pub _mock: MockLlm,
+    /// The fake provider the daemon talks to.
+    pub mock: MockLlm,
     pub site: Site,
     pub daemon: Daemon,
 }
@@ -28,21 +33,76 @@ impl Rig {
         let mock = MockLlm::start();
         let site = Site::new();
         let daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[]);
-        Rig {
-            _mock: mock,
-            site,
-            daemon,
-        }
+        Rig { mock, site, daemon }
     }
 
     /// `HOST:PORT` of the daemon, as `KEEL_ADDR` takes it.
     pub fn addr(&self) -> String {
         addr_of(&self.daemon)
     }
+
+    /// A `keel ARGS` command that finds this daemon through the
+    /// environment, run in the site's working directory.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(keel_bin());
+        command
+            .args(args)
+            .env_clear()
+            .env("KEEL_ADDR", self.addr())
+            .env("KEEL_DATA_DIR", self.daemon.data_dir())
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .current_dir(self.site.cwd())
+            .stdin(Stdio::null());
+        command
+    }
+
+    /// Run `keel ARGS` to its end.
+    pub fn keel(&self, args: &[&str]) -> Output {
+        self.command(args).output().unwrap()
+    }
+
+    /// Run `keel ARGS`, require success, return stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let output = self.keel(args);
+        assert!(
+            output.status.success(),
+            "keel {args:?} failed: {}",
+            describe(&output)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    }
+
+    /// Run `keel ARGS --json`, require success, parse stdout as one JSON
+    /// value.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.push("--json");
+        let stdout = self.ok(&all);
+        serde_json::from_str(&stdout).unwrap_or_else(|err| panic!("not JSON ({err}): {stdout}"))
+    }
+
+    /// A new conversation made with `keel new --json`, in the site's
+    /// working directory; its id.
+    pub fn new_conversation(&self, extra: &[&str]) -> String {
+        let mut args = vec!["new"];
+        args.extend_from_slice(extra);
+        let created = self.json(&args);
+        created["id"].as_str().unwrap().to_owned()
+    }
 }
 
 pub fn addr_of(daemon: &Daemon) -> String {
     daemon.url.trim_start_matches("http://").to_owned()
+}
+
+/// Status, stdout and stderr, for a failure message.
+pub fn describe(output: &Output) -> String {
+    format!(
+        "{:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
 }
 
 /// A free loopback port: bound, read, released.

@@ -76,6 +76,10 @@ pub struct Events {
     reported: bool,
     /// How long an outage may last before `next` fails; `None`: forever.
     patience: Option<Duration>,
+    /// A connection was made once. Until then every error is returned as
+    /// it is: a command pointed at no daemon, or at an unknown
+    /// conversation, should say so at once, not retry.
+    connected: bool,
 }
 
 impl Events {
@@ -90,6 +94,7 @@ impl Events {
             attempts: 0,
             reported: false,
             patience: Some(DEFAULT_PATIENCE),
+            connected: false,
         }
     }
 
@@ -106,19 +111,21 @@ impl Events {
         self.last_seq
     }
 
-    /// The next frame. Reconnects as needed; fails on a refusal (unknown
-    /// conversation, bad token) or when an outage outlasts the patience.
+    /// The next frame. Reconnects as needed; fails if the first connection
+    /// cannot be made, on a refusal (unknown conversation, bad token), or
+    /// when an outage outlasts the patience.
     pub async fn next(&mut self) -> Result<Frame, Error> {
         loop {
             if self.body.is_none() {
                 match self.connect().await {
                     Ok(body) => {
                         self.body = Some(body);
+                        self.connected = true;
                         self.down_since = None;
                         self.attempts = 0;
                         self.reported = false;
                     }
-                    Err(error) if error.is_transient() => {
+                    Err(error) if self.connected && error.is_transient() => {
                         if let Some(frame) = self.outage(error).await? {
                             return Ok(frame);
                         }

@@ -1,0 +1,411 @@
+//! The client commands that ask once and print: `ls`, `new`, `inspect`,
+//! `log` (which may then follow), `cancel`, `approve` / `deny` / `answer`,
+//! `evict` and `ps`. Each prints a table or a line for people, or with
+//! `--json` the API's own JSON (one value; `log` prints one event a line).
+
+use std::path::PathBuf;
+
+use serde_json::{json, Value};
+
+use super::output::{self, Paint};
+use super::turn::tool_input;
+use super::Exit;
+use crate::api::types::{
+    ApiBusyPolicy, ApiDecisionKind, ApiEvent, ApiEventKind, ApiProvider, ApiToolPolicy,
+    CreateConversation,
+};
+use crate::client::{Client, Frame};
+
+/// `keel ls`.
+pub async fn ls(client: &Client, all: bool, json: bool) -> anyhow::Result<Exit> {
+    let list = client.list(all).await?;
+    if json {
+        output::json_line(&list)?;
+        return Ok(Exit::Ok);
+    }
+    let mut header = vec!["ID", "STATE", "TURNS", "LAST ACTIVITY", "CWD"];
+    if all {
+        header.push("PARENT");
+    }
+    let mut table = output::table(&header);
+    let now = output::now_ms();
+    for conversation in &list.conversations {
+        let mut row = vec![
+            conversation.id.clone(),
+            state_name(&conversation.state),
+            conversation.turns.to_string(),
+            output::ago(conversation.last_activity_ms, now),
+            conversation.cwd.clone(),
+        ];
+        if all {
+            row.push(
+                conversation
+                    .parent
+                    .clone()
+                    .unwrap_or_else(|| "-".to_owned()),
+            );
+        }
+        table.add_row(row);
+    }
+    output::print_table(&table);
+    Ok(Exit::Ok)
+}
+
+/// What `keel new` asks for.
+pub struct NewOptions {
+    pub cwd: Option<PathBuf>,
+    pub model: Option<String>,
+    pub provider: Option<ApiProvider>,
+    pub busy_policy: Option<ApiBusyPolicy>,
+    pub system: Option<String>,
+    pub tools: Vec<(String, ApiToolPolicy)>,
+}
+
+/// `keel new`: prints the new conversation's id.
+pub async fn new(client: &Client, options: NewOptions, json: bool) -> anyhow::Result<Exit> {
+    let request = create_request(options)?;
+    let created = client.create(&request).await?;
+    if json {
+        output::json_line(&created)?;
+    } else {
+        println!("{}", created.id);
+    }
+    Ok(Exit::Ok)
+}
+
+/// The creation request: the working directory is this shell's unless
+/// given (made absolute, as the daemon wants it).
+pub fn create_request(options: NewOptions) -> anyhow::Result<CreateConversation> {
+    let cwd = match options.cwd {
+        Some(cwd) => cwd,
+        None => std::env::current_dir()?,
+    };
+    let cwd = std::path::absolute(&cwd)?;
+    Ok(CreateConversation {
+        cwd: Some(cwd.display().to_string()),
+        system: options.system,
+        provider: options.provider,
+        model: options.model,
+        busy_policy: options.busy_policy,
+        tools: options.tools.into_iter().collect(),
+    })
+}
+
+/// `keel inspect`: the conversation, and its live actor if it has one.
+pub async fn inspect(client: &Client, id: &str, json: bool) -> anyhow::Result<Exit> {
+    let detail = client.get(id).await?;
+    let actor = client
+        .actors()
+        .await?
+        .actors
+        .into_iter()
+        .find(|actor| actor.id == detail.id);
+    if json {
+        output::json_line(&json!({"conversation": detail, "actor": actor}))?;
+        return Ok(Exit::Ok);
+    }
+    let paint = Paint::stdout();
+    let mut table = output::table(&["FIELD", "VALUE"]);
+    let context = detail.usage.input_tokens
+        + detail.usage.cache_creation_input_tokens
+        + detail.usage.cache_read_input_tokens;
+    let percent = context
+        .saturating_mul(100)
+        .checked_div(detail.context_window)
+        .unwrap_or(0);
+    let mut rows = vec![
+        ("id", detail.id.clone()),
+        ("state", state_name(&detail.state)),
+        ("cwd", detail.cwd.clone()),
+        (
+            "model",
+            format!("{} ({})", detail.model, enum_name(&detail.provider)),
+        ),
+        ("busy policy", enum_name(&detail.busy_policy)),
+        ("turns", detail.turn.to_string()),
+        ("last seq", detail.last_seq.to_string()),
+        (
+            "context",
+            format!("{context} of {} tokens ({percent}%)", detail.context_window),
+        ),
+        (
+            "usage",
+            format!(
+                "{} in, {} out",
+                detail.usage.input_tokens, detail.usage.output_tokens
+            ),
+        ),
+        ("messages", detail.messages.len().to_string()),
+        ("queued", detail.queued.to_string()),
+        ("pending", detail.pending.len().to_string()),
+        ("live", detail.live.to_string()),
+        ("idle", output::duration(detail.idle_ms)),
+        ("subscribers", detail.subscribers.to_string()),
+    ];
+    if let Some(error) = &detail.error {
+        rows.push(("error", error.clone()));
+    }
+    if let Some(parent) = &detail.parent {
+        rows.push(("parent", parent.clone()));
+    }
+    if let Some(actor) = &actor {
+        rows.push(("mailbox", actor.mailbox.to_string()));
+        rows.push((
+            "memory",
+            actor
+                .memory_bytes
+                .map(output::bytes)
+                .unwrap_or_else(|| "unknown (not responding)".to_owned()),
+        ));
+        rows.push(("responding", actor.responding.to_string()));
+    }
+    for (field, value) in rows {
+        table.add_row(vec![field.to_owned(), value]);
+    }
+    output::print_table(&table);
+    if !detail.pending.is_empty() {
+        println!();
+        println!("{}", paint.bold("pending calls"));
+        let mut calls = output::table(&["CALL", "TOOL", "KIND", "INPUT"]);
+        for call in &detail.pending {
+            calls.add_row(vec![
+                call.tool_call_id.clone(),
+                call.name.clone(),
+                enum_name(&call.kind),
+                call.prompt
+                    .clone()
+                    .unwrap_or_else(|| tool_input(&call.input)),
+            ]);
+        }
+        output::print_table(&calls);
+    }
+    Ok(Exit::Ok)
+}
+
+/// `keel log`: the canonical events from `from`, page by page; with
+/// `follow`, then every new one as it is stored, until interrupted.
+pub async fn log(
+    client: &Client,
+    id: &str,
+    from: u64,
+    follow: bool,
+    json: bool,
+) -> anyhow::Result<Exit> {
+    let paint = Paint::stdout();
+    let mut from = from.max(1);
+    loop {
+        let page = client.log(id, from, None).await?;
+        for event in &page.events {
+            print_event(event, json, paint)?;
+        }
+        if page.events.is_empty() || page.next_from == from {
+            break;
+        }
+        from = page.next_from;
+    }
+    if !follow {
+        return Ok(Exit::Ok);
+    }
+    let mut events = client.events(id, Some(from)).with_patience(None);
+    loop {
+        match events.next().await? {
+            Frame::Canonical(event) => print_event(&event, json, paint)?,
+            Frame::Reconnecting { error } if !json => {
+                eprintln!(
+                    "{}",
+                    paint.yellow(&format!("connection lost ({error}); reconnecting…"))
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
+fn print_event(event: &ApiEvent, json: bool, paint: Paint) -> anyhow::Result<()> {
+    if json {
+        return output::json_line(event);
+    }
+    let kind = serde_json::to_value(&event.kind)?;
+    let name = kind["type"].as_str().unwrap_or_default().to_owned();
+    println!(
+        "{:>5}  {}  {:<18}  {}",
+        event.seq,
+        clock(event.at_ms),
+        paint.bold(&name),
+        summary(&event.kind, &kind)
+    );
+    Ok(())
+}
+
+/// `HH:MM:SS` (UTC) of a time in ms since the epoch.
+fn clock(at_ms: u64) -> String {
+    let seconds = (at_ms / 1000) % 86_400;
+    format!(
+        "{:02}:{:02}:{:02}",
+        seconds / 3600,
+        (seconds / 60) % 60,
+        seconds % 60
+    )
+}
+
+/// One line about an event: its text for messages, else its fields.
+fn summary(kind: &ApiEventKind, value: &Value) -> String {
+    let text = match kind {
+        ApiEventKind::UserMessage { text, images } if images.is_empty() => text.clone(),
+        ApiEventKind::UserMessage { text, images } => {
+            format!("{text} [{} image(s)]", images.len())
+        }
+        ApiEventKind::AssistantMessage { content, .. } => content
+            .iter()
+            .filter_map(|block| match block {
+                crate::api::types::ApiContent::Text { text } => Some(text.clone()),
+                crate::api::types::ApiContent::ToolUse { name, input, .. } => {
+                    Some(format!("[{name}: {}]", tool_input(input)))
+                }
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => value
+            .as_object()
+            .map(|fields| {
+                fields
+                    .iter()
+                    .filter(|(name, value)| *name != "type" && !value.is_null())
+                    .map(|(name, value)| match value {
+                        Value::String(text) => format!("{name}={text}"),
+                        other => format!("{name}={other}"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default(),
+    };
+    one_line(&text, 120)
+}
+
+/// `text` on one line, cut to `max` characters.
+fn one_line(text: &str, max: usize) -> String {
+    let flat: String = text
+        .chars()
+        .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
+        .collect();
+    if flat.chars().count() > max {
+        let cut: String = flat.chars().take(max).collect();
+        format!("{cut}…")
+    } else {
+        flat
+    }
+}
+
+/// `keel cancel`.
+pub async fn cancel(client: &Client, id: &str, json: bool) -> anyhow::Result<Exit> {
+    let spinner = output::spinner("cancelling");
+    let cancelled = client.cancel(id).await;
+    spinner.finish_and_clear();
+    let cancelled = cancelled?;
+    if json {
+        output::json_line(&cancelled)?;
+    } else {
+        println!("{id} is {}", state_name(&cancelled.state));
+    }
+    Ok(Exit::Ok)
+}
+
+/// `keel approve`, `deny` and `answer`.
+pub async fn resolve(
+    client: &Client,
+    id: &str,
+    call: &str,
+    decision: ApiDecisionKind,
+    text: Option<String>,
+    json: bool,
+) -> anyhow::Result<Exit> {
+    let resolved = client.decide(id, call, decision, text).await?;
+    if json {
+        output::json_line(&resolved)?;
+    } else {
+        let verb = match resolved.decision {
+            ApiDecisionKind::Approve => "approved",
+            ApiDecisionKind::Deny => "denied",
+            ApiDecisionKind::Answer => "answered",
+        };
+        println!("{verb} {call}");
+    }
+    Ok(Exit::Ok)
+}
+
+/// `keel evict`.
+pub async fn evict(client: &Client, id: &str, json: bool) -> anyhow::Result<Exit> {
+    let evicted = client.evict(id).await?;
+    if json {
+        output::json_line(&evicted)?;
+    } else if evicted.was_live {
+        println!("evicted {id}");
+    } else {
+        println!("{id} was not live");
+    }
+    Ok(Exit::Ok)
+}
+
+/// `keel ps`: the live actors.
+pub async fn ps(client: &Client, json: bool) -> anyhow::Result<Exit> {
+    let list = client.actors().await?;
+    if json {
+        output::json_line(&list)?;
+        return Ok(Exit::Ok);
+    }
+    let mut table = output::table(&["ID", "STATE", "IDLE", "MAILBOX", "MEMORY", "SUBSCRIBERS"]);
+    for actor in &list.actors {
+        let mut state = state_name(&actor.state);
+        if !actor.responding {
+            state.push_str(" (not responding)");
+        }
+        table.add_row(vec![
+            actor.id.clone(),
+            state,
+            output::duration(actor.idle_ms),
+            actor.mailbox.to_string(),
+            actor
+                .memory_bytes
+                .map(output::bytes)
+                .unwrap_or_else(|| "-".to_owned()),
+            actor
+                .subscribers
+                .map(|n| n.to_string())
+                .unwrap_or_else(|| "-".to_owned()),
+        ]);
+    }
+    output::print_table(&table);
+    Ok(Exit::Ok)
+}
+
+/// An enum's wire name (`awaiting_input`, `reject`, …).
+pub fn enum_name<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|value| value.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn state_name(state: &crate::api::types::ApiState) -> String {
+    enum_name(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_read_on_one_line() {
+        assert_eq!(clock(3_723_000), "01:02:03");
+        assert_eq!(one_line("a\nb", 10), "a b");
+        assert_eq!(one_line("abcdef", 3), "abc…");
+        let kind = ApiEventKind::TurnFailed {
+            turn: 2,
+            error: "boom".to_owned(),
+        };
+        let value = serde_json::to_value(&kind).unwrap();
+        assert_eq!(summary(&kind, &value), "error=boom turn=2");
+    }
+}

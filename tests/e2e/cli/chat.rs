@@ -1,0 +1,1 @@
+//! `keel chat` through a pseudo-terminal.

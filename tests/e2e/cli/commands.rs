@@ -1,0 +1,286 @@
+//! Every client command of the `keel` binary against a real daemon, in
+//! both output modes: tables checked for their columns, `--json` parsed;
+//! `send`'s streaming and exit codes; and the errors a person sees (no
+//! daemon, unknown conversation, busy).
+
+use serde_json::{json, Value};
+
+use super::{describe, free_port, Rig};
+
+/// The header's column names and the rows of a table, split on runs of
+/// two or more spaces (single spaces stay inside a cell: `LAST ACTIVITY`).
+fn table(stdout: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut lines = stdout.lines().filter(|line| !line.trim().is_empty());
+    let split = |line: &str| -> Vec<String> {
+        line.trim()
+            .split("  ")
+            .map(str::trim)
+            .filter(|cell| !cell.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let header = split(lines.next().expect("a header line"));
+    (header, lines.map(split).collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_new_ls_send_log_inspect_in_both_modes() {
+    let rig = Rig::start();
+    // `keel new` prints the id alone; --json gives {"id"}.
+    let plain = rig.ok(&["new"]);
+    let first = plain.trim().to_owned();
+    assert!(!first.is_empty() && !first.contains(' '), "{plain:?}");
+    let second = rig.new_conversation(&["--busy-policy", "queue", "--model", "claude-mock"]);
+
+    // `keel send` streams the echo and exits 0.
+    let sent = rig.keel(&["send", &first, "hello keel"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    let stdout = String::from_utf8_lossy(&sent.stdout);
+    assert!(stdout.contains("hello keel"), "the echo streamed: {stdout}");
+    // --json: one frame a line, ending with the completed turn.
+    let sent = rig.keel(&["send", &second, "second one", "--json"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    let frames: Vec<Value> = String::from_utf8_lossy(&sent.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert!(frames
+        .iter()
+        .any(|frame| frame["frame"] == "live" && frame["data"]["type"] == "text_delta"));
+    let last = frames.last().unwrap();
+    assert_eq!(
+        (&last["frame"], &last["data"]["type"]),
+        (&json!("canonical"), &json!("turn_completed")),
+        "{frames:#?}"
+    );
+
+    // `keel ls`: a table of the two, and the same as JSON.
+    let (header, rows) = table(&rig.ok(&["ls"]));
+    assert_eq!(header, ["ID", "STATE", "TURNS", "LAST ACTIVITY", "CWD"]);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    let row = rows.iter().find(|row| row[0] == first).unwrap();
+    assert_eq!(row[1], "idle");
+    assert_eq!(row[2], "1");
+    assert!(row[3].ends_with(" ago"), "{row:?}");
+    assert_eq!(row[4], rig.site.cwd().display().to_string());
+    let (header, _) = table(&rig.ok(&["ls", "--all"]));
+    assert_eq!(header.last().map(String::as_str), Some("PARENT"));
+    let listed = rig.json(&["ls"]);
+    let listed = listed["conversations"].as_array().unwrap();
+    assert_eq!(listed.len(), 2);
+    assert!(listed.iter().all(|conversation| conversation["turns"] == 1));
+
+    // `keel log`: a line per event; --json an event per line.
+    let log = rig.ok(&["log", &first]);
+    assert!(
+        log.lines()
+            .any(|line| line.contains("user_message") && line.contains("hello keel")),
+        "{log}"
+    );
+    assert!(
+        log.lines().any(|line| line.contains("turn_completed")),
+        "{log}"
+    );
+    let events: Vec<Value> = rig
+        .ok(&["log", &first, "--json", "--from", "2"])
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(events[0]["seq"], 2);
+    assert!(events
+        .iter()
+        .any(|event| event["type"] == "assistant_message"));
+
+    // `keel inspect`: fields for people, the API's JSON for scripts.
+    let inspected = rig.ok(&["inspect", &second]);
+    let (header, rows) = table(&inspected);
+    assert_eq!(header, ["FIELD", "VALUE"]);
+    let field = |name: &str| {
+        rows.iter()
+            .find(|row| row[0] == name)
+            .map(|row| row.get(1).cloned().unwrap_or_default())
+            .unwrap_or_else(|| panic!("no {name} in {inspected}"))
+    };
+    assert_eq!(field("state"), "idle");
+    assert_eq!(field("busy policy"), "queue");
+    assert!(field("context").contains(" tokens ("), "{inspected}");
+    assert!(
+        field("memory").ends_with('B'),
+        "the live actor's memory: {inspected}"
+    );
+    assert_eq!(field("mailbox"), "0");
+    let inspected = rig.json(&["inspect", &second]);
+    assert_eq!(inspected["conversation"]["id"], second.as_str());
+    assert_eq!(inspected["conversation"]["busy_policy"], "queue");
+    assert_eq!(inspected["actor"]["id"], second.as_str());
+
+    // `keel ps`: the live actors.
+    let (header, rows) = table(&rig.ok(&["ps"]));
+    assert_eq!(
+        header,
+        ["ID", "STATE", "IDLE", "MAILBOX", "MEMORY", "SUBSCRIBERS"]
+    );
+    assert!(rows.iter().any(|row| row[0] == first), "{rows:?}");
+    let actors = rig.json(&["ps"]);
+    assert!(actors["actors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|actor| actor["id"] == first.as_str()));
+
+    // `keel cancel` on an idle conversation says where it rests.
+    assert_eq!(
+        rig.ok(&["cancel", &first]).trim(),
+        format!("{first} is idle")
+    );
+    assert_eq!(rig.json(&["cancel", &first])["state"], "idle");
+
+    // `keel evict`, then `ps` no longer lists it.
+    assert_eq!(
+        rig.ok(&["evict", &first]).trim(),
+        format!("evicted {first}")
+    );
+    let evicted = rig.json(&["evict", &first]);
+    assert_eq!(evicted, json!({"id": first, "was_live": false}));
+    let actors = rig.json(&["ps"]);
+    assert!(!actors["actors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|actor| actor["id"] == first.as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_send_stops_at_a_pending_call_and_approve_runs_it() {
+    let rig = Rig::start();
+    let id = rig.new_conversation(&["--tool", "bash=approve"]);
+    let sent = rig.keel(&["send", &id, "run: echo from-the-cli > approved.txt"]);
+    assert_eq!(
+        sent.status.code(),
+        Some(5),
+        "waits for a decision: {}",
+        describe(&sent)
+    );
+    let stdout = String::from_utf8_lossy(&sent.stdout);
+    let detail = rig.json(&["inspect", &id]);
+    let call = detail["conversation"]["pending"][0]["tool_call_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        stdout.contains(&format!("keel approve {id} {call}")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("echo from-the-cli"),
+        "the command is shown: {stdout}"
+    );
+    let inspected = rig.ok(&["inspect", &id]);
+    assert!(
+        inspected.contains("pending calls") && inspected.contains(&call),
+        "{inspected}"
+    );
+
+    assert_eq!(
+        rig.ok(&["approve", &id, &call]).trim(),
+        format!("approved {call}")
+    );
+    rig.daemon.wait_turn_done(&id, 1).await;
+    let written = std::fs::read_to_string(rig.site.cwd().join("approved.txt")).unwrap();
+    assert_eq!(written, "from-the-cli\n");
+    // The same decision again is accepted; another is refused.
+    assert_eq!(rig.json(&["approve", &id, &call])["decision"], "approve");
+    let denied = rig.keel(&["deny", &id, &call]);
+    assert_eq!(denied.status.code(), Some(1));
+
+    // A denied call, through --json.
+    rig.keel(&["send", &id, "run: touch denied.txt"]);
+    let detail = rig.json(&["inspect", &id]);
+    let call = detail["conversation"]["pending"][0]["tool_call_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let denied = rig.json(&["deny", &id, &call]);
+    assert_eq!(denied, json!({"tool_call_id": call, "decision": "deny"}));
+    rig.daemon.wait_turn_done(&id, 2).await;
+    assert!(!rig.site.cwd().join("denied.txt").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_send_exits_non_zero_on_a_failed_turn() {
+    let rig = Rig::start();
+    let id = rig.new_conversation(&[]);
+    // A provider error that is not retried fails the turn.
+    rig.mock
+        .push_script(json!([{"endpoint": "anthropic", "status": 400}]))
+        .await;
+    let sent = rig.keel(&["send", &id, "this fails"]);
+    assert_eq!(sent.status.code(), Some(3), "{}", describe(&sent));
+    let stdout = String::from_utf8_lossy(&sent.stdout);
+    assert!(stdout.contains("turn failed"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_errors_say_what_to_do() {
+    let rig = Rig::start();
+    // No daemon at the address.
+    let nobody = format!("127.0.0.1:{}", free_port());
+    let output = rig
+        .command(&["ls"])
+        .env("KEEL_ADDR", &nobody)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr).trim(),
+        format!("error: no daemon at {nobody}: start one with `keel serve`")
+    );
+    // An unknown conversation, for every command that names one.
+    for args in [
+        vec!["inspect", "7f3c0000"],
+        vec!["send", "7f3c0000", "hi"],
+        vec!["log", "7f3c0000"],
+        vec!["cancel", "7f3c0000"],
+    ] {
+        let output = rig.keel(&args);
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "{args:?}: {}",
+            describe(&output)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&output.stderr).trim(),
+            "error: conversation 7f3c0000 not found",
+            "{args:?}"
+        );
+    }
+    // Busy: a message while a turn runs.
+    let id = rig.new_conversation(&[]);
+    rig.mock
+        .push_script(json!([{"endpoint": "anthropic", "text": "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11 w12 w13 w14 w15 w16 w17 w18 w19 w20", "drip_ms": 500}]))
+        .await;
+    rig.daemon.send(&id, "talk slowly").await;
+    rig.daemon.wait_state(&id, "streaming").await;
+    let output = rig.keel(&["send", &id, "interrupting"]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr).trim(),
+        format!("error: busy (streaming): `keel cancel {id}` first")
+    );
+    // `keel cancel` ends the turn; a follower of it (`send` would be
+    // one) sees it interrupted.
+    assert_eq!(rig.ok(&["cancel", &id]).trim(), format!("{id} is idle"));
+    // A bad token.
+    let output = rig
+        .command(&["ls"])
+        .env("KEEL_TOKEN", "wrong")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("refused the token"),
+        "{}",
+        describe(&output)
+    );
+}
