@@ -1,1 +1,101 @@
-//! `keel chat` through a pseudo-terminal.
+//! `keel chat` as a person uses it, through a pseudo-terminal (expectrl):
+//! type a message and see the reply stream, approve a tool call at the
+//! inline question, press Ctrl-C mid-turn (the turn is cancelled, the
+//! conversation comes to rest idle, the session goes on), then Ctrl-C
+//! twice at the prompt to leave. Every step waits for what the terminal
+//! shows, bounded by `PATIENCE`.
+
+use std::process::Stdio;
+
+use expectrl::process::unix::WaitStatus;
+use expectrl::session::OsSession;
+use expectrl::{ControlCode, Eof, Expect, Session};
+use serde_json::json;
+
+use super::Rig;
+use crate::daemon::{of_kind, PATIENCE};
+
+/// Forty words, a quarter of a second apart: ten seconds of streaming,
+/// long enough to be interrupted.
+const LONG_STORY: &str = "w01 w02 w03 w04 w05 w06 w07 w08 w09 w10 w11 w12 w13 w14 w15 w16 w17 \
+     w18 w19 w20 w21 w22 w23 w24 w25 w26 w27 w28 w29 w30 w31 w32 w33 w34 w35 w36 w37 w38 w39 w40";
+
+/// Wait for `needle` on the terminal, failing with what was seen.
+fn expect(session: &mut OsSession, needle: &str) {
+    if let Err(error) = session.expect(needle) {
+        panic!("keel chat never showed {needle:?}: {error}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_streams_approves_cancels_and_leaves_on_two_ctrl_c() {
+    let rig = Rig::start();
+    let id = rig.new_conversation(&["--tool", "bash=approve"]);
+    let mut command = rig.command(&["chat", &id]);
+    // The pty is its terminal: no stdio of the command's own.
+    command
+        .env("TERM", "xterm")
+        .stdin(Stdio::inherit())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit());
+    let mut session = Session::spawn(command).unwrap();
+    session.set_expect_timeout(Some(PATIENCE));
+    expect(&mut session, &format!("conversation {id}"));
+    expect(&mut session, "> ");
+
+    // A message: the reply streams in.
+    rig.mock
+        .push_script(json!([{"endpoint": "anthropic", "text": "a reply streamed to the terminal"}]))
+        .await;
+    session.send_line("hello").unwrap();
+    expect(&mut session, "a reply streamed to the terminal");
+    expect(&mut session, "> ");
+
+    // A tool call that waits: asked inline, approved with `y`.
+    session
+        .send_line("run: echo approved-in-chat > approved.txt")
+        .unwrap();
+    expect(
+        &mut session,
+        "bash wants to run: echo approved-in-chat > approved.txt",
+    );
+    expect(&mut session, "approve? [y/n]");
+    session.send_line("y").unwrap();
+    expect(&mut session, "The command printed");
+    expect(&mut session, "> ");
+    let written = std::fs::read_to_string(rig.site.cwd().join("approved.txt")).unwrap();
+    assert_eq!(written, "approved-in-chat\n");
+
+    // Ctrl-C mid-turn: cancelled, idle, and the session goes on.
+    rig.mock
+        .push_script(json!([{"endpoint": "anthropic", "text": LONG_STORY, "drip_ms": 250}]))
+        .await;
+    session.send_line("tell me a long story").unwrap();
+    expect(&mut session, "w02");
+    session.send(ControlCode::EndOfText).unwrap();
+    expect(&mut session, "interrupted (cancelled)");
+    expect(&mut session, "> ");
+    assert_eq!(rig.daemon.conversation(&id).await["state"], "idle");
+    let log = rig.daemon.log(&id).await;
+    let interrupted = of_kind(&log, "turn_interrupted");
+    assert_eq!(interrupted.len(), 1, "{log:#?}");
+    assert_eq!(interrupted[0]["reason"], "cancelled");
+
+    rig.mock
+        .push_script(json!([{"endpoint": "anthropic", "text": "still here after the cancel"}]))
+        .await;
+    session.send_line("are you there?").unwrap();
+    expect(&mut session, "still here after the cancel");
+    expect(&mut session, "> ");
+
+    // Ctrl-C at the prompt warns; a second one leaves, with status 0.
+    session.send(ControlCode::EndOfText).unwrap();
+    expect(&mut session, "Ctrl-C again");
+    // The prompt is drawn once the terminal is raw again: a Ctrl-C before
+    // it would be a signal, not a key.
+    expect(&mut session, "> ");
+    session.send(ControlCode::EndOfText).unwrap();
+    session.expect(Eof).unwrap();
+    let status = session.get_process().wait().unwrap();
+    assert!(matches!(status, WaitStatus::Exited(_, 0)), "{status:?}");
+}
