@@ -20,13 +20,18 @@ pub fn json_line<T: Serialize>(value: &T) -> anyhow::Result<()> {
 }
 
 /// A table for people with these column names: no borders, a header, as
-/// `ps` prints, so it reads in a terminal and greps in a pipe.
+/// `ps` prints, so it reads in a terminal and splits in a pipe.
 pub fn table(header: &[&str]) -> Table {
     let mut table = Table::new();
     table
         .load_style(presets::NOTHING)
         .set_content_arrangement(ContentArrangement::Disabled)
         .set_header(header.iter().map(|name| name.to_owned()));
+    // Flush left, two spaces between columns: a cell may hold one space
+    // (`LAST ACTIVITY`), so two or more always part columns.
+    for column in table.column_iter_mut() {
+        column.set_padding((0, 2));
+    }
     table
 }
 

@@ -6,6 +6,7 @@
 use serde_json::{json, Value};
 
 use super::{describe, free_port, Rig};
+use crate::daemon::PATIENCE;
 
 /// The header's column names and the rows of a table, split on runs of
 /// two or more spaces (single spaces stay inside a cell: `LAST ACTIVITY`).
@@ -283,4 +284,118 @@ async fn cli_errors_say_what_to_do() {
         "{}",
         describe(&output)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_send_attaches_images_and_refuses_what_is_not_one() {
+    let rig = Rig::start();
+    let id = rig.new_conversation(&[]);
+    let image = image::RgbImage::from_fn(8, 6, |x, y| image::Rgb([x as u8 * 30, y as u8 * 40, 90]));
+    let path = rig.site.cwd().join("tiny.png");
+    image.save(&path).unwrap();
+    let sent = rig.keel(&["send", &id, "what is this?", "--image", "tiny.png"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    let log = rig.daemon.log(&id).await;
+    let message = log
+        .iter()
+        .find(|event| event["type"] == "user_message")
+        .unwrap();
+    assert_eq!(
+        message["images"].as_array().map(Vec::len),
+        Some(1),
+        "{message:#}"
+    );
+    assert_eq!(message["images"][0]["media_type"], "image/png");
+
+    std::fs::write(rig.site.cwd().join("notes.txt"), "not an image").unwrap();
+    let refused = rig.keel(&["send", &id, "and this?", "--image", "notes.txt"]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("not a PNG, JPEG, GIF or WebP image"),
+        "{}",
+        describe(&refused)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_answer_gives_a_client_run_tool_its_output() {
+    let rig = Rig::start();
+    let id = rig.new_conversation(&["--tool", "bash=client"]);
+    let sent = rig.keel(&["send", &id, "run: uname"]);
+    assert_eq!(sent.status.code(), Some(5), "{}", describe(&sent));
+    let detail = rig.json(&["inspect", &id]);
+    let pending = &detail["conversation"]["pending"][0];
+    assert_eq!(pending["kind"], "client_exec");
+    let call = pending["tool_call_id"].as_str().unwrap().to_owned();
+    let stdout = String::from_utf8_lossy(&sent.stdout);
+    assert!(
+        stdout.contains(&format!("keel answer {id} {call} TEXT")),
+        "{stdout}"
+    );
+
+    let answered = rig.json(&["answer", &id, &call, "Plan 9"]);
+    assert_eq!(
+        answered,
+        json!({"tool_call_id": call, "decision": "answer"})
+    );
+    let log = rig.daemon.wait_turn_done(&id, 1).await;
+    let result = log
+        .iter()
+        .find(|event| event["type"] == "tool_result")
+        .unwrap();
+    assert_eq!(result["content"], "Plan 9", "{result:#}");
+}
+
+/// `keel log --follow` prints the log, then each new event as it is
+/// stored; piped, its output has no colour codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_log_follows_new_events() {
+    use std::io::{BufRead, BufReader};
+    use std::sync::mpsc;
+
+    let rig = Rig::start();
+    let id = rig.new_conversation(&[]);
+    let mut follower = KillOnDrop(
+        rig.command(&["log", &id, "--follow"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = follower.0.stdout.take().unwrap();
+    let (lines, received) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let wait_for = |needle: &str| {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = received
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("keel log --follow never printed {needle:?}"));
+            assert!(!line.contains('\u{1b}'), "no colour in a pipe: {line:?}");
+            if line.contains(needle) {
+                return line;
+            }
+        }
+    };
+    wait_for("created");
+    rig.daemon.send(&id, "followed message").await;
+    let line = wait_for("user_message");
+    assert!(line.contains("followed message"), "{line}");
+    wait_for("turn_completed");
+}
+
+/// A child that follows forever, killed whatever way the test ends.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
