@@ -45,16 +45,7 @@ impl Rig {
     /// A `keel ARGS` command that finds this daemon through the
     /// environment, run in the site's working directory.
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(keel_bin());
-        command
-            .args(args)
-            .env_clear()
-            .env("KEEL_ADDR", self.addr())
-            .env("KEEL_DATA_DIR", self.daemon.data_dir())
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .current_dir(self.site.cwd())
-            .stdin(Stdio::null());
-        command
+        command_for(&self.daemon, &self.site, args)
     }
 
     /// Run `keel ARGS` to its end.
@@ -90,6 +81,21 @@ impl Rig {
         let created = self.json(&args);
         created["id"].as_str().unwrap().to_owned()
     }
+}
+
+/// `keel ARGS` finding `daemon` as a user's shell would (`KEEL_ADDR`, the
+/// token file in `KEEL_DATA_DIR`), run in `site`'s working directory.
+pub fn command_for(daemon: &Daemon, site: &Site, args: &[&str]) -> Command {
+    let mut command = Command::new(keel_bin());
+    command
+        .args(args)
+        .env_clear()
+        .env("KEEL_ADDR", addr_of(daemon))
+        .env("KEEL_DATA_DIR", daemon.data_dir())
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .current_dir(site.cwd())
+        .stdin(Stdio::null());
+    command
 }
 
 pub fn addr_of(daemon: &Daemon) -> String {

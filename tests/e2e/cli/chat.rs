@@ -2,8 +2,9 @@
 //! type a message and see the reply stream, approve a tool call at the
 //! inline question, press Ctrl-C mid-turn (the turn is cancelled, the
 //! conversation comes to rest idle, the session goes on), then Ctrl-C
-//! twice at the prompt to leave. Every step waits for what the terminal
-//! shows, bounded by `PATIENCE`.
+//! twice at the prompt to leave; and a session that rides out a daemon
+//! restart. Every step waits for what the terminal shows, bounded by
+//! `PATIENCE`.
 
 use std::process::Stdio;
 
@@ -12,8 +13,9 @@ use expectrl::session::OsSession;
 use expectrl::{ControlCode, Eof, Expect, Session};
 use serde_json::json;
 
-use super::Rig;
-use crate::daemon::{of_kind, PATIENCE};
+use super::{addr_of, command_for, free_port, Rig};
+use crate::daemon::{of_kind, Daemon, Site, Wire, PATIENCE};
+use crate::harness::MockLlm;
 
 /// Forty words, a quarter of a second apart: ten seconds of streaming,
 /// long enough to be interrupted.
@@ -98,4 +100,51 @@ async fn chat_streams_approves_cancels_and_leaves_on_two_ctrl_c() {
     session.expect(Eof).unwrap();
     let status = session.get_process().wait().unwrap();
     assert!(matches!(status, WaitStatus::Exited(_, 0)), "{status:?}");
+}
+
+/// The daemon stops and starts again on the same address while a chat
+/// session is open: a message typed meanwhile is refused with the error
+/// that says so, the session goes on, and once the daemon is back the
+/// next turn streams over a resumed event stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_rides_out_a_daemon_restart() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut env = Wire::Anthropic.env(&mock);
+    env.push(("KEEL_ADDR".to_owned(), addr.clone()));
+    let mut daemon = Daemon::start_with(&site, env);
+    let mut command = command_for(&daemon, &site, &["chat"]);
+    command
+        .env("TERM", "xterm")
+        .stdin(Stdio::inherit())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit());
+    let mut session = Session::spawn(command).unwrap();
+    session.set_expect_timeout(Some(PATIENCE));
+    expect(&mut session, "conversation ");
+    expect(&mut session, "> ");
+    session.send_line("before the restart").unwrap();
+    expect(&mut session, "before the restart\r\n");
+    expect(&mut session, "> ");
+
+    daemon.sigterm();
+    daemon.wait_exit();
+    session.send_line("anyone?").unwrap();
+    expect(
+        &mut session,
+        &format!("no daemon at {addr}: start one with `keel serve`"),
+    );
+    expect(&mut session, "> ");
+
+    let daemon = daemon.restart();
+    assert_eq!(addr_of(&daemon), addr);
+    mock.push_script(json!([{"endpoint": "anthropic", "text": "back after the restart"}]))
+        .await;
+    session.send_line("are you back?").unwrap();
+    expect(&mut session, "reconnecting");
+    expect(&mut session, "back after the restart");
+    expect(&mut session, "> ");
+    session.send(ControlCode::EndOfTransmission).unwrap();
+    session.expect(Eof).unwrap();
 }
