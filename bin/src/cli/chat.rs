@@ -13,6 +13,7 @@ use std::path::PathBuf;
 
 use rustyline::error::ReadlineError;
 use rustyline::DefaultEditor;
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use super::commands::{self, NewOptions};
 use super::output::{self, Paint};
@@ -45,6 +46,7 @@ pub async fn run(client: Client, id: Option<String>, json: bool) -> anyhow::Resu
         }
     };
     let mut session = Session {
+        interrupts: signal(SignalKind::interrupt())?,
         client: client.clone(),
         events: client.events(&id, None).with_patience(None),
         id,
@@ -99,6 +101,11 @@ pub async fn run(client: Client, id: Option<String>, json: bool) -> anyhow::Resu
 }
 
 struct Session {
+    /// SIGINT, listened to for the whole session: a Ctrl-C that comes
+    /// while a frame is being printed is kept for the next poll, not lost
+    /// between two listeners. (At the prompt the terminal is raw, so
+    /// Ctrl-C is a key there, not a signal.)
+    interrupts: Signal,
     client: Client,
     id: String,
     events: Events,
@@ -228,8 +235,7 @@ impl Session {
         loop {
             let frame = tokio::select! {
                 frame = self.events.next() => frame?,
-                interrupted = tokio::signal::ctrl_c() => {
-                    interrupted?;
+                _ = self.interrupts.recv() => {
                     if let Some(spinner) = spinner.take() {
                         spinner.finish_and_clear();
                     }

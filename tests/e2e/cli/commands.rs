@@ -355,13 +355,13 @@ async fn cli_log_follows_new_events() {
 
     let rig = Rig::start();
     let id = rig.new_conversation(&[]);
-    let mut follower = KillOnDrop(
+    let mut follower = KillOnDrop::new(
         rig.command(&["log", &id, "--follow"])
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap(),
     );
-    let stdout = follower.0.stdout.take().unwrap();
+    let stdout = follower.stdout();
     let (lines, received) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -390,12 +390,75 @@ async fn cli_log_follows_new_events() {
     wait_for("turn_completed");
 }
 
-/// A child that follows forever, killed whatever way the test ends.
-struct KillOnDrop(std::process::Child);
+/// A child that may follow forever, killed whatever way the test ends.
+struct KillOnDrop(Option<std::process::Child>);
+
+impl KillOnDrop {
+    fn new(child: std::process::Child) -> KillOnDrop {
+        KillOnDrop(Some(child))
+    }
+
+    fn stdout(&mut self) -> std::process::ChildStdout {
+        self.0
+            .as_mut()
+            .and_then(|child| child.stdout.take())
+            .unwrap()
+    }
+
+    /// Waits for it to end on its own; what it printed.
+    fn finish(mut self) -> std::process::Output {
+        self.0.take().unwrap().wait_with_output().unwrap()
+    }
+}
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        if let Some(child) = self.0.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A turn cancelled while `keel send` follows it: send exits 4, and says
+/// so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_send_exits_4_when_the_turn_is_interrupted() {
+    let rig = Rig::start();
+    let id = rig.new_conversation(&[]);
+    rig.mock
+        .push_script(json!([{"endpoint": "anthropic", "text": "w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11 w12 w13 w14 w15 w16 w17 w18 w19 w20", "drip_ms": 500}]))
+        .await;
+    let sender = KillOnDrop::new(
+        rig.command(&["send", &id, "talk slowly"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    rig.daemon.wait_state(&id, "streaming").await;
+    assert_eq!(rig.ok(&["cancel", &id]).trim(), format!("{id} is idle"));
+    let output = tokio::task::spawn_blocking(move || sender.finish())
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(4), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("interrupted (cancelled)"),
+        "{}",
+        describe(&output)
+    );
+}
+
+#[test]
+fn cli_send_help_documents_its_exit_statuses() {
+    let output = crate::harness::keel(&["send", "--help"]);
+    let help = String::from_utf8_lossy(&output.stdout);
+    for line in [
+        "0  the turn completed",
+        "3  the turn failed",
+        "4  the turn was interrupted",
+        "5  the turn waits for a decision",
+    ] {
+        assert!(help.contains(line), "{line:?} in:\n{help}");
     }
 }
