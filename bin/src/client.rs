@@ -293,8 +293,7 @@ impl Client {
         let mut request = self.request(method, path).timeout(REQUEST_TIMEOUT);
         request = match body {
             Some(body) => request.json(body),
-            // The daemon's POST routes without a body still want to know
-            // it is JSON-less on purpose: send none at all.
+            // Cancel, evict and kill take no body: none is sent.
             None => request,
         };
         let response = request
@@ -399,8 +398,8 @@ fn sniff_media_type(bytes: &[u8]) -> Option<&'static str> {
     }
 }
 
-/// The `Content-Type` a JSON answer carries; kept here for the follower's
-/// check of an event stream's.
+/// The `Content-Type` of an answer (the follower checks that an event
+/// stream is one).
 pub(crate) fn content_type(response: &reqwest::Response) -> String {
     response
         .headers()

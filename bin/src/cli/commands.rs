@@ -106,9 +106,15 @@ pub async fn inspect(client: &Client, id: &str, json: bool) -> anyhow::Result<Ex
     }
     let paint = Paint::stdout();
     let mut table = output::table(&["FIELD", "VALUE"]);
-    let context = detail.usage.input_tokens
-        + detail.usage.cache_creation_input_tokens
-        + detail.usage.cache_read_input_tokens;
+    // The runtime's measure (`Usage::context_tokens`, what its
+    // `context_usage` live event reports): the last response's whole
+    // input, cached or not, plus its output, which the next request sends.
+    let usage = detail.usage;
+    let context = usage
+        .input_tokens
+        .saturating_add(usage.cache_creation_input_tokens)
+        .saturating_add(usage.cache_read_input_tokens)
+        .saturating_add(usage.output_tokens);
     let percent = context
         .saturating_mul(100)
         .checked_div(detail.context_window)
@@ -129,10 +135,10 @@ pub async fn inspect(client: &Client, id: &str, json: bool) -> anyhow::Result<Ex
             format!("{context} of {} tokens ({percent}%)", detail.context_window),
         ),
         (
-            "usage",
+            "last response",
             format!(
-                "{} in, {} out",
-                detail.usage.input_tokens, detail.usage.output_tokens
+                "{} tokens in, {} out",
+                usage.input_tokens, usage.output_tokens
             ),
         ),
         ("messages", detail.messages.len().to_string()),
