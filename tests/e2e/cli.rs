@@ -2,7 +2,8 @@
 //! `keel mock-llm`: `client` drives `keel::client` (the typed HTTP client
 //! and its reconnecting event follower), `commands` runs every command of
 //! the `keel` binary in both output modes and checks the errors a person
-//! sees, `chat` drives `keel chat` through a pseudo-terminal.
+//! sees, `terminal` drives `keel chat` (and checks colour) through a
+//! pseudo-terminal.
 //!
 //! The CLI finds the daemon as a user's would: `KEEL_ADDR` and the token
 //! file in `KEEL_DATA_DIR`. Nothing sleeps to synchronise; every wait is
@@ -10,9 +11,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod chat;
 mod client;
 mod commands;
+mod terminal;
 
 use std::process::{Command, Output, Stdio};
 

@@ -1,10 +1,10 @@
-//! `keel chat` as a person uses it, through a pseudo-terminal (expectrl):
-//! type a message and see the reply stream, approve a tool call at the
-//! inline question, press Ctrl-C mid-turn (the turn is cancelled, the
-//! conversation comes to rest idle, the session goes on), then Ctrl-C
-//! twice at the prompt to leave; and a session that rides out a daemon
-//! restart. Every step waits for what the terminal shows, bounded by
-//! `PATIENCE`.
+//! The CLI through a pseudo-terminal (expectrl), as a person sees it.
+//! `keel chat`: type a message and see the reply stream, approve a tool
+//! call at the inline question, press Ctrl-C mid-turn (the turn is
+//! cancelled, the conversation comes to rest idle, the session goes on),
+//! then Ctrl-C twice at the prompt to leave; and a session that rides out
+//! a daemon restart. Colour: on a terminal, unless `NO_COLOR` is set.
+//! Every step waits for what the terminal shows, bounded by `PATIENCE`.
 
 use std::process::Stdio;
 
@@ -147,4 +147,37 @@ async fn chat_rides_out_a_daemon_restart() {
     expect(&mut session, "> ");
     session.send(ControlCode::EndOfTransmission).unwrap();
     session.expect(Eof).unwrap();
+}
+
+/// What `keel log` prints on a terminal: colour, unless `NO_COLOR` is set.
+/// (In a pipe there is none: `commands::cli_log_follows_new_events`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn colour_only_on_a_terminal_without_no_color() {
+    let rig = Rig::start();
+    let id = rig.new_conversation(&[]);
+    let on_a_terminal = |no_color: Option<&str>| -> String {
+        let mut command = rig.command(&["log", &id]);
+        command
+            .env("TERM", "xterm")
+            .stdin(Stdio::inherit())
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit());
+        if let Some(value) = no_color {
+            command.env("NO_COLOR", value);
+        }
+        let mut session = Session::spawn(command).unwrap();
+        session.set_expect_timeout(Some(PATIENCE));
+        let printed = session.expect(Eof).unwrap();
+        // Eof's match is everything printed.
+        String::from_utf8_lossy(printed.get(0).unwrap_or_default()).into_owned()
+    };
+    let coloured = on_a_terminal(None);
+    assert!(coloured.contains("created"), "{coloured:?}");
+    assert!(
+        coloured.contains("\u{1b}["),
+        "colour on a terminal: {coloured:?}"
+    );
+    let plain = on_a_terminal(Some("1"));
+    assert!(plain.contains("created"), "{plain:?}");
+    assert!(!plain.contains("\u{1b}["), "NO_COLOR: {plain:?}");
 }
