@@ -181,3 +181,33 @@ async fn colour_only_on_a_terminal_without_no_color() {
     assert!(plain.contains("created"), "{plain:?}");
     assert!(!plain.contains("\u{1b}["), "NO_COLOR: {plain:?}");
 }
+
+/// A chat opened on a conversation whose client-run call already waits
+/// asks for the answer at once; the answer becomes the tool's output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_asks_for_a_pending_answer_when_it_opens() {
+    let rig = Rig::start();
+    let id = rig.new_conversation(&["--tool", "bash=client"]);
+    let sent = rig.keel(&["send", &id, "run: hostname"]);
+    assert_eq!(sent.status.code(), Some(5), "{}", super::describe(&sent));
+
+    let mut command = rig.command(&["chat", &id]);
+    command
+        .env("TERM", "xterm")
+        .stdin(Stdio::inherit())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit());
+    let mut session = Session::spawn(command).unwrap();
+    session.set_expect_timeout(Some(PATIENCE));
+    expect(&mut session, "bash wants to run: hostname");
+    expect(&mut session, "answer (empty to deny): ");
+    session.send_line("answered-from-chat").unwrap();
+    expect(&mut session, "The command printed: answered-from-chat");
+    expect(&mut session, "> ");
+    let log = rig.daemon.log(&id).await;
+    let results = of_kind(&log, "tool_result");
+    assert_eq!(results.len(), 1, "{log:#?}");
+    assert_eq!(results[0]["content"], "answered-from-chat");
+    session.send(ControlCode::EndOfTransmission).unwrap();
+    session.expect(Eof).unwrap();
+}
