@@ -418,6 +418,79 @@ mod tests {
     }
 
     #[test]
+    fn new_takes_the_api_s_names_for_its_choices() {
+        let cli = Cli::try_parse_from([
+            "keel",
+            "new",
+            "--busy-policy",
+            "queue",
+            "--provider",
+            "openai",
+            "--tool",
+            "bash=approve",
+            "--tool",
+            "ask=client",
+        ])
+        .unwrap();
+        let Command::New {
+            busy_policy,
+            provider,
+            tools,
+            ..
+        } = cli.command
+        else {
+            panic!("new parses to Command::New")
+        };
+        assert_eq!(busy_policy, Some(ApiBusyPolicy::Queue));
+        assert_eq!(provider, Some(ApiProvider::OpenAi));
+        assert_eq!(
+            tools,
+            [
+                ("bash".to_owned(), ApiToolPolicy::Approve),
+                ("ask".to_owned(), ApiToolPolicy::Client)
+            ]
+        );
+        assert!(Cli::try_parse_from(["keel", "new", "--tool", "bash"]).is_err());
+        assert!(Cli::try_parse_from(["keel", "new", "--busy-policy", "wait"]).is_err());
+    }
+
+    #[test]
+    fn every_client_command_takes_json() {
+        for args in [
+            vec!["ls"],
+            vec!["new"],
+            vec!["send", "id", "text"],
+            vec!["chat"],
+            vec!["log", "id"],
+            vec!["inspect", "id"],
+            vec!["cancel", "id"],
+            vec!["approve", "id", "call"],
+            vec!["deny", "id", "call"],
+            vec!["answer", "id", "call", "text"],
+            vec!["evict", "id"],
+            vec!["ps"],
+        ] {
+            let mut argv = vec!["keel"];
+            argv.extend(&args);
+            argv.push("--json");
+            assert!(Cli::try_parse_from(&argv).is_ok(), "{args:?} --json");
+        }
+    }
+
+    #[test]
+    fn exit_statuses_are_distinct() {
+        let codes = [
+            Exit::Ok,
+            Exit::Failed,
+            Exit::TurnFailed,
+            Exit::Interrupted,
+            Exit::Pending,
+        ]
+        .map(Exit::code);
+        assert_eq!(codes, [0, 1, 3, 4, 5], "2 is clap's usage error");
+    }
+
+    #[test]
     fn a_broken_pipe_is_recognised_through_context() {
         let err = anyhow::Error::new(io::Error::from(io::ErrorKind::BrokenPipe))
             .context("writing the trace");

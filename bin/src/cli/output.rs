@@ -131,8 +131,7 @@ pub fn duration(ms: u64) -> String {
 
 /// A byte count for people: `512B`, `12.3KiB`, `4.5MiB`.
 pub fn bytes(n: u64) -> String {
-    // Precision loss is irrelevant at one decimal.
-    #[allow(clippy::cast_precision_loss)]
+    // Shown to one decimal: f64's precision is more than enough.
     let value = n as f64;
     if n < 1024 {
         format!("{n}B")
