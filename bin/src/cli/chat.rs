@@ -69,8 +69,9 @@ pub async fn run(client: Client, id: Option<String>, json: bool) -> anyhow::Resu
         }
     };
     if !snapshot.pending.is_empty() {
+        let mut watch = TurnWatch::in_progress(snapshot.last_seq);
         session
-            .decide_and_follow(snapshot.last_seq, snapshot.pending)
+            .decide_and_follow(&mut watch, snapshot.pending)
             .await?;
     }
     session.load_history();
@@ -142,14 +143,9 @@ impl Session {
                 return Ok(());
             }
         };
-        self.follow(accepted.seq).await
-    }
-
-    /// Follow the turn of the message at `message_seq` until it ends;
-    /// pending calls are asked for on the way.
-    async fn follow(&mut self, message_seq: u64) -> anyhow::Result<()> {
-        match self.follow_until_ending(message_seq).await? {
-            Ending::Pending { calls } => self.decide_and_follow(message_seq, calls).await,
+        let mut watch = TurnWatch::new(accepted.seq);
+        match self.follow_until_ending(&mut watch).await? {
+            Ending::Pending { calls } => self.decide_and_follow(&mut watch, calls).await,
             Ending::Completed | Ending::Failed { .. } | Ending::Interrupted { .. } => Ok(()),
         }
     }
@@ -157,7 +153,7 @@ impl Session {
     /// Ask for a decision on each of `calls`, then follow the turn on.
     async fn decide_and_follow(
         &mut self,
-        message_seq: u64,
+        watch: &mut TurnWatch,
         calls: Vec<ApiPendingCall>,
     ) -> anyhow::Result<()> {
         let mut calls = calls;
@@ -169,7 +165,7 @@ impl Session {
                     break;
                 }
             }
-            match self.follow_until_ending(message_seq).await? {
+            match self.follow_until_ending(watch).await? {
                 Ending::Pending { calls: more } => calls = more,
                 Ending::Completed | Ending::Failed { .. } | Ending::Interrupted { .. } => {
                     return Ok(())
@@ -227,10 +223,9 @@ impl Session {
         }
     }
 
-    /// Print frames until the turn of `message_seq` ends or waits; Ctrl-C
-    /// cancels it (and the following goes on to the interruption).
-    async fn follow_until_ending(&mut self, message_seq: u64) -> anyhow::Result<Ending> {
-        let watch = TurnWatch::new(message_seq);
+    /// Print frames until the watched turn ends or waits; Ctrl-C cancels
+    /// it (and the following goes on to the interruption).
+    async fn follow_until_ending(&mut self, watch: &mut TurnWatch) -> anyhow::Result<Ending> {
         let mut spinner = Some(output::spinner("thinking"));
         loop {
             let frame = tokio::select! {

@@ -46,35 +46,67 @@ impl Ending {
     }
 }
 
-/// Watches the canonical events after a message for the end of its turn.
+/// Watches the canonical events after a message for the end of the turn
+/// it started. That is not simply the next turn's end: a message queued
+/// behind a running turn (`busy_policy = queue`), or one that interrupts
+/// it, comes before that turn's end, so only the turn started after the
+/// message counts.
 #[derive(Debug)]
 pub struct TurnWatch {
     /// The seq of the message: earlier events belong to other turns.
     message_seq: u64,
+    /// A turn started after the message: it is the message's.
+    started: bool,
+    /// Its number, once seen (unknown when watching a turn already under
+    /// way, [`TurnWatch::in_progress`]).
+    turn: Option<u32>,
 }
 
 impl TurnWatch {
+    /// The turn of the message stored at `message_seq`.
     pub fn new(message_seq: u64) -> TurnWatch {
-        TurnWatch { message_seq }
+        TurnWatch {
+            message_seq,
+            started: false,
+            turn: None,
+        }
+    }
+
+    /// The turn under way after seq `after_seq` (one that waits for a
+    /// decision, say).
+    pub fn in_progress(after_seq: u64) -> TurnWatch {
+        TurnWatch {
+            message_seq: after_seq,
+            started: true,
+            turn: None,
+        }
     }
 
     /// The ending `frame` means, if it is one.
-    pub fn observe(&self, frame: &Frame) -> Option<Ending> {
+    pub fn observe(&mut self, frame: &Frame) -> Option<Ending> {
         let Frame::Canonical(event) = frame else {
             return None;
         };
         if event.seq <= self.message_seq {
             return None;
         }
+        let mine = |turn: &u32| self.started && self.turn.is_none_or(|mine| mine == *turn);
         match &event.kind {
-            ApiEventKind::TurnCompleted { .. } => Some(Ending::Completed),
-            ApiEventKind::TurnFailed { error, .. } => Some(Ending::Failed {
+            ApiEventKind::TurnStarted { turn } if !self.started => {
+                self.started = true;
+                self.turn = Some(*turn);
+                None
+            }
+            ApiEventKind::TurnCompleted { turn, .. } if mine(turn) => Some(Ending::Completed),
+            ApiEventKind::TurnFailed { turn, error } if mine(turn) => Some(Ending::Failed {
                 error: error.clone(),
             }),
-            ApiEventKind::TurnInterrupted { reason, .. } => Some(Ending::Interrupted {
-                reason: reason.clone(),
-            }),
-            ApiEventKind::Suspended { pending } => Some(Ending::Pending {
+            ApiEventKind::TurnInterrupted { turn, reason, .. } if mine(turn) => {
+                Some(Ending::Interrupted {
+                    reason: reason.clone(),
+                })
+            }
+            ApiEventKind::Suspended { pending } if self.started => Some(Ending::Pending {
                 calls: pending.clone(),
             }),
             // The message got no turn of its own (cancelled while it
@@ -369,7 +401,7 @@ pub async fn follow(
     printer: &mut Printer,
     mut spinner: Option<indicatif::ProgressBar>,
 ) -> anyhow::Result<Ending> {
-    let watch = TurnWatch::new(message_seq);
+    let mut watch = TurnWatch::new(message_seq);
     loop {
         let frame = events.next().await?;
         if is_output(&frame) {
@@ -421,37 +453,57 @@ mod tests {
         })
     }
 
-    #[test]
-    fn only_an_ending_after_the_message_ends_its_turn() {
-        let watch = TurnWatch::new(10);
-        let earlier = canonical(
-            9,
+    fn completed(seq: u64, turn: u32) -> Frame {
+        canonical(
+            seq,
             ApiEventKind::TurnCompleted {
-                turn: 1,
+                turn,
                 duration_ms: 1,
                 note: None,
             },
+        )
+    }
+
+    #[test]
+    fn only_the_turn_started_after_the_message_ends_its_watch() {
+        let mut watch = TurnWatch::new(10);
+        assert!(
+            watch.observe(&completed(9, 1)).is_none(),
+            "a previous turn's end"
         );
-        assert!(watch.observe(&earlier).is_none(), "a previous turn's end");
-        let started = canonical(11, ApiEventKind::TurnStarted { turn: 2 });
-        assert!(watch.observe(&started).is_none());
+        // Queued behind turn 1: its end comes after the message.
+        assert!(
+            watch.observe(&completed(11, 1)).is_none(),
+            "the running turn's end"
+        );
+        assert!(watch
+            .observe(&canonical(12, ApiEventKind::TurnStarted { turn: 2 }))
+            .is_none());
         let failed = canonical(
-            12,
+            13,
             ApiEventKind::TurnFailed {
                 turn: 2,
                 error: "boom".to_owned(),
             },
         );
-        assert!(matches!(
-            watch.observe(&failed),
-            Some(Ending::Failed { .. })
-        ));
-        assert_eq!(
-            watch.observe(&failed).map(|ending| ending.exit()),
-            Some(Exit::TurnFailed)
+        let ending = watch.observe(&failed);
+        assert!(matches!(ending, Some(Ending::Failed { .. })), "{ending:?}");
+        assert_eq!(ending.map(|ending| ending.exit()), Some(Exit::TurnFailed));
+    }
+
+    #[test]
+    fn a_message_that_got_no_turn_ends_its_watch() {
+        let mut watch = TurnWatch::new(10);
+        let other = canonical(
+            11,
+            ApiEventKind::Unanswered {
+                messages: vec![7],
+                reason: "cancelled".to_owned(),
+            },
         );
+        assert!(watch.observe(&other).is_none(), "another message's");
         let unanswered = canonical(
-            13,
+            12,
             ApiEventKind::Unanswered {
                 messages: vec![10],
                 reason: "cancelled".to_owned(),
@@ -461,14 +513,15 @@ mod tests {
             watch.observe(&unanswered),
             Some(Ending::Interrupted { .. })
         ));
-        let other = canonical(
-            13,
-            ApiEventKind::Unanswered {
-                messages: vec![7],
-                reason: "cancelled".to_owned(),
-            },
-        );
-        assert!(watch.observe(&other).is_none(), "another message's");
+    }
+
+    #[test]
+    fn a_turn_under_way_ends_at_its_next_end() {
+        let mut watch = TurnWatch::in_progress(20);
+        assert!(matches!(
+            watch.observe(&completed(21, 4)),
+            Some(Ending::Completed)
+        ));
     }
 
     #[test]

@@ -462,3 +462,35 @@ fn cli_send_help_documents_its_exit_statuses() {
         assert!(help.contains(line), "{line:?} in:\n{help}");
     }
 }
+
+/// A message queued behind a running turn (`busy_policy = queue`): `keel
+/// send` follows the turn the message gets, not the one running when it
+/// was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_send_of_a_queued_message_follows_its_own_turn() {
+    let rig = Rig::start();
+    let id = rig.new_conversation(&["--busy-policy", "queue"]);
+    rig.mock
+        .push_script(
+            json!([{"endpoint": "anthropic", "text": "w1 w2 w3 w4 w5 w6", "drip_ms": 200}]),
+        )
+        .await;
+    rig.daemon.send(&id, "first").await;
+    rig.daemon.wait_state(&id, "streaming").await;
+    let sent = rig.keel(&["send", &id, "the queued one"]);
+    assert!(sent.status.success(), "{}", describe(&sent));
+    let stdout = String::from_utf8_lossy(&sent.stdout);
+    assert!(
+        stdout.trim_end().ends_with("the queued one"),
+        "the echo of the queued message, at the end: {stdout}"
+    );
+    let log = rig.daemon.log(&id).await;
+    let completed = log
+        .iter()
+        .filter(|event| event["type"] == "turn_completed")
+        .count();
+    assert_eq!(
+        completed, 2,
+        "both turns ran before send returned: {log:#?}"
+    );
+}
