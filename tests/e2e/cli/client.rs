@@ -140,6 +140,18 @@ async fn client_every_route_answers_in_the_api_types() {
     assert!(actors.actors.iter().any(|actor| actor.id == id));
     let cancelled = client.cancel(&id).await.unwrap();
     assert_eq!(cancelled.state, ApiState::Idle);
+    // A drill: the actor is crashed and its supervisor restarts it; the
+    // follower rides it out and gets the next life's snapshot.
+    assert_eq!(client.kill(&id).await.unwrap().id, id);
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        assert!(Instant::now() < deadline, "no snapshot after the kill");
+        if let Frame::Snapshot(snapshot) = next(&mut events).await {
+            assert_eq!(snapshot.id, id);
+            break;
+        }
+    }
+    assert_eq!(client.get(&id).await.unwrap().state, ApiState::Idle);
     // A follower would wake it again (the stream follows the actor's next
     // life), so it goes first.
     drop(events);
