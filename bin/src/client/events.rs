@@ -55,6 +55,8 @@ type Body = Pin<
 pub const DEFAULT_PATIENCE: Duration = Duration::from_secs(60);
 /// The longest pause between two connection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// The pause before reconnecting after the daemon's error frame.
+const ERROR_PAUSE: Duration = Duration::from_millis(250);
 
 /// One conversation's event stream, reconnecting as needed. Made by
 /// [`Client::events`].
@@ -80,6 +82,9 @@ pub struct Events {
     /// it is: a command pointed at no daemon, or at an unknown
     /// conversation, should say so at once, not retry.
     connected: bool,
+    /// The daemon ended the last stream with an error frame: pause before
+    /// connecting again, so a daemon that keeps failing is not hammered.
+    pause: bool,
 }
 
 impl Events {
@@ -95,6 +100,7 @@ impl Events {
             reported: false,
             patience: Some(DEFAULT_PATIENCE),
             connected: false,
+            pause: false,
         }
     }
 
@@ -117,6 +123,9 @@ impl Events {
     pub async fn next(&mut self) -> Result<Frame, Error> {
         loop {
             if self.body.is_none() {
+                if std::mem::take(&mut self.pause) {
+                    tokio::time::sleep(ERROR_PAUSE).await;
+                }
                 match self.connect().await {
                     Ok(body) => {
                         self.body = Some(body);
@@ -259,6 +268,7 @@ impl Events {
             "live" => Frame::Live(self.parse(&event.data)?),
             "error" => {
                 self.body = None;
+                self.pause = true;
                 Frame::Error(self.parse(&event.data)?)
             }
             // A frame kind this client does not know (a newer daemon):
