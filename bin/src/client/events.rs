@@ -286,3 +286,122 @@ impl Events {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use axum::http::HeaderMap;
+    use axum::routing::get;
+    use axum::Router;
+
+    use super::*;
+    use crate::api::types::{ApiEventKind, ApiState, ApiUsage};
+
+    fn snapshot(last_seq: u64) -> String {
+        let snapshot = Snapshot {
+            id: "c".to_owned(),
+            state: ApiState::Idle,
+            last_seq,
+            cwd: "/".to_owned(),
+            usage: ApiUsage {
+                input_tokens: 0,
+                output_tokens: 0,
+                cache_creation_input_tokens: 0,
+                cache_read_input_tokens: 0,
+            },
+            pending: Vec::new(),
+            recent_messages: Vec::new(),
+            omitted_messages: 0,
+        };
+        let data = serde_json::to_string(&snapshot).unwrap();
+        format!("event: snapshot\ndata: {data}\n\n")
+    }
+
+    fn canonical(seq: u64) -> String {
+        let event = ApiEvent {
+            id: format!("c:{seq}"),
+            seq,
+            at_ms: 0,
+            parent: None,
+            triggers_turn: false,
+            kind: ApiEventKind::TurnStarted { turn: 1 },
+        };
+        let data = serde_json::to_string(&event).unwrap();
+        format!("event: canonical\nid: {seq}\ndata: {data}\n\n")
+    }
+
+    /// A stand-in daemon: the first stream ends after seq 5; the second
+    /// (which must resume with `Last-Event-ID: 5`) replays 5, sends 6, an
+    /// unknown frame and an error frame.
+    #[tokio::test]
+    async fn the_follower_resumes_after_the_last_seq_and_never_repeats_one() {
+        let resumed_from: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+        let seen = resumed_from.clone();
+        let app = Router::new().route(
+            "/v1/conversations/c/events",
+            get(move |headers: HeaderMap| {
+                let seen = seen.clone();
+                async move {
+                    let last = headers
+                        .get("last-event-id")
+                        .and_then(|value| value.to_str().ok())
+                        .map(str::to_owned);
+                    let first = last.is_none();
+                    seen.lock().unwrap().push(last);
+                    let body = if first {
+                        format!("{}{}{}", snapshot(3), canonical(4), canonical(5))
+                    } else {
+                        format!(
+                            "{}{}{}event: novel\ndata: {{}}\n\nevent: error\ndata: {{\"code\":\"x\",\"message\":\"m\"}}\n\n",
+                            snapshot(6),
+                            canonical(5),
+                            canonical(6)
+                        )
+                    };
+                    ([("content-type", "text/event-stream")], body)
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+
+        let mut events = Client::new(&addr, None).events("c", None);
+        let mut kinds = Vec::new();
+        for _ in 0..7 {
+            let frame = events.next().await.unwrap();
+            kinds.push(match frame {
+                Frame::Snapshot(snapshot) => format!("snapshot {}", snapshot.last_seq),
+                Frame::Canonical(event) => format!("canonical {}", event.seq),
+                Frame::Live(_) => "live".to_owned(),
+                Frame::Error(error) => format!("error {}", error.code),
+                Frame::Reconnecting { .. } => "reconnecting".to_owned(),
+            });
+        }
+        assert_eq!(
+            kinds,
+            [
+                "snapshot 3",
+                "canonical 4",
+                "canonical 5",
+                "reconnecting",
+                "snapshot 6",
+                "canonical 6",
+                "error x"
+            ]
+        );
+        assert_eq!(*resumed_from.lock().unwrap(), [None, Some("5".to_owned())]);
+        assert_eq!(events.last_seq(), Some(6));
+    }
+
+    #[tokio::test]
+    async fn a_first_connection_that_fails_is_an_error_at_once() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        drop(listener);
+        let mut events = Client::new(&addr, None).events("c", None);
+        let error = events.next().await.unwrap_err();
+        assert!(matches!(error, Error::NoDaemon { .. }), "{error:?}");
+    }
+}
