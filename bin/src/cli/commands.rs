@@ -293,6 +293,7 @@ fn summary(kind: &ApiEventKind, value: &Value) -> String {
 /// `text` on one line, cut to `max` characters.
 fn one_line(text: &str, max: usize) -> String {
     let flat: String = text
+        .trim()
         .chars()
         .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
         .collect();
@@ -405,7 +406,7 @@ mod tests {
     #[test]
     fn events_read_on_one_line() {
         assert_eq!(clock(3_723_000), "01:02:03");
-        assert_eq!(one_line("a\nb", 10), "a b");
+        assert_eq!(one_line("a\nb\n", 10), "a b");
         assert_eq!(one_line("abcdef", 3), "abc…");
         let kind = ApiEventKind::TurnFailed {
             turn: 2,
