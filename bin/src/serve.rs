@@ -309,7 +309,7 @@ async fn signal() {
 }
 
 /// Start the fake provider in this process on a free loopback port.
-async fn start_builtin_mock() -> anyhow::Result<String> {
+pub async fn start_builtin_mock() -> anyhow::Result<String> {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
         .await
         .context("binding the built-in fake provider")?;
