@@ -2,6 +2,7 @@
 //! binary for the whole package; each module is one area, and `harness`
 //! holds the helpers they share.
 
+mod cli;
 mod daemon;
 mod demo;
 mod harness;

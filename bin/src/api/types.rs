@@ -2,6 +2,10 @@
 //! format; these are what clients see, converted from the runtime's types by
 //! hand (the `From` impls below), so either can change without breaking the
 //! other. Every type here is in `/openapi.json` through `ToSchema`.
+//!
+//! They serialise and deserialise both ways: the daemon answers with them
+//! and the client (`crate::client`) reads them back, so the two share one
+//! shape and cannot drift apart.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -27,7 +31,7 @@ use keel_actors::{Inspection, View};
 
 /// `POST /v1/conversations`. Every field is optional; the daemon's
 /// configured model and the daemon's working directory are the defaults.
-#[derive(Debug, Default, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateConversation {
     /// Absolute path of the directory every tool call runs in, fixed for
@@ -125,7 +129,7 @@ impl From<BusyPolicy> for ApiBusyPolicy {
 }
 
 /// `POST /v1/conversations/{id}/messages`.
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SendMessage {
     #[serde(default)]
@@ -135,7 +139,7 @@ pub struct SendMessage {
 }
 
 /// An attached image: its bytes in standard base64 (no `data:` prefix).
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ImageBody {
     /// `image/png`, `image/jpeg`, `image/gif` or `image/webp`.
@@ -144,7 +148,7 @@ pub struct ImageBody {
 }
 
 /// `POST /v1/conversations/{id}/resolve`.
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResolveRequest {
     pub tool_call_id: String,
@@ -167,12 +171,12 @@ pub enum ApiDecisionKind {
 // --- responses ------------------------------------------------------------
 
 /// Every error: `{"error": {"code", "message"}}`.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ErrorBody {
     pub error: ErrorDetail,
 }
 
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ErrorDetail {
     /// Stable, machine-readable: `bad_request`, `not_found`, `busy`, …
     pub code: String,
@@ -180,43 +184,43 @@ pub struct ErrorDetail {
     pub message: String,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct CreatedConversation {
     pub id: String,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct AcceptedMessage {
     /// `{conversation}:{seq}` of the stored user message.
     pub event_id: String,
     pub seq: u64,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct CancelAccepted {
     /// The state the conversation came to rest in.
     pub state: ApiState,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ResolveAccepted {
     pub tool_call_id: String,
     pub decision: ApiDecisionKind,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Evicted {
     pub id: String,
     /// Whether an actor was running (and is now stopped).
     pub was_live: bool,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Killed {
     pub id: String,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Health {
     pub status: String,
 }
@@ -257,7 +261,7 @@ impl From<StateName> for ApiState {
 }
 
 /// One conversation of `GET /v1/conversations`.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ConversationSummary {
     pub id: String,
     /// Its state: a live actor's, or else what its log implies (`recovering`
@@ -309,13 +313,13 @@ impl ConversationSummary {
     }
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ConversationList {
     pub conversations: Vec<ConversationSummary>,
 }
 
 /// `GET /v1/conversations/{id}`.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ConversationDetail {
     pub id: String,
     pub state: ApiState,
@@ -367,7 +371,7 @@ impl From<Inspection> for ConversationDetail {
     }
 }
 
-#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
 pub struct ApiUsage {
     pub input_tokens: u64,
     pub output_tokens: u64,
@@ -386,13 +390,13 @@ impl From<Usage> for ApiUsage {
     }
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ApiMessage {
     pub role: ApiRole,
     pub content: Vec<ApiContent>,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ApiRole {
     User,
@@ -411,7 +415,7 @@ impl From<Message> for ApiMessage {
     }
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ApiContent {
     Text {
@@ -472,7 +476,7 @@ impl From<AssistantBlock> for ApiContent {
 }
 
 /// An image stored by keel, named by the SHA-256 of its stored bytes.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ApiImage {
     pub hash: String,
     pub media_type: String,
@@ -494,7 +498,7 @@ impl From<ImageRef> for ApiImage {
 }
 
 /// A tool call waiting on someone outside keel.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ApiPendingCall {
     pub tool_call_id: String,
     pub name: String,
@@ -504,7 +508,7 @@ pub struct ApiPendingCall {
     pub prompt: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ApiPendingKind {
     /// Approve or deny.
@@ -532,7 +536,7 @@ impl From<PendingCall> for ApiPendingCall {
 }
 
 /// `GET /v1/conversations/{id}/log`.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct LogPage {
     pub events: Vec<ApiEvent>,
     /// The `from` of the next page; equal to this page's `from` when the
@@ -542,7 +546,7 @@ pub struct LogPage {
 
 /// A canonical event, as stored in the log (and the SSE `id` of its
 /// frame is its `seq`).
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ApiEvent {
     /// `{conversation}:{seq}`.
     pub id: String,
@@ -568,7 +572,7 @@ impl ApiEvent {
     }
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ApiEventKind {
     Created {
@@ -816,7 +820,7 @@ fn generation_name(generation: Generation) -> String {
 
 /// A live-only event: streamed, never stored; the SSE frame carries no
 /// `id`, and a client that misses some loses nothing durable.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ApiLiveEvent {
     StateChanged {
@@ -965,7 +969,7 @@ impl From<LiveEvent> for ApiLiveEvent {
 }
 
 /// The first SSE event of a stream: where the conversation stands.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Snapshot {
     pub id: String,
     pub state: ApiState,
@@ -996,7 +1000,7 @@ impl From<View> for Snapshot {
 }
 
 /// One live actor of `GET /admin/actors`.
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ActorSummary {
     pub id: String,
     /// Its state; for an actor not responding, the state it was last seen in.
@@ -1016,7 +1020,7 @@ pub struct ActorSummary {
     pub hibernated: Option<bool>,
 }
 
-#[derive(Debug, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ActorList {
     pub actors: Vec<ActorSummary>,
 }
