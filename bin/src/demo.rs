@@ -10,16 +10,17 @@
 //! turn from the log, and a final read of the log. Then it stops the daemon
 //! and removes the temporary directory.
 //!
-//! The fake provider is scripted through its script API
+//! Every request goes through the daemon's typed client (`crate::client`),
+//! the one the admin CLI is built on. The fake provider is scripted
+//! through its script API
 //! (`POST /_mock/script`) before each step, so every run says the same
 //! thing and takes the same time. Nothing here reads the user's provider
 //! settings: the demo never calls a real provider.
 
-mod http;
 mod procs;
 mod trace;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{IsTerminal as _, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -27,8 +28,11 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, ensure, Context as _};
 use serde_json::{json, Value};
 
+use crate::api::types::{
+    ApiDecisionKind, ApiState, ApiToolPolicy, CreateConversation, ResolveRequest,
+};
+use crate::client::{self, Client, Events};
 use crate::serve::{self, config::Config, Daemon};
-use http::{Api, Events, Frame};
 pub use trace::Format;
 use trace::{quote, Trace};
 
@@ -54,7 +58,7 @@ const CRASHED_DRIP_MS: u64 = 150;
 /// Deltas seen before the crash.
 const DELTAS_BEFORE_CRASH: usize = 3;
 /// The recovered turn asks again and gets the same answer, faster.
-const RECOVERED_DRIP_MS: u64 = 10;
+const RECOVERED_DRIP_MS: u64 = 20;
 
 /// How long any one wait for the daemon may take before the demo fails.
 const PATIENCE: Duration = Duration::from_secs(15);
@@ -103,7 +107,8 @@ struct Demo<'t, W: Write> {
     mock_url: String,
     /// `None` between a crash and the restart.
     daemon: Option<Daemon>,
-    api: Api,
+    /// The current daemon's client.
+    api: Client,
     /// The conversation walked, once created.
     id: String,
     /// Its event stream on the current daemon.
@@ -137,7 +142,7 @@ impl<'t, W: Write> Demo<'t, W> {
             &format!("fake provider at {mock_url} (scripted for each step)"),
         )?;
         let daemon = serve::start(config(&data_dir, &mock_url)?, None).await?;
-        let api = Api::new(format!("http://{}", daemon.addr), daemon.token.clone())?;
+        let api = Client::new(&daemon.addr.to_string(), Some(daemon.token.clone()));
         trace.fact(
             "daemon",
             json!({ "url": format!("http://{}", daemon.addr), "data_dir": data_dir }),
@@ -180,10 +185,12 @@ impl<'t, W: Write> Demo<'t, W> {
             .cwd
             .to_str()
             .ok_or_else(|| anyhow!("the temporary directory is not UTF-8"))?;
-        self.id = self
-            .api
-            .create(json!({ "cwd": cwd, "tools": { "bash": "approve" } }))
-            .await?;
+        let request = CreateConversation {
+            cwd: Some(cwd.to_owned()),
+            tools: BTreeMap::from([("bash".to_owned(), ApiToolPolicy::Approve)]),
+            ..CreateConversation::default()
+        };
+        self.id = self.api.create(&request).await?.id;
         self.trace.fact(
             "created",
             json!({ "id": self.id, "cwd": cwd, "tools": { "bash": "approve" } }),
@@ -192,7 +199,7 @@ impl<'t, W: Write> Demo<'t, W> {
                 self.id
             ),
         )?;
-        self.events = Some(self.api.events(&self.id, None).await?);
+        self.events = Some(self.api.events(&self.id, None));
         Ok(())
     }
 
@@ -200,7 +207,7 @@ impl<'t, W: Write> Demo<'t, W> {
     async fn stream_text(&mut self) -> anyhow::Result<()> {
         self.trace
             .step(3, "a text reply, streamed token by token")?;
-        http::push_script(
+        push_script(
             &self.mock_url,
             json!([{ "text": STREAMED_TEXT, "drip_ms": STREAM_DRIP_MS }]),
         )
@@ -241,8 +248,7 @@ impl<'t, W: Write> Demo<'t, W> {
             .as_str()
             .ok_or_else(|| anyhow!("no pending call in {}", suspended.data))?
             .to_owned();
-        let detail = self.api.conversation(&self.id).await?;
-        let state = detail["state"].as_str().unwrap_or_default().to_owned();
+        let state = self.state().await?;
         ensure!(
             state == "awaiting_input",
             "the conversation is {state} while its bash call waits for approval"
@@ -252,7 +258,7 @@ impl<'t, W: Write> Demo<'t, W> {
             json!({ "tool_call_id": call_id, "state": state, "command": call["input"]["command"] }),
             &format!("the turn waits ({state}): nothing runs until someone approves"),
         )?;
-        self.api.approve(&self.id, &call_id, APPROVER).await?;
+        self.approve(&call_id).await?;
         self.trace.fact(
             "approved",
             json!({ "tool_call_id": call_id, "by": APPROVER }),
@@ -292,7 +298,7 @@ impl<'t, W: Write> Demo<'t, W> {
             .as_str()
             .ok_or_else(|| anyhow!("no pending call in {}", suspended.data))?
             .to_owned();
-        self.api.approve(&self.id, &call_id, APPROVER).await?;
+        self.approve(&call_id).await?;
         self.trace.fact(
             "approved",
             json!({ "tool_call_id": call_id, "by": APPROVER }),
@@ -321,7 +327,7 @@ impl<'t, W: Write> Demo<'t, W> {
             &format!("running: process group {pgid}, pids {}", join(&pids)),
         )?;
 
-        let state = self.api.cancel(&self.id).await?;
+        let state = state_name(self.api.cancel(&self.id).await?.state);
         self.trace
             .fact("cancelled", json!({ "state": state }), "> cancel")?;
         let interrupted = self
@@ -332,12 +338,8 @@ impl<'t, W: Write> Demo<'t, W> {
             left.is_empty(),
             "after the cancel, still running: {left:?} (of {pids:?}, group {pgid})"
         );
-        let detail = self.api.conversation(&self.id).await?;
-        ensure!(
-            detail["state"] == "idle",
-            "the cancel left the conversation {}",
-            detail["state"]
-        );
+        let state = self.state().await?;
+        ensure!(state == "idle", "the cancel left the conversation {state}");
         self.trace.check(
             "tree_gone",
             json!({
@@ -345,7 +347,7 @@ impl<'t, W: Write> Demo<'t, W> {
                 "pids": pids,
                 "running": left,
                 "reason": interrupted.data["reason"],
-                "state": detail["state"],
+                "state": state,
             }),
             &format!(
                 "turn interrupted ({}), conversation idle, and no process of group {pgid} is left",
@@ -361,7 +363,7 @@ impl<'t, W: Write> Demo<'t, W> {
             6,
             "crash the daemon mid-turn, restart it on the same data dir",
         )?;
-        http::push_script(
+        push_script(
             &self.mock_url,
             json!([
                 { "text": CRASHED_TEXT, "drip_ms": CRASHED_DRIP_MS },
@@ -379,8 +381,7 @@ impl<'t, W: Write> Demo<'t, W> {
         self.trace.close_line()?;
         // The recovered turn streams its answer again, from the start.
         self.streamed.clear();
-        let detail = self.api.conversation(&self.id).await?;
-        let state = detail["state"].as_str().unwrap_or_default().to_owned();
+        let state = self.state().await?;
         ensure!(
             state == "streaming",
             "the crash was to land mid-stream, but the conversation is {state}"
@@ -412,7 +413,7 @@ impl<'t, W: Write> Demo<'t, W> {
             .iter()
             .map(|(id, why)| format!("{id}: {why}"))
             .collect();
-        self.api = Api::new(format!("http://{}", daemon.addr), daemon.token.clone())?;
+        self.api = Client::new(&daemon.addr.to_string(), Some(daemon.token.clone()));
         self.trace.fact(
             "restarted",
             json!({
@@ -436,7 +437,7 @@ impl<'t, W: Write> Demo<'t, W> {
 
         // Follow from the first event the crashed daemon did not show:
         // what boot appended comes first, then the recovered turn live.
-        self.events = Some(self.api.events(&self.id, Some(self.last_seq + 1)).await?);
+        self.events = Some(self.api.events(&self.id, Some(self.last_seq + 1)));
         let mut action = Value::Null;
         let mut answer = Value::Null;
         self.until(|frame| {
@@ -449,15 +450,14 @@ impl<'t, W: Write> Demo<'t, W> {
             is_canonical(frame, "turn_completed")
         })
         .await?;
-        let detail = self.api.conversation(&self.id).await?;
+        let state = self.state().await?;
         ensure!(
-            action == "rerun_request" && answer == CRASHED_TEXT && detail["state"] == "idle",
-            "expected the turn re-run to its answer and the conversation idle; got {action}, {answer}, {}",
-            detail["state"]
+            action == "rerun_request" && answer == CRASHED_TEXT && state == "idle",
+            "expected the turn re-run to its answer and the conversation idle; got {action}, {answer}, {state}"
         );
         self.trace.check(
             "recovered",
-            json!({ "action": action, "answer": answer, "state": detail["state"] }),
+            json!({ "action": action, "answer": answer, "state": state }),
             "the turn cut short was re-run from the log and answered; the conversation is idle",
         )?;
         Ok(())
@@ -467,7 +467,7 @@ impl<'t, W: Write> Demo<'t, W> {
     async fn read_the_log(&mut self) -> anyhow::Result<()> {
         self.trace
             .step(7, "read the log: the conversation's only truth")?;
-        let log = self.api.log(&self.id).await?;
+        let log = self.whole_log().await?;
         let seqs: Vec<u64> = log
             .iter()
             .filter_map(|event| event["seq"].as_u64())
@@ -571,13 +571,46 @@ impl<'t, W: Write> Demo<'t, W> {
 
     /// Send a user message, shown as the user's line.
     async fn say(&mut self, text: &str) -> anyhow::Result<()> {
-        let seq = self.api.send(&self.id, text).await?;
+        let seq = self.api.send_text(&self.id, text).await?.seq;
         self.trace.fact(
             "user",
             json!({ "text": text, "seq": seq }),
             &format!("> {}", quote(text)),
         )?;
         Ok(())
+    }
+
+    /// The conversation's state now, as the API names it.
+    async fn state(&self) -> anyhow::Result<String> {
+        Ok(state_name(self.api.get(&self.id).await?.state))
+    }
+
+    /// Approve a pending call, as the demo.
+    async fn approve(&self, call_id: &str) -> anyhow::Result<()> {
+        let request = ResolveRequest {
+            tool_call_id: call_id.to_owned(),
+            decision: ApiDecisionKind::Approve,
+            text: None,
+            by: Some(APPROVER.to_owned()),
+        };
+        self.api.resolve(&self.id, &request).await?;
+        Ok(())
+    }
+
+    /// The whole log, page by page, each event as the API's JSON.
+    async fn whole_log(&self) -> anyhow::Result<Vec<Value>> {
+        let mut events = Vec::new();
+        let mut from = 1;
+        loop {
+            let page = self.api.log(&self.id, from, None).await?;
+            if page.events.is_empty() {
+                return Ok(events);
+            }
+            for event in page.events {
+                events.push(serde_json::to_value(event)?);
+            }
+            from = page.next_from;
+        }
     }
 
     /// Read the event stream, showing each frame, until `done` says a
@@ -590,14 +623,10 @@ impl<'t, W: Write> Demo<'t, W> {
                 .as_mut()
                 .ok_or_else(|| anyhow!("no event stream open"))?;
             let frame = match tokio::time::timeout_at(deadline, events.next()).await {
-                Ok(Ok(Some(frame))) => frame,
-                Ok(Ok(None)) => bail!("the daemon ended the event stream"),
-                Ok(Err(error)) => return Err(error),
+                Ok(Ok(frame)) => Frame::of(frame)?,
+                Ok(Err(error)) => return Err(error.into()),
                 Err(_) => bail!("nothing awaited arrived within {PATIENCE:?}"),
             };
-            if frame.event == "error" {
-                bail!("the event stream failed: {}", frame.data);
-            }
             self.show(&frame)?;
             if done(&frame) {
                 return Ok(frame);
@@ -718,6 +747,58 @@ fn config(data_dir: &Path, mock_url: &str) -> anyhow::Result<Config> {
         ("KEEL_MOCK_URL", mock_url.to_owned()),
     ]);
     Ok(Config::load(|name| settings.get(name).cloned(), None)?)
+}
+
+/// A frame of the event stream as the demo reads it: which kind, and its
+/// data in the API's JSON (the shape `--json` prints).
+struct Frame {
+    /// `snapshot`, `canonical` or `live`.
+    event: &'static str,
+    data: Value,
+}
+
+impl Frame {
+    fn of(frame: client::Frame) -> anyhow::Result<Frame> {
+        let (event, data) = match frame {
+            client::Frame::Snapshot(snapshot) => ("snapshot", serde_json::to_value(snapshot)?),
+            client::Frame::Canonical(event) => ("canonical", serde_json::to_value(event)?),
+            client::Frame::Live(event) => ("live", serde_json::to_value(event)?),
+            // The demo's daemon does not go away under a stream it reads:
+            // it drops the stream before a crash.
+            client::Frame::Error(error) => {
+                bail!("the event stream failed: {}: {}", error.code, error.message)
+            }
+            client::Frame::Reconnecting { error } => bail!("the event stream broke: {error}"),
+        };
+        Ok(Frame { event, data })
+    }
+}
+
+/// The fake provider's script API: `POST /_mock/script` queues replies,
+/// one per request, before its default behaviour resumes.
+async fn push_script(mock_url: &str, entries: Value) -> anyhow::Result<()> {
+    let response = reqwest::Client::new()
+        .post(format!("{mock_url}/_mock/script"))
+        .json(&entries)
+        .timeout(PATIENCE)
+        .send()
+        .await
+        .context("scripting the fake provider")?;
+    let status = response.status();
+    ensure!(
+        status.is_success(),
+        "the fake provider refused the script: {status}: {}",
+        response.text().await.unwrap_or_default()
+    );
+    Ok(())
+}
+
+/// A state as the API names it (`awaiting_input`, …).
+fn state_name(state: ApiState) -> String {
+    serde_json::to_value(state)
+        .ok()
+        .and_then(|value| value.as_str().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 fn is_live(frame: &Frame, kind: &str) -> bool {
