@@ -536,7 +536,8 @@ impl<'t, W: Write> Demo<'t, W> {
     /// Step 8: stop the daemon, remove the temporary directory, and check
     /// that no tool process is left.
     async fn clean_up(&mut self) -> anyhow::Result<()> {
-        self.trace.step(8, "clean up")?;
+        // Clean up even when the output is gone (`keel demo | head`).
+        let printed = self.trace.step(8, "clean up");
         self.events = None;
         if let Some(daemon) = self.daemon.take() {
             daemon.stop().await;
@@ -558,6 +559,7 @@ impl<'t, W: Write> Demo<'t, W> {
         left.dedup();
         ensure!(left.is_empty(), "tool processes left running: {left:?}");
         ensure!(!path.exists(), "{} is still there", path.display());
+        printed?;
         self.trace.check(
             "cleaned_up",
             json!({ "temp_dir": path, "removed": true, "processes_left": left }),
@@ -745,6 +747,8 @@ fn config(data_dir: &Path, mock_url: &str) -> anyhow::Result<Config> {
         ("KEEL_ADDR", "127.0.0.1:0".to_owned()),
         ("KEEL_PROVIDER", "mock".to_owned()),
         ("KEEL_MOCK_URL", mock_url.to_owned()),
+        // A demo that fails mid-turn still stops at once.
+        ("KEEL_SHUTDOWN_GRACE_MS", "1000".to_owned()),
     ]);
     Ok(Config::load(|name| settings.get(name).cloned(), None)?)
 }
