@@ -76,6 +76,7 @@ pub fn run(out: impl Write, format: Format) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     let started = Instant::now();
+    trace.intro()?;
     let outcome = runtime.block_on(async {
         let mut demo = Demo::start(&mut trace).await?;
         let walked = demo.walk().await;

@@ -43,6 +43,18 @@ impl<W: Write> Trace<W> {
         }
     }
 
+    /// What the demo is, for people; scripts know.
+    pub fn intro(&mut self) -> io::Result<()> {
+        if self.format == Format::Human {
+            writeln!(
+                self.out,
+                "keel demo: a real daemon and a fake provider in this process, one conversation\n\
+                 driven over HTTP and SSE as a user would. Each step prints as it happens."
+            )?;
+        }
+        self.out.flush()
+    }
+
     /// A step of the walk begins.
     pub fn step(&mut self, n: u32, title: &str) -> io::Result<()> {
         match self.format {
