@@ -133,8 +133,12 @@ impl<'t, W: Write> Demo<'t, W> {
             .prefix("keel-demo-")
             .tempdir()
             .context("creating a temporary directory")?;
-        let data_dir = temp.path().join("data");
-        let cwd = temp.path().join("work");
+        // Its real path: bash reports the physical directory (`$PWD`), so a
+        // temporary directory under a symlink would not look like itself.
+        let root = std::fs::canonicalize(temp.path())
+            .with_context(|| format!("resolving {}", temp.path().display()))?;
+        let data_dir = root.join("data");
+        let cwd = root.join("work");
         std::fs::create_dir_all(&cwd).context("creating the working directory")?;
         let mock_url = serve::start_builtin_mock().await?;
         trace.fact(
@@ -546,7 +550,7 @@ impl<'t, W: Write> Demo<'t, W> {
         let path = self
             .temp
             .as_ref()
-            .map(|temp| temp.path().to_path_buf())
+            .map(|temp| std::fs::canonicalize(temp.path()).unwrap_or_else(|_| temp.path().into()))
             .unwrap_or_default();
         if let Some(temp) = self.temp.take() {
             temp.close()
