@@ -80,9 +80,10 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
     },
-    /// Walk one conversation through keel's pure core, in this process: a
-    /// scripted model, a real `bash` tool, a cancel, and a replay of the log.
-    /// No daemon and no network.
+    /// Walk one conversation on the real runtime: a daemon and the fake
+    /// provider in this process, on loopback, over a temporary data dir; a
+    /// streamed answer, an approved `bash` call, a cancel mid-tool, a crash
+    /// and recovery, and the log. Removes everything it made.
     Demo {
         /// Print one JSON object per line instead of a trace for people.
         #[arg(long)]

@@ -1,337 +1,860 @@
-//! `keel demo`: a walkthrough of keel's pure core with this process playing
-//! the shell's part. It creates a conversation, asks for a command to be run
-//! (the scripted model answers with a `bash` call, which runs for real), sends
-//! a plain message, cancels a turn midway through its stream, and finally
-//! replays the log it kept to show that the log alone gives back the state.
+//! `keel demo`: one conversation on the real runtime, shown as it happens.
 //!
-//! The shell here is deliberately simple: the log is a `Vec`, the model is
-//! `provider::reply`, and a tool runs to its end before the next input. The
-//! actor runtime replaces each of these; the core and its contract stay.
+//! It starts the fake provider (`keel mock-llm`'s server) and a daemon
+//! (`serve::start`, the same start-up as `keel serve`) in this process, on
+//! free loopback ports, over a temporary data dir, and drives them over
+//! HTTP and SSE as a user would: a text reply streamed token by token, a
+//! `bash` call that waits for an approval and is granted it, a cancel while
+//! a command's process tree runs (and proof the tree is gone), a crash of
+//! the daemon mid-turn and a restart on the same data dir that recovers the
+//! turn from the log, and a final read of the log. Then it stops the daemon
+//! and removes the temporary directory.
+//!
+//! Every request goes through the daemon's typed client (`crate::client`),
+//! the one the admin CLI is built on. The fake provider is scripted
+//! through its script API
+//! (`POST /_mock/script`) before each step, so every run says the same
+//! thing and takes the same time. Nothing here reads the user's provider
+//! settings: the demo never calls a real provider.
 
-mod provider;
-mod tool;
+mod procs;
 mod trace;
 
-use std::collections::VecDeque;
-use std::io::Write;
-use std::path::PathBuf;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::{IsTerminal as _, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, ensure, Context};
-use keel_actors::core::{
-    create, transition, Conversation, ConversationConfig, ConversationId, Effect, Event,
-    Generation, Input, NewConversation, StateName, Timer, Timestamp, ToolCallId,
+use anyhow::{anyhow, bail, ensure, Context as _};
+use serde_json::{json, Value};
+
+use crate::api::types::{
+    ApiDecisionKind, ApiState, ApiToolPolicy, CreateConversation, ResolveRequest,
 };
-
+use crate::client::{self, Client, Events};
+use crate::serve::{self, config::Config, Daemon};
 pub use trace::Format;
-use trace::Trace;
+use trace::{quote, Trace};
 
-/// The message whose turn the demo cancels; the scripted model echoes it.
-const CANCELLED_MESSAGE: &str = "count slowly to five: one two three four five";
+/// The answer the fake provider streams in step 3, a word per delta.
+const STREAMED_TEXT: &str =
+    "Hello! I am the fake provider, streaming this answer one word at a time.";
+/// Its pace: slow enough to watch, quick enough for a demo.
+const STREAM_DRIP_MS: u64 = 40;
 
-/// Stream deltas delivered before the cancel.
-const DELTAS_BEFORE_CANCEL: usize = 2;
+/// The command the model runs in step 4 (the fake provider turns
+/// `run: CMD` into a `bash` call).
+const HELLO_COMMAND: &str = "echo hello from keel in $PWD";
+
+/// The command cancelled in step 5: a process tree (bash and two `sleep`s
+/// in its process group) that would run for a minute, and says its pids.
+const TREE_COMMAND: &str = "sleep 60 & first=$!; sleep 60 & echo \"pids $$ $first $!\"; wait";
+
+/// The answer the daemon is crashed in the middle of, in step 6: slow, so
+/// the crash lands mid-stream.
+const CRASHED_TEXT: &str = "Once upon a time a daemon was killed in the middle of a sentence, \
+     and when it came back it read its log and finished what it had started.";
+const CRASHED_DRIP_MS: u64 = 150;
+/// Deltas seen before the crash.
+const DELTAS_BEFORE_CRASH: usize = 3;
+/// The recovered turn asks again and gets the same answer, faster.
+const RECOVERED_DRIP_MS: u64 = 20;
+
+/// How long any one wait for the daemon may take before the demo fails.
+const PATIENCE: Duration = Duration::from_secs(15);
+
+/// Who approves in the log's `resolved` event.
+const APPROVER: &str = "keel demo";
 
 pub fn run(out: impl Write, format: Format) -> anyhow::Result<()> {
-    let cwd = std::env::current_dir().context("reading the current directory")?;
-    let cwd = cwd
-        .to_str()
-        .ok_or_else(|| anyhow!("the current directory {} is not UTF-8", cwd.display()))?
-        .to_owned();
-    let id = ConversationId::new(conversation_id(now()))
-        .map_err(|err| anyhow!("invalid conversation id: {err}"))?;
-    let mut shell = Shell::new(Trace::new(out, format, id.clone()));
-    shell.trace.intro(&cwd)?;
-
-    shell.trace.scene("1. create a conversation")?;
-    let conversation = shell.create(NewConversation {
-        id,
-        cwd,
-        config: ConversationConfig::default(),
-        parent_conversation: None,
-    })?;
-
-    shell
-        .trace
-        .scene("2. ask for a command: the model calls bash, the shell runs it")?;
-    let conversation = shell.send(conversation, "run: echo hello from keel")?;
-
-    shell
-        .trace
-        .scene("3. a plain message: the model echoes it")?;
-    let conversation = shell.send(conversation, "hello")?;
-
-    shell
-        .trace
-        .scene("4. cancel a turn while its response is streaming")?;
-    let conversation = shell.feed(conversation, user_message(CANCELLED_MESSAGE))?;
-    let conversation = shell.deliver(conversation, DELTAS_BEFORE_CANCEL)?;
-    // busy_policy = reject: a message mid-turn is refused, the turn goes on.
-    let conversation = shell.feed(conversation, user_message("are you still there?"))?;
-    let conversation = shell.feed(conversation, Input::Cancel)?;
-    let conversation = shell.settle(conversation)?;
-    let state = conversation.state_name();
-    ensure!(
-        state == StateName::Idle,
-        "cancel left the conversation {state}"
-    );
-
-    shell
-        .trace
-        .scene("5. replay the log: it alone gives back the state")?;
-    let replayed = Conversation::replay(&shell.log).context("replaying the log")?;
-    let equal = replayed.working == conversation.working && replayed.state_name() == state;
-    shell.trace.replay(shell.log.len(), equal, state)?;
-    ensure!(
-        equal,
-        "the replayed working set differs from the live one:\nlive: {:?}\nreplayed: {:?}",
-        conversation.working,
-        replayed.working
-    );
-
-    shell.trace.done(state, conversation.working.turn)?;
-    shell.trace.flush()?;
+    let color = format == Format::Human
+        && std::io::stdout().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none();
+    let mut trace = Trace::new(out, format, color);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let started = Instant::now();
+    trace.intro()?;
+    let outcome = runtime.block_on(async {
+        let mut demo = Demo::start(&mut trace).await?;
+        let walked = demo.walk().await;
+        // Clean up whether or not the walk got to the end.
+        let cleaned = demo.clean_up().await;
+        walked.and(cleaned)
+    });
+    // Ends the fake provider's server, the last task left.
+    drop(runtime);
+    outcome?;
+    let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    trace.fact(
+        "done",
+        json!({ "ms": ms }),
+        &format!("done in {:.1} s", ms as f64 / 1000.0),
+    )?;
     Ok(())
 }
 
-/// Reports a worker has yet to deliver, tagged with what they belong to.
-struct Worker<K> {
-    key: K,
-    reports: VecDeque<Input>,
+/// The demo's world: where it keeps things, the fake provider, the daemon
+/// of the moment and the conversation it walks.
+struct Demo<'t, W: Write> {
+    trace: &'t mut Trace<W>,
+    /// Holds the data dir and the conversation's working directory; removed
+    /// at the end (and on drop, if the demo fails).
+    temp: Option<tempfile::TempDir>,
+    data_dir: PathBuf,
+    cwd: PathBuf,
+    mock_url: String,
+    /// `None` between a crash and the restart.
+    daemon: Option<Daemon>,
+    /// The current daemon's client.
+    api: Client,
+    /// The conversation walked, once created.
+    id: String,
+    /// Its event stream on the current daemon.
+    events: Option<Events>,
+    /// The last canonical seq seen on the event stream.
+    last_seq: u64,
+    /// Text deltas shown since the model's last message: a stream opened
+    /// mid-answer misses the first ones, and then the whole answer is
+    /// shown from the log.
+    streamed: String,
+    /// Every tool process the demo saw, checked again at the end.
+    tool_pids: Vec<u32>,
+    tool_pgids: Vec<u32>,
 }
 
-/// The demo's stand-in for the actor: it feeds inputs to `transition`, keeps
-/// the log, and carries out effects in order.
-struct Shell<W: Write> {
-    trace: Trace<W>,
-    /// Every canonical event appended so far: the demo's event log.
-    log: Vec<Event>,
-    /// The model's reply to the request in flight, not yet delivered.
-    stream: Option<Worker<Generation>>,
-    /// The running tool's output and result, not yet delivered.
-    tool: Option<Worker<ToolCallId>>,
-    /// Timers the core asked for, fired when nothing else is left to do.
-    timers: Vec<(Timer, Timestamp)>,
-}
-
-impl<W: Write> Shell<W> {
-    fn new(trace: Trace<W>) -> Self {
-        Shell {
+impl<'t, W: Write> Demo<'t, W> {
+    /// Step 1: the fake provider and the first daemon.
+    async fn start(trace: &'t mut Trace<W>) -> anyhow::Result<Demo<'t, W>> {
+        trace.step(1, "start the fake provider and a daemon, in this process")?;
+        let temp = tempfile::Builder::new()
+            .prefix("keel-demo-")
+            .tempdir()
+            .context("creating a temporary directory")?;
+        // Its real path: bash reports the physical directory (`$PWD`), so a
+        // temporary directory under a symlink would not look like itself.
+        let root = std::fs::canonicalize(temp.path())
+            .with_context(|| format!("resolving {}", temp.path().display()))?;
+        let data_dir = root.join("data");
+        let cwd = root.join("work");
+        std::fs::create_dir_all(&cwd).context("creating the working directory")?;
+        let mock_url = serve::start_builtin_mock().await?;
+        trace.fact(
+            "mock",
+            json!({ "url": mock_url }),
+            &format!("fake provider at {mock_url} (scripted for each step)"),
+        )?;
+        let daemon = serve::start(config(&data_dir, &mock_url)?, None).await?;
+        let api = Client::new(&daemon.addr.to_string(), Some(daemon.token.clone()));
+        trace.fact(
+            "daemon",
+            json!({ "url": format!("http://{}", daemon.addr), "data_dir": data_dir }),
+            &format!(
+                "daemon at http://{} over the data dir {}",
+                daemon.addr,
+                data_dir.display()
+            ),
+        )?;
+        Ok(Demo {
             trace,
-            log: Vec::new(),
-            stream: None,
-            tool: None,
-            timers: Vec::new(),
+            temp: Some(temp),
+            data_dir,
+            cwd,
+            mock_url,
+            daemon: Some(daemon),
+            api,
+            id: String::new(),
+            events: None,
+            last_seq: 0,
+            streamed: String::new(),
+            tool_pids: Vec::new(),
+            tool_pgids: Vec::new(),
+        })
+    }
+
+    async fn walk(&mut self) -> anyhow::Result<()> {
+        self.create().await?;
+        self.stream_text().await?;
+        self.approved_bash().await?;
+        self.cancel_mid_tool().await?;
+        self.crash_mid_turn().await?;
+        self.read_the_log().await
+    }
+
+    /// Step 2.
+    async fn create(&mut self) -> anyhow::Result<()> {
+        self.trace.step(2, "create a conversation")?;
+        let cwd = self
+            .cwd
+            .to_str()
+            .ok_or_else(|| anyhow!("the temporary directory is not UTF-8"))?;
+        let request = CreateConversation {
+            cwd: Some(cwd.to_owned()),
+            tools: BTreeMap::from([("bash".to_owned(), ApiToolPolicy::Approve)]),
+            ..CreateConversation::default()
+        };
+        self.id = self.api.create(&request).await?.id;
+        self.trace.fact(
+            "created",
+            json!({ "id": self.id, "cwd": cwd, "tools": { "bash": "approve" } }),
+            &format!(
+                "conversation {} in {cwd}; every bash call waits for an approval",
+                self.id
+            ),
+        )?;
+        self.events = Some(self.api.events(&self.id, None));
+        Ok(())
+    }
+
+    /// Step 3.
+    async fn stream_text(&mut self) -> anyhow::Result<()> {
+        self.trace
+            .step(3, "a text reply, streamed token by token")?;
+        push_script(
+            &self.mock_url,
+            json!([{ "text": STREAMED_TEXT, "drip_ms": STREAM_DRIP_MS }]),
+        )
+        .await?;
+        self.say("hello, keel").await?;
+        let mut n_tokens = 0;
+        let mut streamed = String::new();
+        self.until(|frame| {
+            if is_live(frame, "text_delta") {
+                n_tokens += 1;
+                streamed.push_str(frame.data["text"].as_str().unwrap_or_default());
+            }
+            is_canonical(frame, "turn_completed")
+        })
+        .await?;
+        ensure!(
+            streamed == STREAMED_TEXT && n_tokens > 1,
+            "expected {STREAMED_TEXT:?} in several deltas, got {n_tokens}: {streamed:?}"
+        );
+        self.trace.check(
+            "streamed",
+            json!({ "tokens": n_tokens, "text": streamed }),
+            &format!("{n_tokens} tokens streamed over SSE as they were generated"),
+        )?;
+        Ok(())
+    }
+
+    /// Step 4.
+    async fn approved_bash(&mut self) -> anyhow::Result<()> {
+        self.trace.step(
+            4,
+            "the model calls bash: an approval, waited for and granted",
+        )?;
+        self.say(&format!("run: {HELLO_COMMAND}")).await?;
+        let suspended = self.until(|frame| is_canonical(frame, "suspended")).await?;
+        let call = &suspended.data["pending"][0];
+        let call_id = call["tool_call_id"]
+            .as_str()
+            .ok_or_else(|| anyhow!("no pending call in {}", suspended.data))?
+            .to_owned();
+        let state = self.state().await?;
+        ensure!(
+            state == "awaiting_input",
+            "the conversation is {state} while its bash call waits for approval"
+        );
+        self.trace.check(
+            "awaiting_approval",
+            json!({ "tool_call_id": call_id, "state": state, "command": call["input"]["command"] }),
+            &format!("the turn waits ({state}): nothing runs until someone approves"),
+        )?;
+        self.approve(&call_id).await?;
+        self.trace.fact(
+            "approved",
+            json!({ "tool_call_id": call_id, "by": APPROVER }),
+            &format!("> approve {call_id}"),
+        )?;
+        let mut result = Value::Null;
+        self.until(|frame| {
+            if is_canonical(frame, "tool_result") {
+                result = frame.data.clone();
+            }
+            is_canonical(frame, "turn_completed")
+        })
+        .await?;
+        let output = result["content"].as_str().unwrap_or_default().to_owned();
+        let expected = format!("hello from keel in {}", self.cwd.display());
+        ensure!(
+            result["tool_call_id"] == call_id.as_str()
+                && result["is_error"] == false
+                && output.trim() == expected,
+            "expected bash to print {expected:?}, got {result}"
+        );
+        self.trace.check(
+            "bash",
+            json!({ "tool_call_id": call_id, "output": output, "is_error": false }),
+            "bash ran in the conversation's directory, its output went back to the model",
+        )?;
+        Ok(())
+    }
+
+    /// Step 5.
+    async fn cancel_mid_tool(&mut self) -> anyhow::Result<()> {
+        self.trace
+            .step(5, "cancel while a command's process tree runs")?;
+        self.say(&format!("run: {TREE_COMMAND}")).await?;
+        let suspended = self.until(|frame| is_canonical(frame, "suspended")).await?;
+        let call_id = suspended.data["pending"][0]["tool_call_id"]
+            .as_str()
+            .ok_or_else(|| anyhow!("no pending call in {}", suspended.data))?
+            .to_owned();
+        self.approve(&call_id).await?;
+        self.trace.fact(
+            "approved",
+            json!({ "tool_call_id": call_id, "by": APPROVER }),
+            &format!("> approve {call_id}"),
+        )?;
+        let mut said = String::new();
+        self.until(|frame| {
+            if is_live(frame, "tool_output") {
+                said.push_str(frame.data["chunk"].as_str().unwrap_or_default());
+            }
+            said.contains('\n')
+        })
+        .await?;
+        let pids = pids_in(&said)?;
+        let pgid = pids[0];
+        let running = procs::running(&pids, pgid);
+        ensure!(
+            running == sorted(&pids),
+            "expected {pids:?} running in process group {pgid}, found {running:?}"
+        );
+        self.tool_pids.extend(&pids);
+        self.tool_pgids.push(pgid);
+        self.trace.fact(
+            "tree_running",
+            json!({ "pgid": pgid, "pids": pids }),
+            &format!("running: process group {pgid}, pids {}", join(&pids)),
+        )?;
+
+        let state = state_name(self.api.cancel(&self.id).await?.state);
+        self.trace
+            .fact("cancelled", json!({ "state": state }), "> cancel")?;
+        let interrupted = self
+            .until(|frame| is_canonical(frame, "turn_interrupted"))
+            .await?;
+        let left = procs::wait_gone(&pids, pgid, Duration::from_secs(2)).await;
+        ensure!(
+            left.is_empty(),
+            "after the cancel, still running: {left:?} (of {pids:?}, group {pgid})"
+        );
+        let state = self.state().await?;
+        ensure!(state == "idle", "the cancel left the conversation {state}");
+        self.trace.check(
+            "tree_gone",
+            json!({
+                "pgid": pgid,
+                "pids": pids,
+                "running": left,
+                "reason": interrupted.data["reason"],
+                "state": state,
+            }),
+            &format!(
+                "turn interrupted ({}), conversation idle, and no process of group {pgid} is left",
+                interrupted.data["reason"].as_str().unwrap_or("?")
+            ),
+        )?;
+        Ok(())
+    }
+
+    /// Step 6.
+    async fn crash_mid_turn(&mut self) -> anyhow::Result<()> {
+        self.trace.step(
+            6,
+            "crash the daemon mid-turn, restart it on the same data dir",
+        )?;
+        push_script(
+            &self.mock_url,
+            json!([
+                { "text": CRASHED_TEXT, "drip_ms": CRASHED_DRIP_MS },
+                { "text": CRASHED_TEXT, "drip_ms": RECOVERED_DRIP_MS },
+            ]),
+        )
+        .await?;
+        self.say("tell me a story").await?;
+        let mut n_tokens = 0;
+        self.until(|frame| {
+            n_tokens += usize::from(is_live(frame, "text_delta"));
+            n_tokens == DELTAS_BEFORE_CRASH
+        })
+        .await?;
+        self.trace.close_line()?;
+        // The recovered turn streams its answer again, from the start.
+        self.streamed.clear();
+        let state = self.state().await?;
+        ensure!(
+            state == "streaming",
+            "the crash was to land mid-stream, but the conversation is {state}"
+        );
+        self.events = None;
+        let daemon = self
+            .daemon
+            .take()
+            .ok_or_else(|| anyhow!("no daemon to crash"))?;
+        daemon.crash().await?;
+        self.trace.fact(
+            "crashed",
+            json!({ "state": state, "tokens_before": n_tokens, "last_seq": self.last_seq }),
+            &format!(
+                "crashed while {state}: runtime killed where it stood, HTTP server gone, data dir released"
+            ),
+        )?;
+
+        let daemon = serve::start(config(&self.data_dir, &self.mock_url)?, None).await?;
+        let recovered: Vec<String> = daemon
+            .report
+            .recovered
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let failed: Vec<String> = daemon
+            .report
+            .failed
+            .iter()
+            .map(|(id, why)| format!("{id}: {why}"))
+            .collect();
+        self.api = Client::new(&daemon.addr.to_string(), Some(daemon.token.clone()));
+        self.trace.fact(
+            "restarted",
+            json!({
+                "url": format!("http://{}", daemon.addr),
+                "recovered": recovered,
+                "reaped": daemon.report.reaped.len(),
+                "failed": failed,
+            }),
+            &format!(
+                "new daemon at http://{}: boot recovered {} conversation(s) from the log",
+                daemon.addr,
+                recovered.len()
+            ),
+        )?;
+        self.daemon = Some(daemon);
+        ensure!(
+            recovered == [self.id.clone()] && failed.is_empty(),
+            "boot was to recover {} alone, recovered {recovered:?}, failed {failed:?}",
+            self.id
+        );
+
+        // Follow from the first event the crashed daemon did not show:
+        // what boot appended comes first, then the recovered turn live.
+        self.events = Some(self.api.events(&self.id, Some(self.last_seq + 1)));
+        let mut action = Value::Null;
+        let mut answer = Value::Null;
+        self.until(|frame| {
+            if is_canonical(frame, "recovered") {
+                action = frame.data["action"].clone();
+            }
+            if is_canonical(frame, "assistant_message") {
+                answer = text_of(&frame.data).into();
+            }
+            is_canonical(frame, "turn_completed")
+        })
+        .await?;
+        let state = self.state().await?;
+        ensure!(
+            action == "rerun_request" && answer == CRASHED_TEXT && state == "idle",
+            "expected the turn re-run to its answer and the conversation idle; got {action}, {answer}, {state}"
+        );
+        self.trace.check(
+            "recovered",
+            json!({ "action": action, "answer": answer, "state": state }),
+            "the turn cut short was re-run from the log and answered; the conversation is idle",
+        )?;
+        Ok(())
+    }
+
+    /// Step 7.
+    async fn read_the_log(&mut self) -> anyhow::Result<()> {
+        self.trace
+            .step(7, "read the log: the conversation's only truth")?;
+        let log = self.whole_log().await?;
+        let seqs: Vec<u64> = log
+            .iter()
+            .filter_map(|event| event["seq"].as_u64())
+            .collect();
+        let contiguous = seqs.len() == log.len()
+            && seqs
+                .iter()
+                .enumerate()
+                .all(|(idx, &seq)| seq == idx as u64 + 1);
+        let tool_uses: BTreeSet<&str> = log
+            .iter()
+            .filter(|event| event["type"] == "assistant_message")
+            .filter_map(|event| event["content"].as_array())
+            .flatten()
+            .filter(|block| block["type"] == "tool_use")
+            .filter_map(|block| block["id"].as_str())
+            .collect();
+        let answered: BTreeSet<&str> = log
+            .iter()
+            .filter(|event| event["type"] == "tool_result")
+            .filter_map(|event| event["tool_call_id"].as_str())
+            .collect();
+        let unanswered: Vec<&str> = tool_uses.difference(&answered).copied().collect();
+        let types: Vec<&str> = log
+            .iter()
+            .filter_map(|event| event["type"].as_str())
+            .collect();
+        let mut counts: Vec<(&str, usize)> = Vec::new();
+        for kind in &types {
+            match counts.iter_mut().find(|(seen, _)| seen == kind) {
+                Some((_, count)) => *count += 1,
+                None => counts.push((kind, 1)),
+            }
         }
+        let summary: Vec<String> = counts
+            .iter()
+            .map(|(kind, count)| format!("{kind} x{count}"))
+            .collect();
+        self.trace.fact(
+            "log_events",
+            json!({ "types": types }),
+            &format!("{} events: {}", log.len(), summary.join(", ")),
+        )?;
+        ensure!(
+            contiguous && unanswered.is_empty() && !tool_uses.is_empty(),
+            "the log breaks its invariants: seqs {seqs:?}, unanswered tool calls {unanswered:?}"
+        );
+        self.trace.check(
+            "log",
+            json!({
+                "events": log.len(),
+                "contiguous": contiguous,
+                "tool_uses": tool_uses,
+                "answered": answered,
+                "unanswered": unanswered,
+            }),
+            &format!(
+                "seqs 1..={} with no gap, and each of the {} tool calls has its result",
+                log.len(),
+                tool_uses.len()
+            ),
+        )?;
+        Ok(())
     }
 
-    fn create(&mut self, new: NewConversation) -> anyhow::Result<Conversation> {
-        let step = create(new, now());
-        self.carry_out(&step.state, step.effects)?;
-        Ok(step.state)
-    }
-
-    /// Send a user message and run the turn it starts to its end.
-    fn send(&mut self, conversation: Conversation, text: &str) -> anyhow::Result<Conversation> {
-        let conversation = self.feed(conversation, user_message(text))?;
-        self.settle(conversation)
-    }
-
-    /// One transition. The new state is kept only once its effects (the log
-    /// append first) are carried out; an error drops it.
-    fn feed(&mut self, conversation: Conversation, input: Input) -> anyhow::Result<Conversation> {
-        let at = now();
-        self.trace.input(&input, at)?;
-        let step = transition(conversation, input, at);
-        if let Some(rejection) = &step.rejection {
-            self.trace.rejected(rejection)?;
+    /// Step 8: stop the daemon, remove the temporary directory, and check
+    /// that no tool process is left.
+    async fn clean_up(&mut self) -> anyhow::Result<()> {
+        // Clean up even when the output is gone (`keel demo | head`).
+        let printed = self.trace.step(8, "clean up");
+        self.events = None;
+        if let Some(daemon) = self.daemon.take() {
+            daemon.stop().await;
         }
-        self.carry_out(&step.state, step.effects)?;
-        Ok(step.state)
-    }
-
-    /// Deliver up to `n` worker reports.
-    fn deliver(
-        &mut self,
-        mut conversation: Conversation,
-        n: usize,
-    ) -> anyhow::Result<Conversation> {
-        for _ in 0..n {
-            let Some(report) = self.next_report() else {
-                break;
-            };
-            conversation = self.feed(conversation, report)?;
+        let path = self
+            .temp
+            .as_ref()
+            .map(|temp| std::fs::canonicalize(temp.path()).unwrap_or_else(|_| temp.path().into()))
+            .unwrap_or_default();
+        if let Some(temp) = self.temp.take() {
+            temp.close()
+                .with_context(|| format!("removing {}", path.display()))?;
         }
-        Ok(conversation)
+        let mut left = Vec::new();
+        for &pgid in &self.tool_pgids {
+            left.extend(procs::running(&self.tool_pids, pgid));
+        }
+        left.sort_unstable();
+        left.dedup();
+        ensure!(left.is_empty(), "tool processes left running: {left:?}");
+        ensure!(!path.exists(), "{} is still there", path.display());
+        printed?;
+        self.trace.check(
+            "cleaned_up",
+            json!({ "temp_dir": path, "removed": true, "processes_left": left }),
+            &format!(
+                "daemon stopped, {} removed, no tool process left",
+                path.display()
+            ),
+        )?;
+        Ok(())
     }
 
-    /// Deliver reports and fire timers until nothing is left to do.
-    fn settle(&mut self, mut conversation: Conversation) -> anyhow::Result<Conversation> {
+    /// Send a user message, shown as the user's line.
+    async fn say(&mut self, text: &str) -> anyhow::Result<()> {
+        let seq = self.api.send_text(&self.id, text).await?.seq;
+        self.trace.fact(
+            "user",
+            json!({ "text": text, "seq": seq }),
+            &format!("> {}", quote(text)),
+        )?;
+        Ok(())
+    }
+
+    /// The conversation's state now, as the API names it.
+    async fn state(&self) -> anyhow::Result<String> {
+        Ok(state_name(self.api.get(&self.id).await?.state))
+    }
+
+    /// Approve a pending call, as the demo.
+    async fn approve(&self, call_id: &str) -> anyhow::Result<()> {
+        let request = ResolveRequest {
+            tool_call_id: call_id.to_owned(),
+            decision: ApiDecisionKind::Approve,
+            text: None,
+            by: Some(APPROVER.to_owned()),
+        };
+        self.api.resolve(&self.id, &request).await?;
+        Ok(())
+    }
+
+    /// The whole log, page by page, each event as the API's JSON.
+    async fn whole_log(&self) -> anyhow::Result<Vec<Value>> {
+        let mut events = Vec::new();
+        let mut from = 1;
         loop {
-            let input = match self.next_report() {
-                Some(report) => report,
-                None => match self.next_timer() {
-                    Some(timer) => timer,
-                    None => return Ok(conversation),
-                },
+            let page = self.api.log(&self.id, from, None).await?;
+            if page.events.is_empty() {
+                return Ok(events);
+            }
+            for event in page.events {
+                events.push(serde_json::to_value(event)?);
+            }
+            from = page.next_from;
+        }
+    }
+
+    /// Read the event stream, showing each frame, until `done` says a
+    /// frame is the one awaited; returns that frame.
+    async fn until(&mut self, mut done: impl FnMut(&Frame) -> bool) -> anyhow::Result<Frame> {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let events = self
+                .events
+                .as_mut()
+                .ok_or_else(|| anyhow!("no event stream open"))?;
+            let frame = match tokio::time::timeout_at(deadline, events.next()).await {
+                Ok(Ok(frame)) => Frame::of(frame)?,
+                Ok(Err(error)) => return Err(error.into()),
+                Err(_) => bail!("nothing awaited arrived within {PATIENCE:?}"),
             };
-            conversation = self.feed(conversation, input)?;
-        }
-    }
-
-    fn next_report(&mut self) -> Option<Input> {
-        for reports in [
-            self.stream.as_mut().map(|worker| &mut worker.reports),
-            self.tool.as_mut().map(|worker| &mut worker.reports),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            if let Some(report) = reports.pop_front() {
-                return Some(report);
+            self.show(&frame)?;
+            if done(&frame) {
+                return Ok(frame);
             }
         }
-        None
     }
 
-    /// The earliest timer, once it is due: the demo waits for it.
-    fn next_timer(&mut self) -> Option<Input> {
-        let earliest = (0..self.timers.len()).min_by_key(|&idx| self.timers[idx].1)?;
-        let (timer, at) = self.timers.remove(earliest);
-        let wait = at.millis_since(now());
-        std::thread::sleep(std::time::Duration::from_millis(wait));
-        Some(Input::TimerFired { timer })
-    }
-
-    fn carry_out(&mut self, state: &Conversation, effects: Vec<Effect>) -> anyhow::Result<()> {
-        for effect in effects {
-            match effect {
-                Effect::Append { events } => {
-                    // In the daemon this is an fsync'd write; here the Vec is the log.
-                    for event in &events {
-                        self.trace.event(event)?;
-                    }
-                    self.log.extend(events);
+    /// What a frame of the event stream shows: tokens and tool output as
+    /// they arrive, and the canonical events that tell the story.
+    fn show(&mut self, frame: &Frame) -> anyhow::Result<()> {
+        let data = &frame.data;
+        if frame.event == "live" {
+            match data["type"].as_str() {
+                Some("text_delta") => {
+                    let text = data["text"].as_str().unwrap_or_default();
+                    self.streamed.push_str(text);
+                    self.trace.token(text)?;
                 }
-                Effect::Publish { event } => self.trace.live(&event)?,
-                Effect::StartStream {
-                    generation,
-                    ref model,
-                    ..
-                } => {
-                    self.trace.effect(&effect)?;
-                    let reply = provider::reply(&state.working.messages, generation, model);
-                    let mut reports: VecDeque<Input> = reply
-                        .deltas
-                        .into_iter()
-                        .map(|delta| Input::StreamDelta { generation, delta })
-                        .collect();
-                    reports.push_back(Input::StreamFinished {
-                        generation,
-                        response: reply.response,
-                    });
-                    self.stream = Some(Worker {
-                        key: generation,
-                        reports,
-                    });
-                }
-                Effect::AbortStream { generation } => {
-                    self.trace.effect(&effect)?;
-                    if self
-                        .stream
-                        .as_ref()
-                        .is_some_and(|worker| worker.key == generation)
-                    {
-                        self.stream = None;
-                    }
-                }
-                // `spawn_agents` needs the actor runtime; the tool runner
-                // refuses any tool but bash, so the model learns it.
-                Effect::StartTool { ref call } | Effect::SpawnSubAgents { ref call } => {
-                    self.trace.effect(&effect)?;
-                    let cwd = PathBuf::from(&state.working.cwd);
-                    let run = tool::run(call, &cwd);
-                    self.trace
-                        .tool_exited(call.id.as_str(), run.exit_code, run.duration_ms)?;
-                    let mut reports: VecDeque<Input> = run
-                        .chunks
-                        .into_iter()
-                        .map(|chunk| Input::ToolOutput {
-                            tool_call_id: call.id.clone(),
-                            chunk,
-                        })
-                        .collect();
-                    reports.push_back(Input::ToolFinished {
-                        tool_call_id: call.id.clone(),
-                        content: run.content,
-                        is_error: run.is_error,
-                    });
-                    self.tool = Some(Worker {
-                        key: call.id.clone(),
-                        reports,
-                    });
-                }
-                Effect::AbortTool { ref tool_call_id } => {
-                    self.trace.effect(&effect)?;
-                    if self
-                        .tool
-                        .as_ref()
-                        .is_some_and(|worker| worker.key == *tool_call_id)
-                    {
-                        self.tool = None;
-                    }
-                }
-                Effect::SetTimer { timer, at } => {
-                    self.trace.effect(&effect)?;
-                    self.timers.push((timer, at));
-                }
-                Effect::CancelTimer { timer } => {
-                    self.trace.effect(&effect)?;
-                    self.timers.retain(|(set, _)| *set != timer);
-                }
-                // Nothing to persist or stop in-process.
-                Effect::SaveSnapshot | Effect::Stop => self.trace.effect(&effect)?,
+                Some("tool_output") => self
+                    .trace
+                    .tool_output(data["chunk"].as_str().unwrap_or_default())?,
+                _ => {}
             }
+            return Ok(());
         }
+        if frame.event != "canonical" {
+            return Ok(());
+        }
+        let seq = data["seq"].as_u64().unwrap_or_default();
+        self.last_seq = self.last_seq.max(seq);
+        let kind = data["type"].as_str().unwrap_or_default();
+        let line = match kind {
+            "assistant_message" => {
+                let text = text_of(data);
+                let calls: Vec<String> = data["content"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|block| block["type"] == "tool_use")
+                    .map(|block| {
+                        format!(
+                            "model calls {} {}",
+                            block["name"].as_str().unwrap_or("?"),
+                            quote(block["input"]["command"].as_str().unwrap_or_default())
+                        )
+                    })
+                    .collect();
+                // Tokens already showed the text, unless some were missed.
+                let said = if text == self.streamed || text.is_empty() {
+                    None
+                } else if self.streamed.is_empty() {
+                    Some(format!("model: {}", quote(&text)))
+                } else {
+                    Some(format!(
+                        "model (whole answer, from the log): {}",
+                        quote(&text)
+                    ))
+                };
+                self.streamed.clear();
+                self.trace.close_line()?;
+                said.into_iter()
+                    .chain(calls)
+                    .collect::<Vec<_>>()
+                    .join("\n   ")
+            }
+            "suspended" => format!(
+                "waiting for approval: {} {}",
+                data["pending"][0]["name"].as_str().unwrap_or("?"),
+                data["pending"][0]["tool_call_id"].as_str().unwrap_or("?")
+            ),
+            "tool_result" => format!(
+                "tool result{}: {}",
+                if data["synthetic"] == true {
+                    " (synthetic)"
+                } else {
+                    ""
+                },
+                quote(data["content"].as_str().unwrap_or_default())
+            ),
+            "turn_completed" => format!("turn {} completed", data["turn"]),
+            "turn_interrupted" => format!(
+                "turn {} interrupted: {}",
+                data["turn"],
+                data["reason"].as_str().unwrap_or("?")
+            ),
+            "recovered" => format!(
+                "recovered from the log: {}",
+                data["action"].as_str().unwrap_or("?")
+            ),
+            // The rest is in the log, read at the end.
+            _ => String::new(),
+        };
+        if line.is_empty() {
+            return Ok(());
+        }
+        let mut fields = data.clone();
+        if let Value::Object(object) = &mut fields {
+            object.insert("event".to_owned(), kind.into());
+            object.remove("type");
+        }
+        self.trace
+            .fact("event", fields, &format!("{seq:>3} {line}"))?;
         Ok(())
     }
 }
 
-fn user_message(text: &str) -> Input {
-    Input::UserMessage {
-        text: text.to_owned(),
-        images: Vec::new(),
+/// The daemon's configuration: this demo's data dir, any free loopback
+/// port, the fake provider. Built from these settings alone, never the
+/// environment, so a key in it cannot send the demo to a real provider.
+fn config(data_dir: &Path, mock_url: &str) -> anyhow::Result<Config> {
+    let data_dir = data_dir
+        .to_str()
+        .ok_or_else(|| anyhow!("the temporary directory is not UTF-8"))?;
+    let settings: HashMap<&str, String> = HashMap::from([
+        ("KEEL_DATA_DIR", data_dir.to_owned()),
+        ("KEEL_ADDR", "127.0.0.1:0".to_owned()),
+        ("KEEL_PROVIDER", "mock".to_owned()),
+        ("KEEL_MOCK_URL", mock_url.to_owned()),
+        // A demo that fails mid-turn still stops at once.
+        ("KEEL_SHUTDOWN_GRACE_MS", "1000".to_owned()),
+    ]);
+    Ok(Config::load(|name| settings.get(name).cloned(), None)?)
+}
+
+/// A frame of the event stream as the demo reads it: which kind, and its
+/// data in the API's JSON (the shape `--json` prints).
+struct Frame {
+    /// `snapshot`, `canonical` or `live`.
+    event: &'static str,
+    data: Value,
+}
+
+impl Frame {
+    fn of(frame: client::Frame) -> anyhow::Result<Frame> {
+        let (event, data) = match frame {
+            client::Frame::Snapshot(snapshot) => ("snapshot", serde_json::to_value(snapshot)?),
+            client::Frame::Canonical(event) => ("canonical", serde_json::to_value(event)?),
+            client::Frame::Live(event) => ("live", serde_json::to_value(event)?),
+            // The demo's daemon does not go away under a stream it reads:
+            // it drops the stream before a crash.
+            client::Frame::Error(error) => {
+                bail!("the event stream failed: {}: {}", error.code, error.message)
+            }
+            client::Frame::Reconnecting { error } => bail!("the event stream broke: {error}"),
+        };
+        Ok(Frame { event, data })
     }
 }
 
-/// Wall-clock time: the shell's to read, never the core's.
-fn now() -> Timestamp {
-    let since_epoch = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    Timestamp::from_millis(u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX))
+/// The fake provider's script API: `POST /_mock/script` queues replies,
+/// one per request, before its default behaviour resumes.
+async fn push_script(mock_url: &str, entries: Value) -> anyhow::Result<()> {
+    let response = reqwest::Client::new()
+        .post(format!("{mock_url}/_mock/script"))
+        .json(&entries)
+        .timeout(PATIENCE)
+        .send()
+        .await
+        .context("scripting the fake provider")?;
+    let status = response.status();
+    ensure!(
+        status.is_success(),
+        "the fake provider refused the script: {status}: {}",
+        response.text().await.unwrap_or_default()
+    );
+    Ok(())
 }
 
-/// A short id that differs from run to run: `demo-` and the time in base 36.
-fn conversation_id(at: Timestamp) -> String {
-    format!("demo-{}", base36(at.as_millis()))
+/// A state as the API names it (`awaiting_input`, …).
+fn state_name(state: ApiState) -> String {
+    serde_json::to_value(state)
+        .ok()
+        .and_then(|value| value.as_str().map(str::to_owned))
+        .unwrap_or_default()
 }
 
-fn base36(mut value: u64) -> String {
-    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
-    let mut digits = Vec::new();
-    loop {
-        digits.push(DIGITS[(value % 36) as usize]);
-        value /= 36;
-        if value == 0 {
-            break;
-        }
-    }
-    digits
-        .iter()
-        .rev()
-        .map(|&digit| char::from(digit))
+fn is_live(frame: &Frame, kind: &str) -> bool {
+    frame.event == "live" && frame.data["type"] == kind
+}
+
+fn is_canonical(frame: &Frame, kind: &str) -> bool {
+    frame.event == "canonical" && frame.data["type"] == kind
+}
+
+/// The text blocks of an `assistant_message` event, joined.
+fn text_of(event: &Value) -> String {
+    event["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|block| block["type"] == "text")
+        .filter_map(|block| block["text"].as_str())
         .collect()
+}
+
+/// The pids a `TREE_COMMAND` printed: `pids LEADER CHILD CHILD`.
+fn pids_in(output: &str) -> anyhow::Result<Vec<u32>> {
+    let line = output
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("pids "))
+        .ok_or_else(|| anyhow!("the command did not say its pids: {output:?}"))?;
+    let pids = line
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<Vec<u32>, _>>()
+        .with_context(|| format!("not pids: {line:?}"))?;
+    ensure!(pids.len() == 3, "expected three pids, got {pids:?}");
+    Ok(pids)
+}
+
+fn sorted(pids: &[u32]) -> Vec<u32> {
+    let mut pids = pids.to_vec();
+    pids.sort_unstable();
+    pids
+}
+
+fn join(pids: &[u32]) -> String {
+    pids.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]
@@ -339,33 +862,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn base36_counts_in_digits_then_letters() {
-        assert_eq!(base36(0), "0");
-        assert_eq!(base36(35), "z");
-        assert_eq!(base36(36), "10");
-        assert_eq!(base36(u64::MAX), "3w5e11264sgsf");
+    fn the_tree_command_s_pids_are_read() {
+        assert_eq!(pids_in("pids 10 11 12\n").unwrap(), vec![10, 11, 12]);
+        assert!(pids_in("nothing\n").is_err());
+        assert!(pids_in("pids 1 2\n").is_err());
     }
 
     #[test]
-    fn conversation_ids_are_valid_ids() {
-        let id = conversation_id(Timestamp::from_millis(1_700_000_000_000));
-        assert_eq!(id, "demo-loyw3v28");
-        assert!(ConversationId::new(id).is_ok());
+    fn the_demo_config_ignores_the_environment() {
+        let config = config(Path::new("/tmp/x"), "http://127.0.0.1:1").unwrap();
+        assert_eq!(config.data_dir, PathBuf::from("/tmp/x"));
+        assert!(!config.builtin_mock);
+        assert_eq!(
+            config.providers.mock_url.as_deref(),
+            Some("http://127.0.0.1:1")
+        );
     }
 
     #[test]
-    fn the_demo_runs_to_an_equal_replay() {
+    fn the_demo_walks_every_step_and_exits_clean() {
         let mut out = Vec::new();
-        run(&mut out, Format::Human).unwrap();
+        run(&mut out, Format::Json).unwrap();
         let text = String::from_utf8(out).unwrap();
-        assert!(
-            text.contains("tool output call-1-1 \"hello from keel\\n\""),
-            "{text}"
-        );
-        assert!(
-            text.contains("the working set equals the live one"),
-            "{text}"
-        );
-        assert!(text.contains("final state: idle"), "{text}");
+        let kinds: Vec<String> = text
+            .lines()
+            .map(|line| serde_json::from_str::<Value>(line).unwrap()["kind"].to_string())
+            .collect();
+        for kind in [
+            "streamed",
+            "bash",
+            "tree_gone",
+            "recovered",
+            "log",
+            "cleaned_up",
+            "done",
+        ] {
+            assert!(kinds.contains(&format!("{kind:?}")), "{kind} in {text}");
+        }
     }
 }

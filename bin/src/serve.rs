@@ -4,20 +4,28 @@
 //! HTTP API (`crate::api`) until SIGTERM or Ctrl-C, then stops gracefully
 //! through the runtime's graceful stop and exits 0. A second signal exits
 //! at once. See docs/daemon.md.
+//!
+//! Start-up is [`start`], which returns a [`Daemon`] running in this
+//! process; `keel serve` and `keel demo` both go through it, and the demo
+//! also uses [`Daemon::crash`] to kill one mid-turn and start another on
+//! the same data dir.
 
 pub mod config;
 pub mod token;
 
 use std::io::Write as _;
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
+use keel_actors::store::EventLog;
 use keel_actors::tool::ToolRegistry;
-use keel_actors::{Runtime, RuntimeConfig, Settings};
+use keel_actors::{BootReport, Runtime, RuntimeConfig, Settings};
 
 use crate::api::{self, AppState, MetricsRender};
 use crate::mock_llm;
@@ -27,6 +35,10 @@ use config::Config;
 /// How long, after the signal, HTTP connections may take to finish their
 /// request before the daemon stops waiting for them.
 const HTTP_DRAIN: Duration = Duration::from_secs(5);
+
+/// How long a crash drill waits for requests that were in flight to end
+/// against the killed runtime and let go of the store.
+const CRASH_DRAIN: Duration = Duration::from_secs(2);
 
 /// What `keel serve` was given on the command line.
 #[derive(Debug, Clone, Default)]
@@ -60,7 +72,68 @@ fn load_config(options: &Options) -> anyhow::Result<Config> {
     Ok(Config::load(|name| std::env::var(name).ok(), file)?)
 }
 
-async fn serve(mut config: Config) -> anyhow::Result<()> {
+async fn serve(config: Config) -> anyhow::Result<()> {
+    let metrics: Option<MetricsRender> = match telemetry::install_metrics() {
+        Ok(handle) => Some(Arc::new(move || handle.render())),
+        Err(error) => {
+            tracing::warn!(error = %error, "metrics are off");
+            None
+        }
+    };
+    let daemon = start(config, metrics).await?;
+    if let Some(url) = &daemon.builtin_mock {
+        tracing::warn!(
+            %url,
+            "no provider configured: using the built-in fake provider (set ANTHROPIC_API_KEY, OPENAI_API_KEY or KEEL_PROVIDER for a real one)"
+        );
+        say(&format!(
+            "no provider configured: using the built-in fake provider at {url}"
+        ))?;
+    }
+    say(&format!("keel listening on http://{}", daemon.addr))?;
+    if let Some(path) = &daemon.token_file {
+        say(&format!("token in {}", path.display()))?;
+    }
+
+    tokio::spawn(watch_signals(daemon.stop.clone()));
+    let mut until_stop = daemon.stop.subscribe();
+    let _ = until_stop.wait_for(|stopping| *stopping).await;
+    daemon.stop().await;
+    say("keel stopped")?;
+    Ok(())
+}
+
+/// A daemon running in this process: the runtime over the store in its
+/// data dir and the HTTP API in front of it. `keel serve` runs one until a
+/// signal; `keel demo` starts one, crashes it and starts another on the
+/// same data dir, so both go through the same start-up.
+pub struct Daemon {
+    /// Where the API listens (the port chosen when `KEEL_ADDR` asked for 0).
+    pub addr: SocketAddr,
+    /// The bearer token every request but `/healthz` needs.
+    pub token: String,
+    /// Where the generated token was written; `None` when `KEEL_TOKEN` gave it.
+    pub token_file: Option<PathBuf>,
+    /// The built-in fake provider's URL, when no provider was configured.
+    pub builtin_mock: Option<String>,
+    /// What the runtime's boot did: conversations recovered, tool process
+    /// groups reaped, conversations that could not be started.
+    pub report: BootReport,
+    runtime: Runtime,
+    /// Set to true to stop: the HTTP server stops accepting and ends event
+    /// streams. `keel serve`'s signal watcher sets it.
+    stop: watch::Sender<bool>,
+    server: JoinHandle<std::io::Result<()>>,
+    /// The store, held weakly: it is released (its files closed, the data
+    /// dir's lock let go) once the runtime and every request are gone.
+    store: Weak<dyn EventLog>,
+}
+
+/// Open the store in `config.data_dir` and the runtime over it (boot
+/// recovery, reaping), start the built-in fake provider if no provider is
+/// configured, and serve the API on `config.addr`. Returns once the
+/// listener is bound: requests are accepted from then on.
+pub async fn start(mut config: Config, metrics: Option<MetricsRender>) -> anyhow::Result<Daemon> {
     let data_dir = &config.data_dir;
     std::fs::create_dir_all(data_dir).with_context(|| {
         format!(
@@ -70,17 +143,13 @@ async fn serve(mut config: Config) -> anyhow::Result<()> {
     })?;
     let token = token::load_or_generate(config.token.clone(), data_dir)?;
 
-    if config.builtin_mock {
+    let builtin_mock = if config.builtin_mock {
         let url = start_builtin_mock().await?;
-        tracing::warn!(
-            %url,
-            "no provider configured: using the built-in fake provider (set ANTHROPIC_API_KEY, OPENAI_API_KEY or KEEL_PROVIDER for a real one)"
-        );
-        say(&format!(
-            "no provider configured: using the built-in fake provider at {url}"
-        ))?;
-        config.providers.mock_url = Some(url);
-    }
+        config.providers.mock_url = Some(url.clone());
+        Some(url)
+    } else {
+        None
+    };
 
     let store = keel_actors::store::open(config.store, data_dir).with_context(|| {
         format!(
@@ -89,13 +158,7 @@ async fn serve(mut config: Config) -> anyhow::Result<()> {
             data_dir.display()
         )
     })?;
-    let metrics: Option<MetricsRender> = match telemetry::install_metrics() {
-        Ok(handle) => Some(Arc::new(move || handle.render())),
-        Err(error) => {
-            tracing::warn!(error = %error, "metrics are off");
-            None
-        }
-    };
+    let held_store = Arc::downgrade(&store);
     let (runtime, report) = Runtime::open(RuntimeConfig {
         store,
         providers: config.providers.clone(),
@@ -118,54 +181,100 @@ async fn serve(mut config: Config) -> anyhow::Result<()> {
         tracing::error!(conversation = %id, why, "could not recover");
     }
 
-    let listener = tokio::net::TcpListener::bind(config.addr)
-        .await
-        .with_context(|| {
-            format!(
-                "cannot listen on {} (KEEL_ADDR): is another daemon running there?",
-                config.addr
-            )
-        })?;
-    let address = listener.local_addr().context("reading the bound address")?;
+    let listener = match tokio::net::TcpListener::bind(config.addr).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            // Let go of the data dir before saying why we cannot serve it.
+            runtime.shutdown().await;
+            return Err(error).with_context(|| {
+                format!(
+                    "cannot listen on {} (KEEL_ADDR): is another daemon running there?",
+                    config.addr
+                )
+            });
+        }
+    };
+    let addr = listener.local_addr().context("reading the bound address")?;
     let (stop, stopping) = watch::channel(false);
     let cwd = std::env::current_dir().context("reading the working directory")?;
     let state = AppState::new(
         runtime.clone(),
-        token,
+        token.clone(),
         config.model.clone(),
         cwd,
         metrics,
         stopping.clone(),
     );
     let router = api::router(state);
-    tracing::info!(%address, model = %config.model, data_dir = %data_dir.display(), "serving");
-    say(&format!("keel listening on http://{address}"))?;
-    if config.token.is_none() {
-        say(&format!(
-            "token in {}",
-            token::token_path(data_dir).display()
-        ))?;
-    }
+    tracing::info!(%addr, model = %config.model, data_dir = %data_dir.display(), "serving");
 
-    tokio::spawn(watch_signals(stop));
-    let mut until_stop = stopping.clone();
+    let mut until_stop = stopping;
     let server = axum::serve(listener, router).with_graceful_shutdown(async move {
         let _ = until_stop.wait_for(|stopping| *stopping).await;
     });
     let server = tokio::spawn(async move { server.await });
-    let mut until_stop = stopping.clone();
-    let _ = until_stop.wait_for(|stopping| *stopping).await;
-    tracing::info!("stopping: no new requests; turns in flight get the grace period");
-    let shutdown = runtime.shutdown();
-    let http = async {
-        if tokio::time::timeout(HTTP_DRAIN, server).await.is_err() {
-            tracing::warn!("some HTTP requests did not finish within {HTTP_DRAIN:?}");
+    Ok(Daemon {
+        addr,
+        token_file: config.token.is_none().then(|| token::token_path(data_dir)),
+        token,
+        builtin_mock,
+        report,
+        runtime,
+        stop,
+        server,
+        store: held_store,
+    })
+}
+
+impl Daemon {
+    /// Stop gracefully: no new connections, event streams end, and the
+    /// runtime's graceful stop (turns in flight get the grace period,
+    /// every conversation writes `SessionEnded` and a checkpoint). Returns
+    /// once both are done.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        tracing::info!("stopping: no new requests; turns in flight get the grace period");
+        let server = self.server;
+        let shutdown = self.runtime.shutdown();
+        let http = async {
+            if tokio::time::timeout(HTTP_DRAIN, server).await.is_err() {
+                tracing::warn!("some HTTP requests did not finish within {HTTP_DRAIN:?}");
+            }
+        };
+        tokio::join!(shutdown, http);
+        tracing::info!("stopped");
+    }
+
+    /// Die as a crash would, for drills: the runtime is killed where it
+    /// stands (`Runtime::crash`: no turn is interrupted or recorded, no
+    /// `SessionEnded`, no checkpoint; running tools die with their process
+    /// groups), then the HTTP server is torn down. Returns once the store is
+    /// released, so a new daemon can open the same data dir and recover
+    /// from the log as it would after a killed process.
+    pub async fn crash(self) -> anyhow::Result<()> {
+        // The runtime first: nothing may get a chance to write anything a
+        // killed process would not have written.
+        self.runtime.crash().await;
+        let _ = self.stop.send(true);
+        let mut server = self.server;
+        if tokio::time::timeout(CRASH_DRAIN, &mut server)
+            .await
+            .is_err()
+        {
+            server.abort();
         }
-    };
-    tokio::join!(shutdown, http);
-    tracing::info!("stopped");
-    say("keel stopped")?;
-    Ok(())
+        // Requests still in flight hold the runtime, and with it the store;
+        // against a killed runtime they end at once.
+        let deadline = tokio::time::Instant::now() + CRASH_DRAIN;
+        while self.store.strong_count() > 0 {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the crashed daemon still holds its store after {CRASH_DRAIN:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(())
+    }
 }
 
 /// The first SIGTERM or Ctrl-C starts a graceful stop; a second one exits
@@ -200,7 +309,7 @@ async fn signal() {
 }
 
 /// Start the fake provider in this process on a free loopback port.
-async fn start_builtin_mock() -> anyhow::Result<String> {
+pub async fn start_builtin_mock() -> anyhow::Result<String> {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
         .await
         .context("binding the built-in fake provider")?;
