@@ -7,5 +7,6 @@ pub mod api;
 pub mod cli;
 pub mod demo;
 pub mod mock_llm;
+pub mod net;
 pub mod serve;
 pub mod telemetry;

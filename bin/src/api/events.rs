@@ -11,23 +11,39 @@
 //! (evicted, crashed and restarted), the stream subscribes again from the
 //! next seq it owes, sending a fresh snapshot. A client that disconnects
 //! drops its subscription, and the actor frees the channel.
+//!
+//! Frames are bytes rendered whole (`frame`). An update the conversation
+//! publishes reaches its subscribers as one shared `Published`, and the
+//! first stream to send it renders the frame into it
+//! (`Published::rendered`); every other stream of the conversation sends
+//! those same bytes. A thousand subscribers cost one conversion and one
+//! JSON serialisation per update, not a thousand. What is one stream's own
+//! (its snapshot, `lagged`, events read from the log to resume or catch
+//! up, error frames) is rendered for that stream. The body is the stream of
+//! those bytes with a keep-alive comment (`keep_alive`).
 
-use std::convert::Infallible;
+mod frame;
+mod keep_alive;
+
+use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use futures_util::stream::{self, Stream};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream;
 use serde::{Deserialize, Serialize};
 use utoipa::IntoParams;
 
 use keel_actors::core::{ConversationId, Seq};
-use keel_actors::{ConversationHandle, Received, Subscription, Update};
+use keel_actors::{ConversationHandle, Published, Received, Subscription};
 
 use super::error::{ApiError, ApiQuery};
-use super::types::{ApiEvent, ApiLiveEvent, ErrorBody, Snapshot};
+use super::types::{ApiLiveEvent, ErrorBody, Snapshot};
 use super::{AppState, ConversationPath};
+use keep_alive::KeepAlive;
 
 /// How often an idle stream sends a comment, so proxies keep it open.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -61,7 +77,7 @@ pub async fn events(
     ConversationPath(id): ConversationPath,
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<EventsQuery>,
-) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+) -> Result<Response, ApiError> {
     let from = match headers.get("last-event-id") {
         Some(value) => {
             let seq = value
@@ -88,11 +104,19 @@ pub async fn events(
         stopping: state.stopping.clone(),
         done: false,
     };
-    Ok(Sse::new(stream::unfold(follow, |mut follow| async move {
+    let frames = stream::unfold(follow, |mut follow| async move {
         let frame = follow.next_frame().await?;
-        Some((Ok(frame), follow))
-    }))
-    .keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+        Some((frame, follow))
+    });
+    let body = Body::from_stream(KeepAlive::new(frames, KEEP_ALIVE));
+    Ok((
+        [
+            (CONTENT_TYPE, HeaderValue::from_static("text/event-stream")),
+            (CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        body,
+    )
+        .into_response())
 }
 
 async fn subscribe(
@@ -130,7 +154,7 @@ struct StreamError {
 }
 
 impl Follow {
-    async fn next_frame(&mut self) -> Option<SseEvent> {
+    async fn next_frame(&mut self) -> Option<Bytes> {
         loop {
             if self.done || *self.stopping.borrow() {
                 return None;
@@ -146,31 +170,32 @@ impl Follow {
             };
             if !self.snapshot_sent {
                 self.snapshot_sent = true;
-                return Some(frame(
+                return Some(frame::render(
                     "snapshot",
                     None,
                     &Snapshot::from(subscription.view.clone()),
                 ));
             }
             let received = tokio::select! {
-                received = subscription.next() => received,
+                // The subscription first: while frames are ready, the stop
+                // signal (checked above for every frame) is not polled, so
+                // a busy stream does not register with it each time.
+                biased;
+                received = subscription.next_published() => received,
                 _ = self.stopping.changed() => return None,
             };
             match received {
-                Received::Update(Update::Event { event }) => {
-                    let seq = event.seq;
-                    let event = ApiEvent::new(&self.id, event.as_ref().clone());
-                    return Some(frame("canonical", Some(seq), &event));
-                }
-                Received::Update(Update::Live { event }) => {
-                    return Some(frame("live", None, &ApiLiveEvent::from(event)));
-                }
+                Received::Update(published) => return Some(self.shared_frame(&published)),
                 Received::Lagged { missed } => {
-                    return Some(frame("live", None, &ApiLiveEvent::Lagged { missed }));
+                    return Some(frame::render(
+                        "live",
+                        None,
+                        &ApiLiveEvent::Lagged { missed },
+                    ));
                 }
                 Received::CatchUpFailed { error } => {
                     self.done = true;
-                    return Some(frame(
+                    return Some(frame::render(
                         "error",
                         None,
                         &StreamError {
@@ -191,13 +216,19 @@ impl Follow {
             }
         }
     }
+
+    /// The frame of an update as the conversation published it: rendered
+    /// by the first of its streams to get there, the same bytes for all.
+    fn shared_frame(&self, published: &Arc<Published>) -> Bytes {
+        published.rendered(|update| frame::update(&self.id, update))
+    }
 }
 
 impl Follow {
     /// Subscribe again after the actor stopped: it is started again from
     /// the store (or by its supervisor). `Err` ends the stream, with the
     /// frame to send last, if any.
-    async fn resubscribe(&mut self) -> Result<(), Option<SseEvent>> {
+    async fn resubscribe(&mut self) -> Result<(), Option<Bytes>> {
         let mut last_error = String::new();
         for attempt in 0..RESUBSCRIBE_TRIES {
             if *self.stopping.borrow() {
@@ -214,7 +245,7 @@ impl Follow {
             }
             tokio::time::sleep(Duration::from_millis(50) * (attempt + 1)).await;
         }
-        Err(Some(frame(
+        Err(Some(frame::render(
             "error",
             None,
             &StreamError {
@@ -224,17 +255,5 @@ impl Follow {
                 ),
             },
         )))
-    }
-}
-
-fn frame<T: Serialize>(name: &'static str, id: Option<Seq>, data: &T) -> SseEvent {
-    let event = SseEvent::default().event(name);
-    let event = match id {
-        Some(seq) => event.id(seq.to_string()),
-        None => event,
-    };
-    match serde_json::to_string(data) {
-        Ok(json) => event.data(json),
-        Err(error) => event.comment(format!("unserialisable frame: {error}")),
     }
 }
