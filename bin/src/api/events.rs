@@ -24,8 +24,11 @@
 
 mod frame;
 mod keep_alive;
+mod stop;
 
+use std::future::Future as _;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -44,6 +47,7 @@ use super::error::{ApiError, ApiQuery};
 use super::types::{ApiLiveEvent, ErrorBody, Snapshot};
 use super::{AppState, ConversationPath};
 use keep_alive::KeepAlive;
+use stop::Stop;
 
 /// How often an idle stream sends a comment, so proxies keep it open.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -101,7 +105,7 @@ pub async fn events(
         subscription: Some(subscription),
         snapshot_sent: false,
         resume_from: None,
-        stopping: state.stopping.clone(),
+        stop: Stop::new(state.stopping.clone()),
         done: false,
     };
     let frames = stream::unfold(follow, |mut follow| async move {
@@ -137,7 +141,7 @@ struct Follow {
     snapshot_sent: bool,
     /// The seq to subscribe from again once the actor's next life answers.
     resume_from: Option<Seq>,
-    stopping: tokio::sync::watch::Receiver<bool>,
+    stop: Stop,
     done: bool,
 }
 
@@ -156,7 +160,7 @@ struct StreamError {
 impl Follow {
     async fn next_frame(&mut self) -> Option<Bytes> {
         loop {
-            if self.done || *self.stopping.borrow() {
+            if self.done || self.stop.is_stopping() {
                 return None;
             }
             if self.subscription.is_none() {
@@ -176,14 +180,22 @@ impl Follow {
                     &Snapshot::from(subscription.view.clone()),
                 ));
             }
-            let received = tokio::select! {
-                // The subscription first: while frames are ready, the stop
-                // signal (checked above for every frame) is not polled, so
-                // a busy stream does not register with it each time.
-                biased;
-                received = subscription.next_published() => received,
-                _ = self.stopping.changed() => return None,
+            // The next update, or the daemon's stop. The subscription is
+            // polled first; the stop (checked above for every frame) only
+            // while no update is ready, and cheaply (`stop`).
+            let received = {
+                let stop = &mut self.stop;
+                let mut next = std::pin::pin!(subscription.next_published());
+                std::future::poll_fn(|cx| {
+                    if let Poll::Ready(received) = next.as_mut().poll(cx) {
+                        return Poll::Ready(Some(received));
+                    }
+                    stop.poll_stopped(cx).map(|()| None)
+                })
+                .await
             };
+            // `None`: the daemon is stopping.
+            let received = received?;
             match received {
                 Received::Update(published) => return Some(self.shared_frame(&published)),
                 Received::Lagged { missed } => {
@@ -231,7 +243,7 @@ impl Follow {
     async fn resubscribe(&mut self) -> Result<(), Option<Bytes>> {
         let mut last_error = String::new();
         for attempt in 0..RESUBSCRIBE_TRIES {
-            if *self.stopping.borrow() {
+            if self.stop.is_stopping() {
                 return Err(None);
             }
             match subscribe(&self.handle, self.resume_from).await {

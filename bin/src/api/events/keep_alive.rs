@@ -13,7 +13,7 @@
 use std::convert::Infallible;
 use std::future::Future as _;
 use std::pin::Pin;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -31,6 +31,10 @@ pub struct KeepAlive<S> {
     /// When the stream last sent something (a frame or a comment): the
     /// next comment is due an interval after it.
     last_sent: Instant,
+    /// The task the timer last registered, while it is still set: a
+    /// wake-up for a frame need not poll the timer again (a call into
+    /// tokio's timer per frame per stream) unless it has fired.
+    registered: Option<Waker>,
 }
 
 impl<S: Stream<Item = Bytes>> KeepAlive<S> {
@@ -41,6 +45,7 @@ impl<S: Stream<Item = Bytes>> KeepAlive<S> {
             timer: Box::pin(tokio::time::sleep_until(now + interval)),
             interval,
             last_sent: now,
+            registered: None,
         }
     }
 }
@@ -62,8 +67,20 @@ impl<S: Stream<Item = Bytes>> Stream for KeepAlive<S> {
             Poll::Ready(None) => return Poll::Ready(None),
             Poll::Pending => {}
         }
+        if !this.timer.is_elapsed()
+            && this
+                .registered
+                .as_ref()
+                .is_some_and(|registered| registered.will_wake(cx.waker()))
+        {
+            return Poll::Pending;
+        }
         loop {
-            ready!(this.timer.as_mut().poll(cx));
+            if this.timer.as_mut().poll(cx).is_pending() {
+                this.registered = Some(cx.waker().clone());
+                return Poll::Pending;
+            }
+            this.registered = None;
             let due = this.last_sent + this.interval;
             let now = Instant::now();
             if due > now {
