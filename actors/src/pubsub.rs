@@ -82,7 +82,10 @@ impl Published {
     /// `render(update)`, computed once for every holder of this update:
     /// the first caller renders and keeps the result, later callers (the
     /// other subscribers) get a clone of it. A `T` should be cheap to
-    /// clone (`bytes::Bytes`, an `Arc`).
+    /// clone (`bytes::Bytes`, an `Arc`). Every subscriber gets the first
+    /// caller's result, so `render` may depend only on the update and on
+    /// what is the same for every subscriber of the conversation (its id),
+    /// never on one subscriber's own state.
     ///
     /// The slot keeps one type. A caller asking for another type than the
     /// one kept (two embedders rendering one conversation differently in
@@ -373,5 +376,41 @@ impl Publisher {
         self.sender
             .as_ref()
             .map_or(0, |sender| sender.receiver_count())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use keel_core::state::StateName;
+
+    use super::*;
+
+    fn live() -> Published {
+        Published::new(Update::Live {
+            event: LiveEvent::StateChanged {
+                state: StateName::Idle,
+            },
+        })
+    }
+
+    #[test]
+    fn an_update_is_rendered_once_for_every_caller() {
+        let published = live();
+        let renders = AtomicUsize::new(0);
+        let render = |_: &Update| Arc::new(renders.fetch_add(1, Ordering::Relaxed));
+        let first = published.rendered(render);
+        let second = published.rendered(render);
+        assert!(Arc::ptr_eq(&first, &second));
+        assert_eq!(renders.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn another_type_is_rendered_uncached_and_the_first_stays() {
+        let published = live();
+        assert_eq!(published.rendered(|_| 7_u32), 7);
+        assert_eq!(published.rendered(|_| "other".to_owned()), "other");
+        assert_eq!(published.rendered(|_| 8_u32), 7, "the first is kept");
     }
 }

@@ -232,9 +232,17 @@ impl Follow {
     /// The frame of an update as the conversation published it: rendered
     /// by the first of its streams to get there, the same bytes for all.
     fn shared_frame(&self, published: &Arc<Published>) -> Bytes {
-        published.rendered(|update| frame::update(&self.id, update))
+        published
+            .rendered(|update| SseFrame(frame::update(&self.id, update)))
+            .0
     }
 }
+
+/// What this module keeps in a `Published`'s render-once slot, which is
+/// keyed by type: its own type, so that nothing else that renders updates
+/// to `Bytes` could take this one's place.
+#[derive(Clone)]
+struct SseFrame(Bytes);
 
 impl Follow {
     /// Subscribe again after the actor stopped: it is started again from
