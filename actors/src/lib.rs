@@ -31,7 +31,7 @@ pub use keel_store as store;
 
 pub use conversation::{ActorStats, ConversationHandle, Inspection};
 pub use image::ImageUpload;
-pub use pubsub::{Received, Subscription, Update, View};
+pub use pubsub::{Published, Received, Subscription, Update, View};
 pub use runtime::{BootReport, Runtime, RuntimeConfig, Settings};
 
 /// Failures of keel-actors that are not a domain outcome. A failed LLM

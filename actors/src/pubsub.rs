@@ -12,9 +12,17 @@
 //! updates (deltas, tool output) and is told so, and then reads the
 //! canonical events it missed from the log, in order, without duplicates.
 //! So a subscriber sees every canonical event exactly once, in seq order.
+//!
+//! The channel carries each update once, as an `Arc<`[`Published`]`>`:
+//! a thousand subscribers share one allocation instead of each cloning the
+//! event, and [`Published::rendered`] lets an embedder derive something from
+//! an update once for all of them (the daemon renders its SSE frame there,
+//! so the same JSON is not made a thousand times). This crate stays out of
+//! what is rendered: the slot is type-erased.
 
+use std::any::Any;
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde::Serialize;
 use tokio::sync::broadcast;
@@ -47,6 +55,88 @@ pub enum Update {
     Live { event: LiveEvent },
 }
 
+/// One update as the channel carries it: published once, shared by every
+/// subscriber of the conversation through an `Arc`, with a slot that an
+/// embedder fills once with what it derives from the update (see
+/// [`Published::rendered`]).
+pub struct Published {
+    update: Update,
+    /// What the first caller of [`Published::rendered`] derived from
+    /// `update`, for every later caller. Type-erased so that this crate does
+    /// not learn an embedder's formats (the daemon keeps its SSE frame here).
+    rendered: OnceLock<Box<dyn Any + Send + Sync>>,
+}
+
+impl Published {
+    pub fn new(update: Update) -> Published {
+        Published {
+            update,
+            rendered: OnceLock::new(),
+        }
+    }
+
+    pub fn update(&self) -> &Update {
+        &self.update
+    }
+
+    /// `render(update)`, computed once for every holder of this update:
+    /// the first caller renders and keeps the result, later callers (the
+    /// other subscribers) get a clone of it. A `T` should be cheap to
+    /// clone (`bytes::Bytes`, an `Arc`). Every subscriber gets the first
+    /// caller's result, so `render` may depend only on the update and on
+    /// what is the same for every subscriber of the conversation (its id),
+    /// never on one subscriber's own state.
+    ///
+    /// The slot keeps one type. A caller asking for another type than the
+    /// one kept (two embedders rendering one conversation differently in
+    /// one process) gets `render` run for it, uncached: always right,
+    /// cached for the first.
+    ///
+    /// Two subscribers that ask at the same moment do not both render: the
+    /// second waits for the first (microseconds: a serialisation).
+    pub fn rendered<T, F>(&self, render: F) -> T
+    where
+        T: Any + Send + Sync + Clone,
+        F: Fn(&Update) -> T,
+    {
+        let kept = self.rendered.get_or_init(|| Box::new(render(&self.update)));
+        match kept.downcast_ref::<T>() {
+            Some(value) => value.clone(),
+            None => render(&self.update),
+        }
+    }
+
+    /// The update, moved out when this was its last holder (an event read
+    /// from the log for one subscriber), cloned otherwise.
+    fn into_update(published: Arc<Published>) -> Update {
+        match Arc::try_unwrap(published) {
+            Ok(published) => published.update,
+            Err(shared) => shared.update.clone(),
+        }
+    }
+
+    fn canonical(event: Arc<Event>) -> Arc<Published> {
+        Arc::new(Published::new(Update::Event { event }))
+    }
+
+    /// The canonical event's seq; `None` for a live-only update.
+    fn seq(&self) -> Option<Seq> {
+        match &self.update {
+            Update::Event { event } => Some(event.seq),
+            Update::Live { .. } => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Published {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Published")
+            .field("update", &self.update)
+            .field("rendered", &self.rendered.get().is_some())
+            .finish()
+    }
+}
+
 /// A consistent picture of a conversation at one log position.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct View {
@@ -65,10 +155,11 @@ pub struct View {
     pub omitted_messages: usize,
 }
 
-/// What [`Subscription::next`] yields.
+/// What [`Subscription::next`] yields ([`Subscription::next_published`]
+/// yields the shared `Arc<Published>` in place of the update).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Received {
-    Update(Update),
+pub enum Received<U = Update> {
+    Update(U),
     /// This subscriber fell `missed` updates behind and they are gone from
     /// the channel. The live-only ones among them (deltas, tool output,
     /// state changes) are lost; the canonical events among them come next,
@@ -92,12 +183,14 @@ pub enum Received {
 pub struct Subscription {
     pub view: View,
     /// `None` only while dropping.
-    receiver: Option<broadcast::Receiver<Update>>,
+    receiver: Option<broadcast::Receiver<Arc<Published>>>,
     store: Arc<dyn EventLog>,
     /// The seq of the next canonical event this subscriber is owed.
     next_seq: Seq,
-    /// Canonical events read from the log, to yield before anything else.
-    backlog: VecDeque<Arc<Event>>,
+    /// Canonical events to yield before anything else: read from the log
+    /// (each this subscriber's own), or the channel's event that came after
+    /// a gap (shared).
+    backlog: VecDeque<Arc<Published>>,
     /// Told when this subscription is dropped, so it can free its channel.
     actor: Mailbox,
 }
@@ -115,7 +208,7 @@ impl std::fmt::Debug for Subscription {
 impl Subscription {
     pub(crate) fn new(
         view: View,
-        receiver: broadcast::Receiver<Update>,
+        receiver: broadcast::Receiver<Arc<Published>>,
         store: Arc<dyn EventLog>,
         actor: Mailbox,
     ) -> Subscription {
@@ -140,7 +233,11 @@ impl Subscription {
         if from <= self.view.last_seq {
             let count = (self.view.last_seq - from + 1) as usize;
             let events = self.store.read(&self.view.id, from, count).await?;
-            self.backlog.extend(events.into_iter().map(Arc::new));
+            self.backlog.extend(
+                events
+                    .into_iter()
+                    .map(|event| Published::canonical(Arc::new(event))),
+            );
             self.next_seq = from;
         }
         Ok(self)
@@ -152,33 +249,51 @@ impl Subscription {
         self.next_seq
     }
 
+    /// The next thing this subscriber hears about, the update its own.
     pub async fn next(&mut self) -> Received {
+        match self.next_published().await {
+            Received::Update(published) => Received::Update(Published::into_update(published)),
+            Received::Lagged { missed } => Received::Lagged { missed },
+            Received::CatchUpFailed { error } => Received::CatchUpFailed { error },
+            Received::Closed => Received::Closed,
+        }
+    }
+
+    /// The same as [`Subscription::next`], the update as the channel
+    /// shares it among the conversation's subscribers, so that what is
+    /// derived from it through [`Published::rendered`] is derived once.
+    /// (Events read from the log for this subscriber are its own.)
+    pub async fn next_published(&mut self) -> Received<Arc<Published>> {
         loop {
-            if let Some(event) = self.backlog.pop_front() {
-                self.next_seq = event.seq + 1;
-                return Received::Update(Update::Event { event });
+            if let Some(published) = self.backlog.pop_front() {
+                if let Some(seq) = published.seq() {
+                    self.next_seq = seq + 1;
+                }
+                return Received::Update(published);
             }
             let Some(receiver) = self.receiver.as_mut() else {
                 return Received::Closed;
             };
             match receiver.recv().await {
-                Ok(Update::Event { event }) if event.seq < self.next_seq => {
+                Ok(published) => match published.seq() {
+                    // Live-only.
+                    None => return Received::Update(published),
                     // Already delivered from the log.
-                }
-                Ok(Update::Event { event }) if event.seq > self.next_seq => {
-                    // A gap the channel never reported: fill it from the log.
-                    if let Err(error) = self.catch_up(Some(event.seq)).await {
-                        return Received::CatchUpFailed {
-                            error: error.to_string(),
-                        };
+                    Some(seq) if seq < self.next_seq => {}
+                    Some(seq) if seq > self.next_seq => {
+                        // A gap the channel never reported: fill it from the log.
+                        if let Err(error) = self.catch_up(Some(seq)).await {
+                            return Received::CatchUpFailed {
+                                error: error.to_string(),
+                            };
+                        }
+                        self.backlog.push_back(published);
                     }
-                    self.backlog.push_back(event);
-                }
-                Ok(Update::Event { event }) => {
-                    self.next_seq = event.seq + 1;
-                    return Received::Update(Update::Event { event });
-                }
-                Ok(live @ Update::Live { .. }) => return Received::Update(live),
+                    Some(seq) => {
+                        self.next_seq = seq + 1;
+                        return Received::Update(published);
+                    }
+                },
                 Err(broadcast::error::RecvError::Lagged(missed)) => {
                     if let Err(error) = self.catch_up(None).await {
                         return Received::CatchUpFailed {
@@ -200,7 +315,11 @@ impl Subscription {
             None => usize::MAX,
         };
         let events = self.store.read(&self.view.id, self.next_seq, limit).await?;
-        self.backlog.extend(events.into_iter().map(Arc::new));
+        self.backlog.extend(
+            events
+                .into_iter()
+                .map(|event| Published::canonical(Arc::new(event))),
+        );
         Ok(())
     }
 }
@@ -218,11 +337,11 @@ impl Drop for Subscription {
 /// The actor's side: a sender that exists only while someone listens.
 #[derive(Debug, Default)]
 pub(crate) struct Publisher {
-    sender: Option<broadcast::Sender<Update>>,
+    sender: Option<broadcast::Sender<Arc<Published>>>,
 }
 
 impl Publisher {
-    pub(crate) fn subscribe(&mut self) -> broadcast::Receiver<Update> {
+    pub(crate) fn subscribe(&mut self) -> broadcast::Receiver<Arc<Published>> {
         match &self.sender {
             Some(sender) => sender.subscribe(),
             None => {
@@ -235,7 +354,7 @@ impl Publisher {
 
     pub(crate) fn publish(&mut self, update: Update) {
         if let Some(sender) = &self.sender {
-            if sender.send(update).is_err() {
+            if sender.send(Arc::new(Published::new(update))).is_err() {
                 // Every receiver is gone: free the buffer.
                 self.sender = None;
             }
@@ -257,5 +376,41 @@ impl Publisher {
         self.sender
             .as_ref()
             .map_or(0, |sender| sender.receiver_count())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use keel_core::state::StateName;
+
+    use super::*;
+
+    fn live() -> Published {
+        Published::new(Update::Live {
+            event: LiveEvent::StateChanged {
+                state: StateName::Idle,
+            },
+        })
+    }
+
+    #[test]
+    fn an_update_is_rendered_once_for_every_caller() {
+        let published = live();
+        let renders = AtomicUsize::new(0);
+        let render = |_: &Update| Arc::new(renders.fetch_add(1, Ordering::Relaxed));
+        let first = published.rendered(render);
+        let second = published.rendered(render);
+        assert!(Arc::ptr_eq(&first, &second));
+        assert_eq!(renders.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn another_type_is_rendered_uncached_and_the_first_stays() {
+        let published = live();
+        assert_eq!(published.rendered(|_| 7_u32), 7);
+        assert_eq!(published.rendered(|_| "other".to_owned()), "other");
+        assert_eq!(published.rendered(|_| 8_u32), 7, "the first is kept");
     }
 }

@@ -9,5 +9,6 @@ pub mod cli;
 pub mod client;
 pub mod demo;
 pub mod mock_llm;
+pub mod net;
 pub mod serve;
 pub mod telemetry;

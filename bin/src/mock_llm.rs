@@ -106,7 +106,7 @@ async fn serve(options: Options, entries: Vec<Entry>) -> anyhow::Result<()> {
     // Not a graceful shutdown: a hanging request would hold it up forever,
     // and a fake provider has nothing to save.
     tokio::select! {
-        served = axum::serve(listener, app(mock)) => served.context("serving"),
+        served = axum::serve(crate::net::no_delay(listener), app(mock)) => served.context("serving"),
         () = shutdown_requested() => Ok(()),
     }
 }

@@ -29,6 +29,7 @@ use keel_actors::{BootReport, Runtime, RuntimeConfig, Settings};
 
 use crate::api::{self, AppState, MetricsRender};
 use crate::mock_llm;
+use crate::net;
 use crate::telemetry::{self, LogFormat};
 use config::Config;
 
@@ -209,7 +210,7 @@ pub async fn start(mut config: Config, metrics: Option<MetricsRender>) -> anyhow
     tracing::info!(%addr, model = %config.model, data_dir = %data_dir.display(), "serving");
 
     let mut until_stop = stopping;
-    let server = axum::serve(listener, router).with_graceful_shutdown(async move {
+    let server = axum::serve(net::no_delay(listener), router).with_graceful_shutdown(async move {
         let _ = until_stop.wait_for(|stopping| *stopping).await;
     });
     let server = tokio::spawn(async move { server.await });
@@ -315,7 +316,12 @@ pub async fn start_builtin_mock() -> anyhow::Result<String> {
         .context("binding the built-in fake provider")?;
     let address = listener.local_addr().context("reading its address")?;
     tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, mock_llm::app(mock_llm::Mock::default())).await {
+        if let Err(error) = axum::serve(
+            net::no_delay(listener),
+            mock_llm::app(mock_llm::Mock::default()),
+        )
+        .await
+        {
             tracing::error!(error = %error, "the built-in fake provider stopped");
         }
     });

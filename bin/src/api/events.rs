@@ -11,23 +11,43 @@
 //! (evicted, crashed and restarted), the stream subscribes again from the
 //! next seq it owes, sending a fresh snapshot. A client that disconnects
 //! drops its subscription, and the actor frees the channel.
+//!
+//! Frames are bytes rendered whole (`frame`). An update the conversation
+//! publishes reaches its subscribers as one shared `Published`, and the
+//! first stream to send it renders the frame into it
+//! (`Published::rendered`); every other stream of the conversation sends
+//! those same bytes. A thousand subscribers cost one conversion and one
+//! JSON serialisation per update, not a thousand. What is one stream's own
+//! (its snapshot, `lagged`, events read from the log to resume or catch
+//! up, error frames) is rendered for that stream. The body is the stream of
+//! those bytes with a keep-alive comment (`keep_alive`).
 
-use std::convert::Infallible;
+mod frame;
+mod keep_alive;
+mod stop;
+
+use std::future::Future as _;
+use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
+use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
-use futures_util::stream::{self, Stream};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::http::{HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream;
 use serde::{Deserialize, Serialize};
 use utoipa::IntoParams;
 
 use keel_actors::core::{ConversationId, Seq};
-use keel_actors::{ConversationHandle, Received, Subscription, Update};
+use keel_actors::{ConversationHandle, Published, Received, Subscription};
 
 use super::error::{ApiError, ApiQuery};
-use super::types::{ApiEvent, ApiLiveEvent, ErrorBody, Snapshot};
+use super::types::{ApiLiveEvent, ErrorBody, Snapshot};
 use super::{AppState, ConversationPath};
+use keep_alive::KeepAlive;
+use stop::Stop;
 
 /// How often an idle stream sends a comment, so proxies keep it open.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -61,7 +81,7 @@ pub async fn events(
     ConversationPath(id): ConversationPath,
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<EventsQuery>,
-) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+) -> Result<Response, ApiError> {
     let from = match headers.get("last-event-id") {
         Some(value) => {
             let seq = value
@@ -85,14 +105,22 @@ pub async fn events(
         subscription: Some(subscription),
         snapshot_sent: false,
         resume_from: None,
-        stopping: state.stopping.clone(),
+        stop: Stop::new(state.stopping.clone()),
         done: false,
     };
-    Ok(Sse::new(stream::unfold(follow, |mut follow| async move {
+    let frames = stream::unfold(follow, |mut follow| async move {
         let frame = follow.next_frame().await?;
-        Some((Ok(frame), follow))
-    }))
-    .keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+        Some((frame, follow))
+    });
+    let body = Body::from_stream(KeepAlive::new(frames, KEEP_ALIVE));
+    Ok((
+        [
+            (CONTENT_TYPE, HeaderValue::from_static("text/event-stream")),
+            (CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        body,
+    )
+        .into_response())
 }
 
 async fn subscribe(
@@ -113,7 +141,7 @@ struct Follow {
     snapshot_sent: bool,
     /// The seq to subscribe from again once the actor's next life answers.
     resume_from: Option<Seq>,
-    stopping: tokio::sync::watch::Receiver<bool>,
+    stop: Stop,
     done: bool,
 }
 
@@ -130,9 +158,9 @@ struct StreamError {
 }
 
 impl Follow {
-    async fn next_frame(&mut self) -> Option<SseEvent> {
+    async fn next_frame(&mut self) -> Option<Bytes> {
         loop {
-            if self.done || *self.stopping.borrow() {
+            if self.done || self.stop.is_stopping() {
                 return None;
             }
             if self.subscription.is_none() {
@@ -146,31 +174,40 @@ impl Follow {
             };
             if !self.snapshot_sent {
                 self.snapshot_sent = true;
-                return Some(frame(
+                return Some(frame::render(
                     "snapshot",
                     None,
                     &Snapshot::from(subscription.view.clone()),
                 ));
             }
-            let received = tokio::select! {
-                received = subscription.next() => received,
-                _ = self.stopping.changed() => return None,
+            // The next update, or the daemon's stop. The subscription is
+            // polled first; the stop (checked above for every frame) only
+            // while no update is ready, and cheaply (`stop`).
+            let received = {
+                let stop = &mut self.stop;
+                let mut next = std::pin::pin!(subscription.next_published());
+                std::future::poll_fn(|cx| {
+                    if let Poll::Ready(received) = next.as_mut().poll(cx) {
+                        return Poll::Ready(Some(received));
+                    }
+                    stop.poll_stopped(cx).map(|()| None)
+                })
+                .await
             };
+            // `None`: the daemon is stopping.
+            let received = received?;
             match received {
-                Received::Update(Update::Event { event }) => {
-                    let seq = event.seq;
-                    let event = ApiEvent::new(&self.id, event.as_ref().clone());
-                    return Some(frame("canonical", Some(seq), &event));
-                }
-                Received::Update(Update::Live { event }) => {
-                    return Some(frame("live", None, &ApiLiveEvent::from(event)));
-                }
+                Received::Update(published) => return Some(self.shared_frame(&published)),
                 Received::Lagged { missed } => {
-                    return Some(frame("live", None, &ApiLiveEvent::Lagged { missed }));
+                    return Some(frame::render(
+                        "live",
+                        None,
+                        &ApiLiveEvent::Lagged { missed },
+                    ));
                 }
                 Received::CatchUpFailed { error } => {
                     self.done = true;
-                    return Some(frame(
+                    return Some(frame::render(
                         "error",
                         None,
                         &StreamError {
@@ -191,16 +228,30 @@ impl Follow {
             }
         }
     }
+
+    /// The frame of an update as the conversation published it: rendered
+    /// by the first of its streams to get there, the same bytes for all.
+    fn shared_frame(&self, published: &Arc<Published>) -> Bytes {
+        published
+            .rendered(|update| SseFrame(frame::update(&self.id, update)))
+            .0
+    }
 }
+
+/// What this module keeps in a `Published`'s render-once slot, which is
+/// keyed by type: its own type, so that nothing else that renders updates
+/// to `Bytes` could take this one's place.
+#[derive(Clone)]
+struct SseFrame(Bytes);
 
 impl Follow {
     /// Subscribe again after the actor stopped: it is started again from
     /// the store (or by its supervisor). `Err` ends the stream, with the
     /// frame to send last, if any.
-    async fn resubscribe(&mut self) -> Result<(), Option<SseEvent>> {
+    async fn resubscribe(&mut self) -> Result<(), Option<Bytes>> {
         let mut last_error = String::new();
         for attempt in 0..RESUBSCRIBE_TRIES {
-            if *self.stopping.borrow() {
+            if self.stop.is_stopping() {
                 return Err(None);
             }
             match subscribe(&self.handle, self.resume_from).await {
@@ -214,7 +265,7 @@ impl Follow {
             }
             tokio::time::sleep(Duration::from_millis(50) * (attempt + 1)).await;
         }
-        Err(Some(frame(
+        Err(Some(frame::render(
             "error",
             None,
             &StreamError {
@@ -224,17 +275,5 @@ impl Follow {
                 ),
             },
         )))
-    }
-}
-
-fn frame<T: Serialize>(name: &'static str, id: Option<Seq>, data: &T) -> SseEvent {
-    let event = SseEvent::default().event(name);
-    let event = match id {
-        Some(seq) => event.id(seq.to_string()),
-        None => event,
-    };
-    match serde_json::to_string(data) {
-        Ok(json) => event.data(json),
-        Err(error) => event.comment(format!("unserialisable frame: {error}")),
     }
 }

@@ -18,6 +18,8 @@ pub struct Frame {
     /// The SSE `id`: a canonical event's seq; none on other frames.
     pub id: Option<String>,
     pub data: String,
+    /// The frame's bytes as they came, its closing blank line included.
+    pub raw: Vec<u8>,
 }
 
 impl Frame {
@@ -81,6 +83,8 @@ pub struct EventStream {
     event: Option<String>,
     id: Option<String>,
     data: Vec<String>,
+    /// The bytes of the frame being read.
+    raw: Vec<u8>,
     ready: VecDeque<Frame>,
     ended: bool,
 }
@@ -93,6 +97,7 @@ impl EventStream {
             event: None,
             id: None,
             data: Vec::new(),
+            raw: Vec::new(),
             ready: VecDeque::new(),
             ended: false,
         }
@@ -166,6 +171,7 @@ impl EventStream {
         self.pending.extend_from_slice(bytes);
         while let Some(end) = self.pending.iter().position(|&byte| byte == b'\n') {
             let mut line: Vec<u8> = self.pending.drain(..=end).collect();
+            self.raw.extend_from_slice(&line);
             line.pop();
             if line.last() == Some(&b'\r') {
                 line.pop();
@@ -182,11 +188,13 @@ impl EventStream {
             let event = self.event.take();
             let id = self.id.take();
             let data = std::mem::take(&mut self.data);
+            let raw = std::mem::take(&mut self.raw);
             if event.is_some() || !data.is_empty() {
                 self.ready.push_back(Frame {
                     event: event.unwrap_or_else(|| "message".to_owned()),
                     id,
                     data: data.join("\n"),
+                    raw,
                 });
             }
             return;

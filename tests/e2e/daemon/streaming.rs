@@ -262,3 +262,92 @@ async fn daemon_stream_resumes_after_last_event_id_without_gap_or_double() {
 async fn daemon_stream_resumes_from_a_seq_without_gap_or_double() {
     resumed(Wire::OpenAi, |seen| Resume::From(seen + 1)).await;
 }
+
+/// Frames until the turn completed and the conversation is idle again.
+async fn until_idle(stream: &mut super::sse::EventStream) -> Vec<Frame> {
+    let (mut completed, mut state) = (false, String::new());
+    stream
+        .until("the turn completed and the conversation idle", |frame| {
+            completed |= frame.is_canonical_of("turn_completed");
+            if frame.is_live("state_changed") {
+                state = frame.json()["state"].as_str().unwrap().to_owned();
+            }
+            completed && state == "idle"
+        })
+        .await
+}
+
+/// A frame's bytes as text, for assertions that show them.
+fn raw(frame: &Frame) -> &str {
+    std::str::from_utf8(&frame.raw).expect("SSE is UTF-8")
+}
+
+/// The daemon renders each published event once and sends those bytes to
+/// every subscriber of the conversation. Two subscribers therefore get
+/// byte-identical frames, each in the one format: `event`, then `id` (the
+/// seq) on canonical frames only, then one `data` line. A third that
+/// resumes from the log afterwards (frames rendered for it alone) gets
+/// the same canonical bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_subscribers_of_a_conversation_get_byte_identical_frames() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[]);
+    let id = daemon.create(&site, json!({})).await;
+    let mut first = daemon.events(&id, Resume::Now).await;
+    let mut second = daemon.events(&id, Resume::Now).await;
+    let start = expect_snapshot(&mut first, &id).await;
+    assert_eq!(expect_snapshot(&mut second, &id).await, start);
+
+    mock.push_script(json!([
+        {"endpoint": "anthropic", "text": "Looking.",
+         "tool_calls": [{"name": "bash", "input": {"command": "echo same-bytes-for-all"}}]},
+        {"endpoint": "anthropic", "text": "Done."},
+    ]))
+    .await;
+    daemon.send(&id, "run it").await;
+    let frames = until_idle(&mut first).await;
+    let others = until_idle(&mut second).await;
+
+    let bytes = |frames: &[Frame]| -> Vec<Vec<u8>> {
+        frames.iter().map(|frame| frame.raw.clone()).collect()
+    };
+    assert_eq!(
+        bytes(&frames),
+        bytes(&others),
+        "both subscribers got the same bytes"
+    );
+    assert!(frames.iter().any(|frame| frame.is_live("tool_output")));
+    for frame in &frames {
+        let expected = match frame.event.as_str() {
+            "canonical" => format!(
+                "event: canonical\nid: {}\ndata: {}\n\n",
+                frame.seq(),
+                frame.data
+            ),
+            "live" => format!("event: live\ndata: {}\n\n", frame.data),
+            other => panic!("unexpected {other} frame mid-stream: {}", raw(frame)),
+        };
+        assert_eq!(raw(frame), expected);
+    }
+
+    let mut resumed = daemon.events(&id, Resume::From(start + 1)).await;
+    expect_snapshot(&mut resumed, &id).await;
+    let replayed = resumed
+        .until("the turn's end, from the log", |frame| {
+            frame.is_canonical_of("turn_completed")
+        })
+        .await;
+    let live_canonical: Vec<&Frame> = canonical(&frames);
+    assert_eq!(
+        canonical(&replayed)
+            .iter()
+            .map(|frame| raw(frame))
+            .collect::<Vec<_>>(),
+        live_canonical
+            .iter()
+            .map(|frame| raw(frame))
+            .collect::<Vec<_>>(),
+        "frames read from the log are the same bytes as the live ones"
+    );
+}
