@@ -204,7 +204,11 @@ impl<'t, W: Write> Demo<'t, W> {
                 self.id
             ),
         )?;
+        // The follower connects on its first `next`: wait for its snapshot
+        // now, so the next step's message cannot be answered before it
+        // listens.
         self.events = Some(self.api.events(&self.id, None));
+        self.until(|frame| frame.event == "snapshot").await?;
         Ok(())
     }
 

@@ -42,7 +42,11 @@ async fn until_canonical(events: &mut Events, done: impl Fn(&ApiEventKind) -> bo
             Instant::now() < deadline,
             "not within {PATIENCE:?}: {frames:#?}"
         );
-        let frame = next(events).await;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let frame = tokio::time::timeout(left, events.next())
+            .await
+            .unwrap_or_else(|_| panic!("not within {PATIENCE:?}: {frames:#?}"))
+            .expect("the follower goes on");
         let finished = matches!(&frame, Frame::Canonical(event) if done(&event.kind));
         frames.push(frame);
         if finished {
@@ -195,7 +199,10 @@ async fn client_events_resume_after_a_daemon_restart() {
     let client = client_of(&daemon);
     let id = client.create(&create_in(&site)).await.unwrap().id;
     let mut events = client.events(&id, None).with_patience(Some(PATIENCE));
-    let mut seen = Vec::new();
+    // The follower connects on its first `next`: listen before sending,
+    // or a fast turn ends before the snapshot and is never seen.
+    let mut seen = vec![next(&mut events).await];
+    assert!(matches!(seen[0], Frame::Snapshot(_)), "a snapshot first");
     client.send_text(&id, "before").await.unwrap();
     seen.extend(
         until_canonical(&mut events, |kind| {
@@ -212,7 +219,11 @@ async fn client_events_resume_after_a_daemon_restart() {
     let mut reconnecting = false;
     loop {
         assert!(Instant::now() < deadline);
-        match next(&mut events).await {
+        let frame = tokio::time::timeout(PATIENCE, events.next())
+            .await
+            .unwrap_or_else(|_| panic!("no frame in time after the restart; seen: {seen:#?}"))
+            .expect("the follower goes on");
+        match frame {
             Frame::Reconnecting { .. } => reconnecting = true,
             Frame::Snapshot(_) if reconnecting => break,
             frame => seen.push(frame),
