@@ -509,8 +509,13 @@ async fn http_turns(mock_url: &str, sizes: &Sizes) -> Turns {
 }
 
 /// The same turns through the library, in this process, on a runtime set
-/// up as `keel serve` sets up its own.
+/// up as `keel serve` sets up its own, with the telemetry `keel serve`
+/// installs (the tracing subscriber filtered by `RUST_LOG`, logging to
+/// stderr as the daemon's does, and the Prometheus recorder): what the
+/// comparison leaves is the HTTP layer's own cost, not the logging and
+/// metrics every embedder may install as well.
 fn library_turns(mock_url: &str, sizes: &Sizes) -> Turns {
+    install_daemon_telemetry();
     let tokio = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -579,6 +584,20 @@ fn library_turns(mock_url: &str, sizes: &Sizes) -> Turns {
     });
     drop(tokio);
     figures
+}
+
+/// Install `keel serve`'s tracing subscriber and metrics recorder in this
+/// process, once (both are process-global). The HTTP client side of the
+/// bench emits no spans or metrics, so only the library rounds pay for it.
+fn install_daemon_telemetry() {
+    static INSTALLED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        let guard = keel::telemetry::init_tracing(keel::telemetry::LogFormat::Plain)
+            .expect("install the daemon's tracing subscriber");
+        // Kept for the life of the process, as the daemon keeps its own.
+        std::mem::forget(guard);
+        let _metrics = keel::telemetry::install_metrics().expect("install the metrics recorder");
+    });
 }
 
 /// One turn through the library; returns how many tool results it had.
@@ -744,7 +763,7 @@ fn print_table(
             listed(http)
         );
         println!(
-            "| the same turns through the library, in process | {:.2} ms ({}) | - | - |",
+            "| the same turns through the library, in process, with the daemon's telemetry | {:.2} ms ({}) | - | - |",
             median(library.clone()),
             listed(library)
         );
