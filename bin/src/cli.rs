@@ -116,26 +116,8 @@ pub enum Command {
     },
     /// Create a conversation; prints its id.
     New {
-        /// The directory its tools run in (default: this one).
-        #[arg(long, value_name = "DIR")]
-        cwd: Option<PathBuf>,
-        /// The model (default: the daemon's).
-        #[arg(long)]
-        model: Option<String>,
-        /// The provider: anthropic, openai or mock (default: the daemon's).
-        #[arg(long, value_parser = parse_provider)]
-        provider: Option<ApiProvider>,
-        /// What a message sent mid-turn does: reject (default), interrupt
-        /// or queue.
-        #[arg(long, value_parser = parse_busy_policy)]
-        busy_policy: Option<ApiBusyPolicy>,
-        /// The system prompt.
-        #[arg(long)]
-        system: Option<String>,
-        /// How a tool runs, as NAME=POLICY with POLICY auto, approve or
-        /// client; repeatable (`--tool bash=approve`).
-        #[arg(long = "tool", value_name = "NAME=POLICY", value_parser = parse_tool)]
-        tools: Vec<(String, ApiToolPolicy)>,
+        #[command(flatten)]
+        options: commands::NewOptions,
         /// Print `{"id": …}`.
         #[arg(long)]
         json: bool,
@@ -298,25 +280,7 @@ fn run_client(command: Command) -> anyhow::Result<Exit> {
     runtime.block_on(async move {
         match command {
             Command::Ls { all, json } => commands::ls(&client, all, json).await,
-            Command::New {
-                cwd,
-                model,
-                provider,
-                busy_policy,
-                system,
-                tools,
-                json,
-            } => {
-                let options = commands::NewOptions {
-                    cwd,
-                    model,
-                    provider,
-                    busy_policy,
-                    system,
-                    tools,
-                };
-                commands::new(&client, options, json).await
-            }
+            Command::New { options, json } => commands::new(&client, options, json).await,
             Command::Send {
                 id,
                 text,
@@ -434,9 +398,13 @@ mod tests {
         ])
         .unwrap();
         let Command::New {
-            busy_policy,
-            provider,
-            tools,
+            options:
+                commands::NewOptions {
+                    busy_policy,
+                    provider,
+                    tools,
+                    ..
+                },
             ..
         } = cli.command
         else {

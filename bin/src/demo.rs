@@ -251,12 +251,7 @@ impl<'t, W: Write> Demo<'t, W> {
             "the model calls bash: an approval, waited for and granted",
         )?;
         self.say(&format!("run: {HELLO_COMMAND}")).await?;
-        let suspended = self.until(|frame| is_canonical(frame, "suspended")).await?;
-        let call = &suspended.data["pending"][0];
-        let call_id = call["tool_call_id"]
-            .as_str()
-            .ok_or_else(|| anyhow!("no pending call in {}", suspended.data))?
-            .to_owned();
+        let (call_id, call) = self.suspended_call().await?;
         let state = self.state().await?;
         ensure!(
             state == "awaiting_input",
@@ -297,16 +292,23 @@ impl<'t, W: Write> Demo<'t, W> {
         Ok(())
     }
 
+    /// Wait for the turn to suspend on a call; its id and the pending call.
+    async fn suspended_call(&mut self) -> anyhow::Result<(String, Value)> {
+        let suspended = self.until(|frame| is_canonical(frame, "suspended")).await?;
+        let call = suspended.data["pending"][0].clone();
+        let call_id = call["tool_call_id"]
+            .as_str()
+            .ok_or_else(|| anyhow!("no pending call in {}", suspended.data))?
+            .to_owned();
+        Ok((call_id, call))
+    }
+
     /// Step 5.
     async fn cancel_mid_tool(&mut self) -> anyhow::Result<()> {
         self.trace
             .step(5, "cancel while a command's process tree runs")?;
         self.say(&format!("run: {TREE_COMMAND}")).await?;
-        let suspended = self.until(|frame| is_canonical(frame, "suspended")).await?;
-        let call_id = suspended.data["pending"][0]["tool_call_id"]
-            .as_str()
-            .ok_or_else(|| anyhow!("no pending call in {}", suspended.data))?
-            .to_owned();
+        let (call_id, _call) = self.suspended_call().await?;
         self.approve(&call_id).await?;
         self.trace.fact(
             "approved",

@@ -34,14 +34,7 @@ pub async fn run(client: Client, id: Option<String>, json: bool) -> anyhow::Resu
             id
         }
         None => {
-            let request = commands::create_request(NewOptions {
-                cwd: None,
-                model: None,
-                provider: None,
-                busy_policy: None,
-                system: None,
-                tools: Vec::new(),
-            })?;
+            let request = commands::create_request(NewOptions::default())?;
             client.create(&request).await?.id
         }
     };

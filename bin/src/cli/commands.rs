@@ -52,12 +52,27 @@ pub async fn ls(client: &Client, all: bool, json: bool) -> anyhow::Result<Exit> 
 }
 
 /// What `keel new` asks for.
+#[derive(Debug, Default, clap::Args)]
 pub struct NewOptions {
+    /// The directory its tools run in (default: this one).
+    #[arg(long, value_name = "DIR")]
     pub cwd: Option<PathBuf>,
+    /// The model (default: the daemon's).
+    #[arg(long)]
     pub model: Option<String>,
+    /// The provider: anthropic, openai or mock (default: the daemon's).
+    #[arg(long, value_parser = super::parse_provider)]
     pub provider: Option<ApiProvider>,
+    /// What a message sent mid-turn does: reject (default), interrupt
+    /// or queue.
+    #[arg(long, value_parser = super::parse_busy_policy)]
     pub busy_policy: Option<ApiBusyPolicy>,
+    /// The system prompt.
+    #[arg(long)]
     pub system: Option<String>,
+    /// How a tool runs, as NAME=POLICY with POLICY auto, approve or
+    /// client; repeatable (`--tool bash=approve`).
+    #[arg(long = "tool", value_name = "NAME=POLICY", value_parser = super::parse_tool)]
     pub tools: Vec<(String, ApiToolPolicy)>,
 }
 
