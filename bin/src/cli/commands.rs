@@ -11,8 +11,8 @@ use super::output::{self, Paint};
 use super::turn::tool_input;
 use super::Exit;
 use crate::api::types::{
-    ApiBusyPolicy, ApiDecisionKind, ApiEvent, ApiEventKind, ApiProvider, ApiToolPolicy,
-    CreateConversation,
+    ApiBusyPolicy, ApiDecisionKind, ApiEvent, ApiEventKind, ApiModelChoice, ApiProvider,
+    ApiToolPolicy, CreateConversation,
 };
 use crate::client::{Client, Frame};
 
@@ -74,6 +74,10 @@ pub struct NewOptions {
     /// client; repeatable (`--tool bash=approve`).
     #[arg(long = "tool", value_name = "NAME=POLICY", value_parser = super::parse_tool)]
     pub tools: Vec<(String, ApiToolPolicy)>,
+    /// Ask this provider (and model) once the primary's retries are
+    /// exhausted: PROVIDER or PROVIDER/MODEL (`--fallback openai/gpt-4o`).
+    #[arg(long, value_name = "PROVIDER[/MODEL]", value_parser = super::parse_fallback)]
+    pub fallback: Option<ApiModelChoice>,
 }
 
 /// `keel new`: prints the new conversation's id.
@@ -103,6 +107,8 @@ pub fn create_request(options: NewOptions) -> anyhow::Result<CreateConversation>
         model: options.model,
         busy_policy: options.busy_policy,
         tools: options.tools.into_iter().collect(),
+        fallback: options.fallback,
+        ..CreateConversation::default()
     })
 }
 

@@ -1,0 +1,8 @@
+//! `keel drill`: the claims keel makes about failure, turned into commands
+//! anyone can run against the real daemon.
+//!
+//! - `keel drill faults` (`faults`): every fault the fake provider can
+//!   stage, in both wire formats, with and without a fallback, each checked
+//!   against the end state it must reach (docs/drills.md).
+
+pub mod faults;
