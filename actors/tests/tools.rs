@@ -132,6 +132,12 @@ async fn the_command_reaches_bash_verbatim() {
 }
 
 #[tokio::test]
+async fn the_command_knows_its_tool_call_id() {
+    let outcome = bash(json!({"command": "printf %s \"$KEEL_TOOL_CALL_ID\""})).await;
+    assert_eq!(outcome, ToolOutcome::ok("toolu_test"));
+}
+
+#[tokio::test]
 async fn a_command_with_no_output_says_so() {
     let outcome = bash(json!({"command": "true"})).await;
     assert_eq!(outcome, ToolOutcome::ok("(no output)"));
