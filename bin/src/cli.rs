@@ -263,6 +263,30 @@ fn parse_tool(text: &str) -> Result<(String, ApiToolPolicy), String> {
 /// `keel drill …`.
 #[derive(Debug, Subcommand)]
 pub enum DrillCommand {
+    /// Kill a daemon with SIGKILL again and again while conversations
+    /// stream, run tools, wait for approvals and retry; restart it on the
+    /// same data dir and check after every restart that every acknowledged
+    /// event is in the log, seqs are contiguous, every tool call has one
+    /// result, pending approvals still wait, no tool process outlived its
+    /// daemon, and at the end that nothing stays busy and no side effect
+    /// ran twice under different ids. Exits 1 on any violation.
+    Crash {
+        /// Conversations working at once.
+        #[arg(long, default_value_t = 6)]
+        conversations: usize,
+        /// How many times to kill the daemon.
+        #[arg(long, default_value_t = 20)]
+        kills: usize,
+        /// Fixes the workload and the kill schedule (printed when not given).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Aim every kill at a moment when some conversation is in this state.
+        #[arg(long, value_enum, default_value_t = drill::crash::Boundary::Any)]
+        at: drill::crash::Boundary,
+        /// The report as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Every fault of the fake provider (error statuses, retry-after, a cut
     /// or stalled stream, malformed SSE, an error event, a slow drip, a
     /// hang, a refused connection), in both wire formats, with and without
@@ -298,6 +322,30 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
         }
         Command::MockLlm { port, host, script } => {
             mock_llm::run(mock_llm::Options { host, port, script }).map(|()| Exit::Ok)
+        }
+        Command::Drill(DrillCommand::Crash {
+            conversations,
+            kills,
+            seed,
+            at,
+            json,
+        }) => {
+            let stdout = io::stdout().lock();
+            let report = drill::crash::run(
+                io::LineWriter::new(stdout),
+                drill::crash::Options {
+                    conversations,
+                    kills,
+                    seed,
+                    at,
+                    json,
+                },
+            )?;
+            Ok(if report.violations.is_empty() {
+                Exit::Ok
+            } else {
+                Exit::Failed
+            })
         }
         Command::Drill(DrillCommand::Faults { only, json }) => {
             let stdout = io::stdout().lock();

@@ -1,4 +1,11 @@
-//! `keel drill faults` as a user runs it: the real binary starts its own
+//! `keel drill crash` and `keel drill faults` as a user runs them.
+//!
+//! The crash drill, short (the few dozen kills CI can afford): the real
+//! binary kills its own daemon with SIGKILL while conversations stream, run
+//! tools and wait for approvals, and must find no violation; its report
+//! must show the kills landed where the work was.
+//!
+//! `keel drill faults`: the real binary starts its own
 //! daemon and fake provider, walks the fault matrix and exits 0 only if
 //! every case reached its expected end state. Its `--json` lines are
 //! checked here against the promises themselves, not only its verdict:
@@ -125,4 +132,56 @@ fn an_unknown_fault_is_refused_with_the_list() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("no fault matches"), "{stderr}");
     assert!(stderr.contains("429 rate limited"), "{stderr}");
+}
+
+#[test]
+fn a_short_crash_drill_finds_nothing_lost_doubled_or_stuck() {
+    let lines = keel_json_lines(&[
+        "drill",
+        "crash",
+        "--kills",
+        "24",
+        "--conversations",
+        "4",
+        "--seed",
+        "11",
+        "--json",
+    ]);
+    let report = &lines[0];
+    assert_eq!(report["violations"], serde_json::json!([]), "{report:#}");
+    assert_eq!(report["kills"], 24);
+    assert_eq!(report["seed"], 11);
+    assert!(report["kept"].is_null(), "{report:#}");
+    for counted in ["turns", "tool_calls", "approvals", "checks_passed"] {
+        assert!(
+            report[counted].as_u64().unwrap() > 0,
+            "{counted}: {report:#}"
+        );
+    }
+    // The work was under way when the kills landed.
+    let by_state = report["kills_by_state"].as_object().unwrap();
+    assert!(
+        by_state.contains_key("streaming") || by_state.contains_key("executing_tools"),
+        "{report:#}"
+    );
+}
+
+#[test]
+fn an_aimed_crash_drill_lands_every_kill_mid_tool() {
+    let lines = keel_json_lines(&[
+        "drill",
+        "crash",
+        "--kills",
+        "5",
+        "--conversations",
+        "3",
+        "--at",
+        "mid-tool",
+        "--json",
+    ]);
+    let report = &lines[0];
+    assert_eq!(report["violations"], serde_json::json!([]), "{report:#}");
+    assert_eq!(report["at"], "mid-tool");
+    assert_eq!(report["missed_aims"], 0, "{report:#}");
+    assert_eq!(report["kills_by_state"]["executing_tools"], 5, "{report:#}");
 }
