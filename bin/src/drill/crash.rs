@@ -1158,6 +1158,13 @@ mod tests {
             .spawn()
             .expect("sleep runs");
         let pid = child.id();
+        // Until the fork has exec'd `sleep`, its environment is still ours.
+        let started = Instant::now();
+        while !survivors(&run_id, 4).iter().any(|(found, ..)| *found == pid)
+            && started.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let of_later = survivors(&run_id, 4);
         let of_same = survivors(&run_id, 3);
         let of_other_run = survivors("another-run", 4);
