@@ -36,6 +36,7 @@ fn context(input: Value, cwd: &Path, output: ToolOutput) -> ToolContext {
             input,
         },
         cwd: cwd.to_path_buf(),
+        may_leave_cwd: false,
         output,
         ledger: None,
     }

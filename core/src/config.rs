@@ -137,6 +137,13 @@ pub struct ConversationConfig {
     /// Largest generation the model may produce per request.
     pub max_tokens: u32,
     pub sub_agent: SubAgentLimits,
+    /// Whether the file tools (`read_file`, `write_file`, `edit_file`,
+    /// `glob`, `grep`) may reach paths outside the working directory. False
+    /// by default: a path that resolves outside it (`..`, an absolute path
+    /// elsewhere, a symlink pointing out) is refused, so a model working on
+    /// one project does not wander into the rest of the machine by mistake.
+    /// It is not a sandbox: `bash` is not confined.
+    pub tools_may_leave_cwd: bool,
 }
 
 impl Default for ConversationConfig {
@@ -157,6 +164,7 @@ impl Default for ConversationConfig {
             max_requests_per_turn: 50,
             max_tokens: 8192,
             sub_agent: SubAgentLimits::default(),
+            tools_may_leave_cwd: false,
         }
     }
 }
