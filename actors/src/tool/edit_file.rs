@@ -8,11 +8,16 @@
 //! never recorded). Run literally, the repeat would fail (`old_string` is
 //! gone) or, when `new_string` contains `old_string`, apply the edit a
 //! second time. So before failing on "no match" or applying an edit, the
-//! tool asks whether the file already looks edited: `new_string` occurs,
-//! and every occurrence of `old_string` lies inside one of `new_string`.
-//! Then it changes nothing and says "already applied". The cost is that an
-//! edit whose every target already sits inside its own replacement is taken
-//! as done; such an edit would only nest the replacement in itself.
+//! tool asks whether the file already looks edited: `new_string` occurs
+//! (exactly once, unless `replace_all`), and every occurrence of
+//! `old_string` lies inside one of `new_string`. Then it changes nothing
+//! and says so, as a success. The cost is that an edit whose every target
+//! already sits inside its own replacement is taken as done (applying it
+//! would only nest the replacement in itself), and that a model whose
+//! `old_string` is wrong while its `new_string` is already in the file once
+//! is told the file already has that text instead of "0 matches": true,
+//! and as useful. Requiring exactly one occurrence keeps a common
+//! `new_string` (a lone `}`) from passing for an applied edit.
 
 use std::io;
 
@@ -131,7 +136,13 @@ fn edit(input: EditInput, confinement: &Confinement, _cancel: &Cancel) -> ToolOu
         .match_indices(&input.old_string)
         .map(|(at, _)| at)
         .collect();
-    if already_applied(&text, &olds, &input.old_string, &input.new_string) {
+    if already_applied(
+        &text,
+        &olds,
+        &input.old_string,
+        &input.new_string,
+        input.replace_all,
+    ) {
         return ToolOutcome::ok(format!(
             "{shown} already has this edit (new_string is there and old_string only inside \
              it), so nothing was changed; this call probably ran before"
@@ -168,13 +179,18 @@ fn edit(input: EditInput, confinement: &Confinement, _cancel: &Cancel) -> ToolOu
 
 /// Whether `text` looks like it already went through this edit: see the
 /// module docs. `olds` are the byte offsets of `old`'s matches in `text`.
-fn already_applied(text: &str, olds: &[usize], old: &str, new: &str) -> bool {
+fn already_applied(text: &str, olds: &[usize], old: &str, new: &str, replace_all: bool) -> bool {
     if new.is_empty() {
         // A deletion leaves nothing to recognise it by.
         return false;
     }
     let news: Vec<usize> = text.match_indices(new).map(|(at, _)| at).collect();
-    !news.is_empty()
+    let expected = if replace_all {
+        !news.is_empty()
+    } else {
+        news.len() == 1
+    };
+    expected
         && olds.iter().all(|&old_at| {
             news.iter()
                 .any(|&new_at| new_at <= old_at && old_at + old.len() <= new_at + new.len())
@@ -286,6 +302,17 @@ mod tests {
         let again = case.edit("call(a);", "call(a);\ncall(b);", false);
         assert!(again.content.contains("already has this edit"), "{again:?}");
         assert_eq!(case.text(), "call(a);\ncall(b);\n");
+
+        // A new_string the file holds several times proves nothing.
+        let case = Case::new("{\n}\n{\n}\n");
+        let outcome = case.edit("{{", "}", false);
+        assert!(outcome.is_error, "{outcome:?}");
+        assert!(outcome.content.contains("(0 matches)"), "{outcome:?}");
+        // Unless every occurrence was meant to be replaced.
+        let case = Case::new("a = x; b = x;\n");
+        assert!(!case.edit("x", "y", true).is_error);
+        let again = case.edit("x", "y", true);
+        assert!(again.content.contains("already has this edit"), "{again:?}");
     }
 
     #[test]
