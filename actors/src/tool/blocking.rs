@@ -72,3 +72,74 @@ where
         Err(error) => ToolOutcome::error(format!("the tool failed: {error}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::time::Duration;
+
+    use keel_core::message::ToolCall;
+    use keel_core::ToolCallId;
+    use serde_json::json;
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::tool::ToolOutput;
+
+    fn context(input: serde_json::Value) -> ToolContext {
+        ToolContext {
+            call: ToolCall {
+                id: ToolCallId::new("toolu_blocking"),
+                name: "walker".to_owned(),
+                input,
+            },
+            cwd: std::env::temp_dir(),
+            may_leave_cwd: false,
+            output: ToolOutput::discard(),
+            ledger: None,
+        }
+    }
+
+    #[derive(serde::Deserialize)]
+    struct Nothing {}
+
+    /// Dropping the call's future (cancel) raises the flag the blocking
+    /// work watches, so a long walk stops instead of running on unseen.
+    #[tokio::test]
+    async fn dropping_the_call_stops_the_blocking_work() {
+        let (events, mut heard) = mpsc::unbounded_channel();
+        let ctx = context(json!({}));
+        let call = run(&ctx, move |_: Nothing, _: &Confinement, cancel: &Cancel| {
+            let _ = events.send("started");
+            while !cancel.is_raised() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let _ = events.send("stopped");
+            ToolOutcome::ok("never seen")
+        });
+        let patience = Duration::from_secs(20);
+        let mut call = Box::pin(call);
+        tokio::select! {
+            _ = &mut call => panic!("the work cannot end before it is cancelled"),
+            started = heard.recv() => assert_eq!(started, Some("started")),
+        }
+        drop(call);
+        let stopped = tokio::time::timeout(patience, heard.recv()).await;
+        assert_eq!(stopped.expect("the work did not stop"), Some("stopped"));
+    }
+
+    #[tokio::test]
+    async fn input_the_tool_cannot_parse_is_an_error_result() {
+        let ctx = context(json!("not an object"));
+        let outcome = run(&ctx, |_: Nothing, _: &Confinement, _: &Cancel| {
+            ToolOutcome::ok("never runs")
+        })
+        .await;
+        assert!(outcome.is_error);
+        assert!(
+            outcome.content.starts_with("bad input for walker"),
+            "{outcome:?}"
+        );
+    }
+}

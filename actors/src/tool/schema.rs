@@ -120,4 +120,29 @@ mod tests {
             "{problems}"
         );
     }
+
+    /// A tool whose own schema is broken.
+    struct Broken;
+
+    #[async_trait::async_trait]
+    impl Tool for Broken {
+        fn spec(&self) -> ToolSpec {
+            ToolSpec {
+                name: "broken".to_owned(),
+                description: String::new(),
+                input_schema: json!({"type": 5}),
+            }
+        }
+
+        async fn run(&self, _ctx: ToolContext) -> ToolOutcome {
+            ToolOutcome::ok("ran")
+        }
+    }
+
+    #[test]
+    fn a_tool_whose_schema_does_not_compile_runs_unchecked() {
+        let checked = Checked::new(Arc::new(Broken));
+        assert!(checked.validator.is_none());
+        assert!(checked.problems("broken", &json!("anything")).is_none());
+    }
 }
