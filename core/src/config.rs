@@ -174,3 +174,24 @@ impl ConversationConfig {
         self.tools.get(tool_name).copied().unwrap_or_default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// Logs written before a field existed still decode, with the field's
+    /// default: in JSON (record version 1) and in named MessagePack
+    /// (version 2 and checkpoints).
+    #[test]
+    fn a_config_recorded_before_tools_may_leave_cwd_reads_as_confined() {
+        let mut old = serde_json::to_value(ConversationConfig::default()).unwrap();
+        old.as_object_mut().unwrap().remove("tools_may_leave_cwd");
+        let from_json: ConversationConfig = serde_json::from_value(old.clone()).unwrap();
+        assert!(!from_json.tools_may_leave_cwd);
+        let packed = rmp_serde::to_vec_named(&old).unwrap();
+        let from_msgpack: ConversationConfig = rmp_serde::from_slice(&packed).unwrap();
+        assert_eq!(from_msgpack, ConversationConfig::default());
+    }
+}
