@@ -155,8 +155,9 @@ pub(crate) fn counted(n: usize, singular: &str, plural: &str) -> String {
 ///   `new_string` in its place, and says the edit is already applied
 ///   instead of failing.
 /// - `bash` records its process group under the `tool_call_id` so that a
-///   restarted runtime kills what outlived the first run; the command
-///   itself runs again, and a non-idempotent command is the model's risk.
+///   restarted runtime kills what outlived the first run. The command
+///   itself runs again; it finds the id in `$KEEL_TOOL_CALL_ID`, so a
+///   command with side effects can key them on it and skip a repeat.
 ///
 /// A tool that talks to an outside service should pass the `tool_call_id`
 /// on as that service's idempotency key where it takes one.
