@@ -177,9 +177,9 @@ pub trait Tool: Send + Sync + 'static {
 /// The tools a runtime offers, by name. Cheap to clone: the map is shared,
 /// and copied only when a clone registers a tool.
 ///
-/// Each tool is kept wrapped in a [`schema::Checked`]: its input schema is
-/// compiled once, at registration, and every call's input is checked
-/// against it before the tool runs.
+/// Each tool is kept wrapped in a `Checked` (`tool/schema.rs`): its input
+/// schema is compiled once, at registration, and every call's input is
+/// checked against it before the tool runs.
 #[derive(Clone, Default)]
 pub struct ToolRegistry {
     /// Ordered by name, so specs come out in the same order on every request
