@@ -565,6 +565,21 @@ mod tests {
     }
 
     #[test]
+    fn new_lets_the_file_tools_leave_the_working_directory_only_when_asked() {
+        let allowed = |args: &[&str]| {
+            let cli = Cli::try_parse_from(args).unwrap();
+            let Command::New { options, .. } = cli.command else {
+                panic!("new parses to Command::New")
+            };
+            commands::create_request(options)
+                .unwrap()
+                .tools_may_leave_cwd
+        };
+        assert!(!allowed(&["keel", "new"]));
+        assert!(allowed(&["keel", "new", "--tools-may-leave-cwd"]));
+    }
+
+    #[test]
     fn every_client_command_takes_json() {
         for args in [
             vec!["ls"],

@@ -30,7 +30,7 @@ use crate::time::Timestamp;
 /// whenever the same events would give a different working set, or one
 /// with other fields: checkpoints (`codec::checkpoint`) written by another
 /// version are then ignored and the log replayed.
-pub const REDUCER_VERSION: u32 = 4;
+pub const REDUCER_VERSION: u32 = 5;
 
 /// How many of the latest resolutions the working set keeps on record
 /// (`WorkingSet::resolved`).

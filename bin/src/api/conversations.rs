@@ -85,6 +85,7 @@ pub async fn create(
             .into_iter()
             .map(|(name, policy)| (name, policy.into()))
             .collect(),
+        tools_may_leave_cwd: request.tools_may_leave_cwd,
         ..ConversationConfig::default()
     };
     if let Some(policy) = request.busy_policy {

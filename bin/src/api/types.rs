@@ -57,6 +57,11 @@ pub struct CreateConversation {
     /// Longest a whole LLM request may take before it counts as a
     /// (retryable) timeout; 0 or left out: no limit.
     pub request_timeout_ms: Option<u64>,
+    /// Let the file tools (`read_file`, `write_file`, `edit_file`, `glob`,
+    /// `grep`) reach paths outside `cwd`. Default false: a path that
+    /// resolves outside it (`..`, absolute, through a symlink) is refused.
+    #[serde(default)]
+    pub tools_may_leave_cwd: bool,
 }
 
 /// A provider and, optionally, its model.
@@ -361,6 +366,8 @@ pub struct ConversationDetail {
     pub provider: ApiProvider,
     pub model: String,
     pub busy_policy: ApiBusyPolicy,
+    /// Whether the file tools may reach paths outside `cwd`.
+    pub tools_may_leave_cwd: bool,
     pub last_seq: u64,
     pub turn: u32,
     pub usage: ApiUsage,
@@ -388,6 +395,7 @@ impl From<Inspection> for ConversationDetail {
             provider: inspection.config.primary.provider.into(),
             model: inspection.config.primary.model,
             busy_policy: inspection.config.busy_policy.into(),
+            tools_may_leave_cwd: inspection.config.tools_may_leave_cwd,
             last_seq: inspection.last_seq,
             turn: inspection.turn,
             usage: inspection.usage.into(),

@@ -78,6 +78,10 @@ pub struct NewOptions {
     /// exhausted: PROVIDER or PROVIDER/MODEL (`--fallback openai/gpt-4o`).
     #[arg(long, value_name = "PROVIDER[/MODEL]", value_parser = super::parse_fallback)]
     pub fallback: Option<ApiModelChoice>,
+    /// Let the file tools reach paths outside the working directory
+    /// (refused by default; `bash` is never confined).
+    #[arg(long)]
+    pub tools_may_leave_cwd: bool,
 }
 
 /// `keel new`: prints the new conversation's id.
@@ -108,6 +112,7 @@ pub fn create_request(options: NewOptions) -> anyhow::Result<CreateConversation>
         busy_policy: options.busy_policy,
         tools: options.tools.into_iter().collect(),
         fallback: options.fallback,
+        tools_may_leave_cwd: options.tools_may_leave_cwd,
         ..CreateConversation::default()
     })
 }
