@@ -3,7 +3,8 @@
 //! and sled): full turns with a real `bash` tool, busy policies, cancel from
 //! every busy state, crash restarts, eviction, concurrent `ensure_started`,
 //! a runtime dropped mid-turn and reopened on the same store, attached
-//! images (`runtime/images.rs`) and the file tools (`runtime/file_tools.rs`).
+//! images (`runtime/images.rs`), the file tools (`runtime/file_tools.rs`)
+//! and replay equals live across random crashes (`runtime/replay.rs`).
 //!
 //! Tests wait on the conversation's own updates (state changes through a
 //! subscription) or on the mock's recording, never on sleeps; every wait is
@@ -32,6 +33,7 @@ use crate::harness::{group_is_gone, group_member_states, MockLlm};
 mod actors;
 mod file_tools;
 mod images;
+mod replay;
 
 /// Longest any wait here may take before the test fails.
 pub(crate) const PATIENCE: Duration = Duration::from_secs(20);
