@@ -22,7 +22,7 @@ use crate::api::types::{
     ApiBusyPolicy, ApiDecisionKind, ApiModelChoice, ApiProvider, ApiToolPolicy,
 };
 use crate::client::Client;
-use crate::{demo, drill, mock_llm, serve};
+use crate::{bench, demo, drill, mock_llm, serve};
 
 /// How a command ends, as its exit status. Scripts branch on these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +88,19 @@ pub enum Command {
     /// and recovery, and the log. Removes everything it made.
     Demo {
         /// Print one JSON object per line instead of a trace for people.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure a daemon as its users see it: keel serve as a child process
+    /// against the fake provider at zero delay, driven over HTTP and SSE;
+    /// turns per second, keel's own CPU per turn (from /proc) and latency
+    /// at several numbers of conversations, memory per idle conversation,
+    /// restart to ready, cold load, cancel to idle.
+    Bench {
+        /// Small numbers, for a smoke run (seconds instead of minutes).
+        #[arg(long)]
+        quick: bool,
+        /// The report as one JSON object.
         #[arg(long)]
         json: bool,
     },
@@ -323,6 +336,11 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
         Command::MockLlm { port, host, script } => {
             mock_llm::run(mock_llm::Options { host, port, script }).map(|()| Exit::Ok)
         }
+        Command::Bench { quick, json } => {
+            let stdout = io::stdout().lock();
+            bench::run(io::LineWriter::new(stdout), bench::Options { quick, json })
+                .map(|_| Exit::Ok)
+        }
         Command::Drill(DrillCommand::Crash {
             conversations,
             kills,
@@ -423,6 +441,7 @@ fn run_client(command: Command) -> anyhow::Result<Exit> {
             Command::Serve { .. }
             | Command::Demo { .. }
             | Command::Drill(_)
+            | Command::Bench { .. }
             | Command::MockLlm { .. } => Ok(Exit::Ok),
         }
     })

@@ -5,10 +5,12 @@
 //! `cli::run`, so everything here can be tested without spawning a process.
 
 pub mod api;
+pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod demo;
 pub mod drill;
+pub mod lab;
 pub mod mock_llm;
 pub mod net;
 pub mod serve;

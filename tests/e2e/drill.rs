@@ -1,4 +1,5 @@
-//! `keel drill crash` and `keel drill faults` as a user runs them.
+//! `keel drill crash`, `keel drill faults` and `keel bench` as a user
+//! runs them.
 //!
 //! The crash drill, short (the few dozen kills CI can afford): the real
 //! binary kills its own daemon with SIGKILL while conversations stream, run
@@ -184,4 +185,36 @@ fn an_aimed_crash_drill_lands_every_kill_mid_tool() {
     assert_eq!(report["at"], "mid-tool");
     assert_eq!(report["missed_aims"], 0, "{report:#}");
     assert_eq!(report["kills_by_state"]["executing_tools"], 5, "{report:#}");
+}
+
+/// `keel bench --quick`: the real binary measures a daemon of its own and
+/// reports every figure (their values are for BENCHMARKS.md, not a test).
+#[test]
+fn keel_bench_quick_reports_every_figure() {
+    let lines = keel_json_lines(&["bench", "--quick", "--json"]);
+    let report = &lines[0];
+    let turns = report["turns"].as_array().unwrap();
+    for kind in ["text", "tool"] {
+        let of_kind: Vec<&Value> = turns.iter().filter(|run| run["kind"] == kind).collect();
+        assert!(of_kind.len() >= 2, "{report:#}");
+        for run in of_kind {
+            assert!(run["turns"].as_u64().unwrap() > 0, "{run:#}");
+            for figure in ["turns_per_second", "cpu_ms_per_turn", "latency_p50_ms"] {
+                assert!(run[figure].as_f64().unwrap() > 0.0, "{figure}: {run:#}");
+            }
+        }
+    }
+    assert!(report["rss_per_idle_conversation_bytes"].as_f64().unwrap() > 0.0);
+    assert!(report["restart_to_ready_ms"].as_f64().unwrap() > 0.0);
+    assert!(report["stored_conversations"].as_u64().unwrap() > 200);
+    for latency in ["cold_load", "cancel_stream", "cancel_process_tree"] {
+        assert!(
+            report[latency]["samples"].as_u64().unwrap() > 0,
+            "{latency}"
+        );
+        assert!(
+            report[latency]["p50_ms"].as_f64().unwrap() > 0.0,
+            "{latency}"
+        );
+    }
 }

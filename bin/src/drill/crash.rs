@@ -37,7 +37,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -51,6 +50,7 @@ use crate::api::types::{
     ApiToolPolicy, CreateConversation,
 };
 use crate::client::{Client, Error as ClientError, Frame};
+use crate::lab::{ChildDaemon, LIFE_ENV};
 use crate::serve;
 
 /// Where a kill is aimed.
@@ -93,8 +93,6 @@ pub struct Options {
 /// How long a kill aimed at a state waits for some conversation to be in
 /// it before it lands anyway (and is counted as a miss).
 const AIM_PATIENCE: Duration = Duration::from_secs(5);
-/// How long a restarted daemon may take to answer `/healthz`.
-const READY_PATIENCE: Duration = Duration::from_secs(30);
 /// How long a turn may stay unfinished (restarts included) before its
 /// conversation counts as stuck.
 const TURN_PATIENCE: Duration = Duration::from_secs(60);
@@ -102,7 +100,6 @@ const TURN_PATIENCE: Duration = Duration::from_secs(60);
 const SETTLE_PATIENCE: Duration = Duration::from_secs(60);
 /// Marks the processes of this drill's daemons and their tools.
 const RUN_ENV: &str = "KEEL_DRILL_RUN";
-const LIFE_ENV: &str = "KEEL_DRILL_LIFE";
 /// Starts the nonce a side effect writes beside its `tool_call_id`.
 const NONCE: &str = "nonce-";
 
@@ -271,105 +268,6 @@ impl Shared {
 
 // --- the daemon's lives ---------------------------------------------------
 
-struct Lab {
-    exe: PathBuf,
-    dir: PathBuf,
-    data_dir: PathBuf,
-    effects: PathBuf,
-    addr: String,
-    token: String,
-    mock_url: String,
-    run_id: String,
-    life: u32,
-    daemon: Option<Child>,
-}
-
-impl Lab {
-    fn spawn(&mut self) -> anyhow::Result<()> {
-        self.life += 1;
-        let log = std::fs::File::create(self.dir.join(format!("daemon-{}.log", self.life)))
-            .context("creating the daemon's log file")?;
-        let child = Command::new(&self.exe)
-            .arg("serve")
-            .current_dir(&self.dir)
-            .env("KEEL_DATA_DIR", &self.data_dir)
-            .env("KEEL_ADDR", &self.addr)
-            .env("KEEL_TOKEN", &self.token)
-            .env("KEEL_PROVIDER", "mock")
-            .env("KEEL_MOCK_URL", &self.mock_url)
-            .env("KEEL_SHUTDOWN_GRACE_MS", "2000")
-            .env(RUN_ENV, &self.run_id)
-            .env(LIFE_ENV, self.life.to_string())
-            .env_remove("KEEL_CONFIG")
-            .env_remove("ANTHROPIC_API_KEY")
-            .env_remove("OPENAI_API_KEY")
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {} serve", self.exe.display()))?;
-        self.daemon = Some(child);
-        Ok(())
-    }
-
-    async fn ready(&mut self, client: &Client) -> anyhow::Result<()> {
-        let started = Instant::now();
-        loop {
-            if client.health().await.is_ok() {
-                return Ok(());
-            }
-            if let Some(child) = self.daemon.as_mut() {
-                if let Some(status) = child.try_wait()? {
-                    return Err(anyhow!(
-                        "the daemon (life {}) exited with {status} at start-up; its log is {}",
-                        self.life,
-                        self.dir.join(format!("daemon-{}.log", self.life)).display()
-                    ));
-                }
-            }
-            if started.elapsed() > READY_PATIENCE {
-                return Err(anyhow!(
-                    "the daemon (life {}) did not answer /healthz within {READY_PATIENCE:?}",
-                    self.life
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// SIGKILL, and reap it.
-    fn kill(&mut self) -> anyhow::Result<()> {
-        if let Some(mut child) = self.daemon.take() {
-            child.kill().context("killing the daemon")?;
-            child.wait().context("reaping the daemon")?;
-        }
-        Ok(())
-    }
-
-    /// SIGTERM, and wait for the graceful stop.
-    fn stop(&mut self) -> anyhow::Result<()> {
-        if let Some(mut child) = self.daemon.take() {
-            let pid =
-                nix::unistd::Pid::from_raw(i32::try_from(child.id()).context("the daemon's pid")?);
-            if nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).is_err() {
-                child.kill().ok();
-            }
-            child.wait().context("waiting for the daemon to stop")?;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.daemon.take() {
-            child.kill().ok();
-            child.wait().ok();
-        }
-    }
-}
-
 /// Processes of this run started by a life before `life` that still run:
 /// `(pid, life, command line)`.
 fn survivors(run_id: &str, life: u32) -> Vec<(u32, u32, String)> {
@@ -433,23 +331,12 @@ async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
     let dir = temp.path().to_path_buf();
     let workdir = dir.join("work");
     std::fs::create_dir_all(&workdir).context("creating the conversations' directory")?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .context("finding a free port for the daemon")?
-        .port();
-    let mut lab = Lab {
-        exe: std::env::current_exe().context("finding this keel binary")?,
-        data_dir: dir.join("data"),
-        effects: workdir.join("effects.log"),
-        addr: format!("127.0.0.1:{port}"),
-        token: format!("drill-{seed:x}"),
-        mock_url: serve::start_builtin_mock().await?,
-        run_id: format!("{}-{seed:x}", std::process::id()),
-        life: 0,
-        daemon: None,
-        dir,
-    };
-    let client = Client::new(&lab.addr, Some(lab.token.clone()));
+    let run_id = format!("{}-{seed:x}", std::process::id());
+    let effects = workdir.join("effects.log");
+    let mock_url = serve::start_builtin_mock().await?;
+    let mut lab = ChildDaemon::new(&dir, &mock_url, &format!("drill-{seed:x}"))?;
+    lab.env(RUN_ENV, &run_id);
+    let client = lab.client();
     let http = reqwest::Client::new();
     lab.spawn()?;
     lab.ready(&client).await?;
@@ -469,7 +356,7 @@ async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
             shared: shared.clone(),
             id: id.clone(),
             rng: fastrand::Rng::with_seed(seed.wrapping_add(index as u64 + 1)),
-            effects: lab.effects.clone(),
+            effects: effects.clone(),
             nonce: 0,
             index,
         };
@@ -498,7 +385,7 @@ async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
                 .collect();
             // The fake provider is in this process; a failure here is a
             // bug of the drill, not of keel.
-            http.post(format!("{}/_mock/script", lab.mock_url))
+            http.post(format!("{mock_url}/_mock/script"))
                 .json(&faults)
                 .send()
                 .await
@@ -521,13 +408,13 @@ async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
         for state in states {
             *kills_by_state.entry(state).or_default() += 1;
         }
-        let killed_life = lab.life;
+        let killed_life = lab.life();
         lab.kill()?;
         shared.book().kills = kill;
         lab.spawn()?;
         lab.ready(&client).await?;
         // Boot reaped what the killed life left: nothing of it runs.
-        let left = survivors(&lab.run_id, lab.life);
+        let left = survivors(&run_id, lab.life());
         if left.is_empty() {
             shared.passed(1);
         }
@@ -566,9 +453,9 @@ async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
         check_log(&client, &shared, id, false).await;
         check_log(&client, &shared, id, true).await;
     }
-    let tool_calls = check_effects(&client, &shared, &ids, &lab.effects).await;
+    let tool_calls = check_effects(&client, &shared, &ids, &effects).await;
     lab.stop()?;
-    let left = survivors(&lab.run_id, lab.life + 1);
+    let left = survivors(&run_id, lab.life() + 1);
     for (pid, life, cmdline) in left {
         shared.violation(
             "no tool process outlives its daemon",
@@ -1151,7 +1038,7 @@ mod tests {
     #[test]
     fn a_process_of_an_earlier_life_is_found_and_one_of_this_life_is_not() {
         let run_id = format!("test-{}", std::process::id());
-        let mut child = Command::new("sleep")
+        let mut child = std::process::Command::new("sleep")
             .arg("30")
             .env(RUN_ENV, &run_id)
             .env(LIFE_ENV, "3")
@@ -1160,7 +1047,9 @@ mod tests {
         let pid = child.id();
         // Until the fork has exec'd `sleep`, its environment is still ours.
         let started = Instant::now();
-        while !survivors(&run_id, 4).iter().any(|(found, ..)| *found == pid)
+        while !survivors(&run_id, 4)
+            .iter()
+            .any(|(found, ..)| *found == pid)
             && started.elapsed() < Duration::from_secs(10)
         {
             std::thread::sleep(Duration::from_millis(5));

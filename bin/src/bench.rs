@@ -1,0 +1,508 @@
+//! `keel bench`: what a user of the daemon sees, measured. It starts the
+//! fake provider in this process (zero delay) and `keel serve` (this same
+//! binary) as a child process over a temporary data dir, drives it over
+//! HTTP and SSE as clients do, and reads the daemon's own CPU time and
+//! memory from `/proc`: keel's process only, apart from the clients and
+//! the fake provider (docs/bench.md).
+//!
+//! Figures: text and `bash` tool turns per second, keel's CPU per turn and
+//! the turn's latency (message sent to `turn_completed` received) at
+//! several numbers of conversations working at once; resident memory per
+//! live idle conversation; restart to ready with every conversation
+//! stored; loading one cold conversation; cancel to idle for a stream and
+//! for a process tree.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context as _};
+use serde::Serialize;
+use serde_json::json;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use crate::api::types::{ApiEventKind, ApiLiveEvent, ApiState, CreateConversation};
+use crate::client::{Client, Events, Frame};
+use crate::lab::{self, ChildDaemon};
+use crate::serve;
+
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Small numbers, for a smoke run.
+    pub quick: bool,
+    pub json: bool,
+}
+
+/// Conversations being created, or streams opened, at once.
+const OPENING: usize = 128;
+/// How long one turn may take before the bench gives up on it.
+const TURN_LIMIT: Duration = Duration::from_secs(120);
+
+struct Sizes {
+    /// (conversations at once, turns each) for text turns.
+    text: Vec<(usize, usize)>,
+    /// The same for tool turns.
+    tool: Vec<(usize, usize)>,
+    cancels: usize,
+    cold_loads: usize,
+}
+
+impl Sizes {
+    fn full() -> Sizes {
+        Sizes {
+            text: vec![(1, 300), (100, 10), (10_000, 1)],
+            tool: vec![(1, 100), (100, 3), (1_000, 1)],
+            cancels: 20,
+            cold_loads: 200,
+        }
+    }
+
+    fn quick() -> Sizes {
+        Sizes {
+            text: vec![(1, 20), (20, 2), (200, 1)],
+            tool: vec![(1, 10), (10, 1)],
+            cancels: 3,
+            cold_loads: 10,
+        }
+    }
+}
+
+/// One run of turns.
+#[derive(Debug, Clone, Serialize)]
+pub struct Turns {
+    pub kind: &'static str,
+    pub conversations: usize,
+    pub turns: usize,
+    pub turns_per_second: f64,
+    /// keel's CPU (user + system) per turn, in milliseconds.
+    pub cpu_ms_per_turn: f64,
+    pub latency_p50_ms: f64,
+    pub latency_p99_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub samples: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub turns: Vec<Turns>,
+    /// Growth of keel's resident memory per live idle conversation, with
+    /// this many live.
+    pub rss_per_idle_conversation_bytes: f64,
+    pub live_conversations: usize,
+    /// From start to `/healthz` answering, with every conversation stored.
+    pub restart_to_ready_ms: f64,
+    pub stored_conversations: usize,
+    /// `GET /v1/conversations/{id}` of a conversation nobody woke since
+    /// the restart.
+    pub cold_load: Latency,
+    /// `POST …/cancel` of a streaming turn until it rests (the request's
+    /// answer says the state it came to rest in).
+    pub cancel_stream: Latency,
+    /// The same while `bash` runs a process tree.
+    pub cancel_process_tree: Latency,
+}
+
+pub fn run(mut out: impl Write, options: Options) -> anyhow::Result<Report> {
+    let sizes = if options.quick {
+        Sizes::quick()
+    } else {
+        Sizes::full()
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let report = runtime.block_on(bench(&sizes, &mut out, options.json))?;
+    if options.json {
+        writeln!(out, "{}", serde_json::to_string(&report)?)?;
+    } else {
+        print_report(&mut out, &report)?;
+    }
+    Ok(report)
+}
+
+fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
+    writeln!(out)?;
+    writeln!(
+        out,
+        "| turns | conversations at once | turns | turns/s | keel CPU per turn | latency p50 | p99 |"
+    )?;
+    writeln!(out, "| --- | --- | --- | --- | --- | --- | --- |")?;
+    for turns in &report.turns {
+        writeln!(
+            out,
+            "| {} | {} | {} | {:.0} | {:.2} ms | {:.1} ms | {:.1} ms |",
+            turns.kind,
+            turns.conversations,
+            turns.turns,
+            turns.turns_per_second,
+            turns.cpu_ms_per_turn,
+            turns.latency_p50_ms,
+            turns.latency_p99_ms
+        )?;
+    }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "resident memory per live idle conversation ({} live): {:.1} KiB",
+        report.live_conversations,
+        report.rss_per_idle_conversation_bytes / 1024.0
+    )?;
+    writeln!(
+        out,
+        "restart to ready with {} conversations stored: {:.1} ms",
+        report.stored_conversations, report.restart_to_ready_ms
+    )?;
+    for (what, latency) in [
+        ("cold load of one conversation", &report.cold_load),
+        ("cancel to idle, streaming", &report.cancel_stream),
+        ("cancel to idle, process tree", &report.cancel_process_tree),
+    ] {
+        writeln!(
+            out,
+            "{what}: p50 {:.2} ms, p99 {:.2} ms ({} samples)",
+            latency.p50_ms, latency.p99_ms, latency.samples
+        )?;
+    }
+    Ok(())
+}
+
+async fn bench(sizes: &Sizes, out: &mut impl Write, quiet: bool) -> anyhow::Result<Report> {
+    let temp = tempfile::Builder::new()
+        .prefix("keel-bench-")
+        .tempdir()
+        .context("creating a temporary directory")?;
+    let workdir = temp.path().join("work");
+    std::fs::create_dir_all(&workdir).context("creating the conversations' directory")?;
+    let mock_url = serve::start_builtin_mock().await?;
+    let mut daemon = ChildDaemon::new(temp.path(), &mock_url, "keel-bench")?;
+    daemon.spawn()?;
+    let client = daemon.client();
+    daemon.ready(&client).await?;
+    let mut progress = |line: String| -> anyhow::Result<()> {
+        if !quiet {
+            writeln!(out, "{line}")?;
+            out.flush()?;
+        }
+        Ok(())
+    };
+    let cwd = workdir.display().to_string();
+    let mut turns = Vec::new();
+    let mut all_ids = Vec::new();
+    for (kind, runs) in [("text", &sizes.text), ("tool", &sizes.tool)] {
+        for &(conversations, each) in runs {
+            let pid = daemon
+                .pid()
+                .ok_or_else(|| anyhow!("the daemon is not running"))?;
+            let (run, ids) = turn_run(&client, pid, &cwd, kind, conversations, each).await?;
+            progress(format!(
+                "{kind} turns, {conversations} at once: {:.0}/s, {:.2} ms CPU per turn, p50 {:.1} ms, p99 {:.1} ms",
+                run.turns_per_second, run.cpu_ms_per_turn, run.latency_p50_ms, run.latency_p99_ms
+            ))?;
+            turns.push(run);
+            all_ids.extend(ids);
+        }
+    }
+
+    // Memory: the growth from before the largest text run to after it, per
+    // conversation it left live and idle.
+    let pid = daemon
+        .pid()
+        .ok_or_else(|| anyhow!("the daemon is not running"))?;
+    let (live, per_conversation) = idle_memory(&client, pid, &cwd, &sizes.text).await?;
+    progress(format!(
+        "{:.1} KiB per live idle conversation ({live} live)",
+        per_conversation / 1024.0
+    ))?;
+
+    let cancel_stream = cancels(&client, &mock_url, &cwd, sizes.cancels, false).await?;
+    let cancel_process_tree = cancels(&client, &mock_url, &cwd, sizes.cancels, true).await?;
+    progress(format!(
+        "cancel to idle: stream p50 {:.2} ms, process tree p50 {:.2} ms",
+        cancel_stream.p50_ms, cancel_process_tree.p50_ms
+    ))?;
+
+    let stored = client.list(true).await?.conversations.len();
+    daemon.stop()?;
+    daemon.spawn()?;
+    let ready = daemon.ready(&client).await?;
+    progress(format!(
+        "restart to ready with {stored} stored: {:.1} ms",
+        ms(ready)
+    ))?;
+    let mut cold = Vec::new();
+    for id in all_ids.iter().rev().take(sizes.cold_loads) {
+        let started = Instant::now();
+        client.get(id).await?;
+        cold.push(started.elapsed());
+    }
+    daemon.stop()?;
+    Ok(Report {
+        turns,
+        rss_per_idle_conversation_bytes: per_conversation,
+        live_conversations: live,
+        restart_to_ready_ms: ms(ready),
+        stored_conversations: stored,
+        cold_load: latency(cold),
+        cancel_stream,
+        cancel_process_tree,
+    })
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1000.0
+}
+
+fn latency(mut samples: Vec<Duration>) -> Latency {
+    samples.sort();
+    Latency {
+        p50_ms: percentile(&samples, 0.50),
+        p99_ms: percentile(&samples, 0.99),
+        samples: samples.len(),
+    }
+}
+
+fn percentile(sorted: &[Duration], quantile: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let index = ((sorted.len() as f64 - 1.0) * quantile).round() as usize;
+    ms(sorted[index.min(sorted.len() - 1)])
+}
+
+/// Create `count` conversations, `OPENING` at a time.
+async fn create_many(client: &Client, cwd: &str, count: usize) -> anyhow::Result<Vec<String>> {
+    let gate = Arc::new(Semaphore::new(OPENING));
+    let mut tasks = JoinSet::new();
+    for _ in 0..count {
+        let client = client.clone();
+        let gate = gate.clone();
+        let request = CreateConversation {
+            cwd: Some(cwd.to_owned()),
+            ..CreateConversation::default()
+        };
+        tasks.spawn(async move {
+            let _permit = gate.acquire_owned().await;
+            client.create(&request).await.map(|created| created.id)
+        });
+    }
+    let mut ids = Vec::with_capacity(count);
+    while let Some(joined) = tasks.join_next().await {
+        ids.push(joined.context("a creating task failed")??);
+    }
+    Ok(ids)
+}
+
+/// Open `id`'s event stream and wait for its snapshot.
+async fn open(client: &Client, id: &str) -> anyhow::Result<Events> {
+    let mut events = client.events(id, None);
+    match events.next().await? {
+        Frame::Snapshot(_) => Ok(events),
+        other => Err(anyhow!("a stream began with {other:?}")),
+    }
+}
+
+/// Send `text` and read the stream to the turn's end; how long it took.
+async fn one_turn(
+    client: &Client,
+    events: &mut Events,
+    id: &str,
+    text: &str,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let accepted = client.send_text(id, text).await?;
+    let ended = tokio::time::timeout(TURN_LIMIT, async {
+        loop {
+            if let Frame::Canonical(event) = events.next().await? {
+                match event.kind {
+                    ApiEventKind::TurnCompleted { .. } if event.seq > accepted.seq => {
+                        return Ok::<_, anyhow::Error>(());
+                    }
+                    ApiEventKind::TurnFailed { error, .. } if event.seq > accepted.seq => {
+                        return Err(anyhow!("a turn failed: {error}"));
+                    }
+                    _ => {}
+                }
+            }
+        }
+    })
+    .await;
+    match ended {
+        Ok(outcome) => outcome.map(|()| started.elapsed()),
+        Err(_) => Err(anyhow!("a turn of {id} did not end within {TURN_LIMIT:?}")),
+    }
+}
+
+/// `conversations` conversations, each doing `each` turns one after the
+/// other, all at once; keel's CPU over the turns alone (creating the
+/// conversations and opening their streams is left out).
+async fn turn_run(
+    client: &Client,
+    pid: u32,
+    cwd: &str,
+    kind: &'static str,
+    conversations: usize,
+    each: usize,
+) -> anyhow::Result<(Turns, Vec<String>)> {
+    let ids = create_many(client, cwd, conversations).await?;
+    let gate = Arc::new(Semaphore::new(OPENING));
+    let mut opening = JoinSet::new();
+    for id in &ids {
+        let client = client.clone();
+        let gate = gate.clone();
+        let id = id.clone();
+        opening.spawn(async move {
+            let _permit = gate.acquire_owned().await;
+            open(&client, &id).await.map(|events| (id, events))
+        });
+    }
+    let mut streams = Vec::with_capacity(conversations);
+    while let Some(joined) = opening.join_next().await {
+        streams.push(joined.context("an opening task failed")??);
+    }
+    let text = if kind == "tool" { "run: true" } else { "hello" };
+    let cpu_before =
+        lab::cpu_time(pid).ok_or_else(|| anyhow!("cannot read the daemon's CPU time"))?;
+    let started = Instant::now();
+    let mut working = JoinSet::new();
+    for (id, mut events) in streams {
+        let client = client.clone();
+        working.spawn(async move {
+            let mut latencies = Vec::with_capacity(each);
+            for _ in 0..each {
+                latencies.push(one_turn(&client, &mut events, &id, text).await?);
+            }
+            Ok::<_, anyhow::Error>(latencies)
+        });
+    }
+    let mut latencies = Vec::with_capacity(conversations * each);
+    while let Some(joined) = working.join_next().await {
+        latencies.extend(joined.context("a turn task failed")??);
+    }
+    let wall = started.elapsed();
+    let cpu_after =
+        lab::cpu_time(pid).ok_or_else(|| anyhow!("cannot read the daemon's CPU time"))?;
+    let count = latencies.len();
+    let measured = latency(latencies);
+    Ok((
+        Turns {
+            kind,
+            conversations,
+            turns: count,
+            turns_per_second: count as f64 / wall.as_secs_f64(),
+            cpu_ms_per_turn: ms(cpu_after.saturating_sub(cpu_before)) / count as f64,
+            latency_p50_ms: measured.p50_ms,
+            latency_p99_ms: measured.p99_ms,
+        },
+        ids,
+    ))
+}
+
+/// Resident memory per live idle conversation: the daemon's RSS before and
+/// after `count` new conversations have each done one turn and rest, live.
+async fn idle_memory(
+    client: &Client,
+    pid: u32,
+    cwd: &str,
+    text_runs: &[(usize, usize)],
+) -> anyhow::Result<(usize, f64)> {
+    let count = text_runs
+        .iter()
+        .map(|(conversations, _)| *conversations)
+        .max()
+        .unwrap_or(1);
+    let before = lab::rss_bytes(pid).ok_or_else(|| anyhow!("cannot read the daemon's memory"))?;
+    let ids = create_many(client, cwd, count).await?;
+    let gate = Arc::new(Semaphore::new(OPENING));
+    let mut tasks = JoinSet::new();
+    for id in ids {
+        let client = client.clone();
+        let gate = gate.clone();
+        tasks.spawn(async move {
+            let _permit = gate.acquire_owned().await;
+            let mut events = open(&client, &id).await?;
+            one_turn(&client, &mut events, &id, "hello").await
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined.context("a turn task failed")??;
+    }
+    let live = client.actors().await?.actors.len();
+    let after = lab::rss_bytes(pid).ok_or_else(|| anyhow!("cannot read the daemon's memory"))?;
+    Ok((live, after.saturating_sub(before) as f64 / count as f64))
+}
+
+/// Cancel a turn while it streams (the provider holds the answer) or while
+/// `bash` runs a process tree, `count` times; how long each cancel took to
+/// bring the conversation to rest.
+async fn cancels(
+    client: &Client,
+    mock_url: &str,
+    cwd: &str,
+    count: usize,
+    process_tree: bool,
+) -> anyhow::Result<Latency> {
+    let http = reqwest::Client::new();
+    let mut samples = Vec::with_capacity(count);
+    for _ in 0..count {
+        let id = create_many(client, cwd, 1)
+            .await?
+            .pop()
+            .ok_or_else(|| anyhow!("no conversation was created"))?;
+        let mut events = open(client, &id).await?;
+        let (text, busy) = if process_tree {
+            (
+                "run: sleep 30 & sleep 30 & (sleep 30; true) & wait",
+                ApiState::ExecutingTools,
+            )
+        } else {
+            http.post(format!("{mock_url}/_mock/script"))
+                .json(&json!([{"text": "held", "hang_after_events": 1}]))
+                .send()
+                .await
+                .context("scripting the fake provider")?;
+            ("hello", ApiState::Streaming)
+        };
+        client.send_text(&id, text).await?;
+        tokio::time::timeout(TURN_LIMIT, async {
+            loop {
+                if let Frame::Live(ApiLiveEvent::StateChanged { state }) = events.next().await? {
+                    if state == busy {
+                        return Ok::<_, anyhow::Error>(());
+                    }
+                }
+            }
+        })
+        .await
+        .map_err(|_| anyhow!("the conversation never became {busy:?}"))??;
+        let started = Instant::now();
+        let rest = client.cancel(&id).await?;
+        samples.push(started.elapsed());
+        if rest.state != ApiState::Idle {
+            return Err(anyhow!("a cancel left the conversation {:?}", rest.state));
+        }
+    }
+    Ok(latency(samples))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_pick_the_nearest_rank() {
+        let samples: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(percentile(&samples, 0.5), 51.0);
+        assert_eq!(percentile(&samples, 0.99), 99.0);
+        assert_eq!(percentile(&[], 0.5), 0.0);
+        let measured = latency(vec![Duration::from_millis(3), Duration::from_millis(1)]);
+        assert_eq!(measured.samples, 2);
+        assert_eq!(measured.p99_ms, 3.0);
+    }
+}

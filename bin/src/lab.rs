@@ -1,0 +1,217 @@
+//! A `keel serve` of this very binary, run as a child process over a data
+//! dir of the caller's, on one loopback port for all its lives: what the
+//! drills kill and restart and what `keel bench` measures from `/proc`
+//! (its own process only, apart from the caller and the fake provider).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context as _};
+
+use crate::client::Client;
+
+/// Each life's processes, the daemon's tools included (they inherit its
+/// environment), carry its number in this variable.
+pub const LIFE_ENV: &str = "KEEL_DRILL_LIFE";
+
+/// How long a daemon may take to answer `/healthz`.
+const READY_PATIENCE: Duration = Duration::from_secs(60);
+
+pub struct ChildDaemon {
+    exe: PathBuf,
+    /// Where its logs go and its working directory.
+    dir: PathBuf,
+    data_dir: PathBuf,
+    addr: String,
+    token: String,
+    mock_url: String,
+    env: Vec<(String, String)>,
+    life: u32,
+    child: Option<Child>,
+}
+
+impl ChildDaemon {
+    /// A daemon to be, over `dir/data`, using the fake provider at
+    /// `mock_url`, on a free loopback port, with `token`.
+    pub fn new(dir: &Path, mock_url: &str, token: &str) -> anyhow::Result<ChildDaemon> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .context("finding a free port for the daemon")?
+            .port();
+        Ok(ChildDaemon {
+            exe: std::env::current_exe().context("finding this keel binary")?,
+            dir: dir.to_path_buf(),
+            data_dir: dir.join("data"),
+            addr: format!("127.0.0.1:{port}"),
+            token: token.to_owned(),
+            mock_url: mock_url.to_owned(),
+            env: Vec::new(),
+            life: 0,
+            child: None,
+        })
+    }
+
+    /// Set `name` in every life's environment.
+    pub fn env(&mut self, name: &str, value: &str) {
+        self.env.push((name.to_owned(), value.to_owned()));
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(&self.addr, Some(self.token.clone()))
+    }
+
+    /// The number of the current (or last) life; 0 before the first.
+    pub fn life(&self) -> u32 {
+        self.life
+    }
+
+    /// The running daemon's pid.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Start the next life (its stderr goes to `dir/daemon-N.log`).
+    pub fn spawn(&mut self) -> anyhow::Result<()> {
+        self.life += 1;
+        let log =
+            std::fs::File::create(self.log_path()).context("creating the daemon's log file")?;
+        let mut command = Command::new(&self.exe);
+        command
+            .arg("serve")
+            .current_dir(&self.dir)
+            .env("KEEL_DATA_DIR", &self.data_dir)
+            .env("KEEL_ADDR", &self.addr)
+            .env("KEEL_TOKEN", &self.token)
+            .env("KEEL_PROVIDER", "mock")
+            .env("KEEL_MOCK_URL", &self.mock_url)
+            .env("KEEL_SHUTDOWN_GRACE_MS", "2000")
+            .env(LIFE_ENV, self.life.to_string())
+            .env_remove("KEEL_CONFIG")
+            .env_remove("KEEL_STORE")
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        for (name, value) in &self.env {
+            command.env(name, value);
+        }
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {} serve", self.exe.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.join(format!("daemon-{}.log", self.life))
+    }
+
+    /// Wait until the daemon answers `/healthz`; how long that took.
+    pub async fn ready(&mut self, client: &Client) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        loop {
+            if client.health().await.is_ok() {
+                return Ok(started.elapsed());
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait()? {
+                    return Err(anyhow!(
+                        "the daemon (life {}) exited with {status} at start-up; its log is {}",
+                        self.life,
+                        self.log_path().display()
+                    ));
+                }
+            }
+            if started.elapsed() > READY_PATIENCE {
+                return Err(anyhow!(
+                    "the daemon (life {}) did not answer /healthz within {READY_PATIENCE:?}",
+                    self.life
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// SIGKILL, and reap it.
+    pub fn kill(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill().context("killing the daemon")?;
+            child.wait().context("reaping the daemon")?;
+        }
+        Ok(())
+    }
+
+    /// SIGTERM, and wait for the graceful stop.
+    pub fn stop(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.child.take() {
+            let pid =
+                nix::unistd::Pid::from_raw(i32::try_from(child.id()).context("the daemon's pid")?);
+            if nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).is_err() {
+                child.kill().ok();
+            }
+            child.wait().context("waiting for the daemon to stop")?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ChildDaemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().ok();
+            child.wait().ok();
+        }
+    }
+}
+
+/// CPU time (user + system) process `pid` has used, from `/proc`.
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces), 1-based from
+    // field 3: utime is field 14, stime field 15.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    let ticks = clock_ticks()?;
+    Some(Duration::from_secs_f64(
+        (utime + stime) as f64 / ticks as f64,
+    ))
+}
+
+/// Resident memory of process `pid` in bytes (VmRSS), from `/proc`.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn clock_ticks() -> Option<u64> {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .and_then(|ticks| u64::try_from(ticks).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_has_used_cpu_and_holds_memory() {
+        let pid = std::process::id();
+        let spin = Instant::now();
+        let mut sum = 0u64;
+        while spin.elapsed() < Duration::from_millis(30) {
+            sum = sum.wrapping_add(1);
+        }
+        assert!(sum > 0);
+        assert!(cpu_time(pid).is_some_and(|cpu| cpu > Duration::ZERO));
+        assert!(rss_bytes(pid).is_some_and(|rss| rss > 1024 * 1024));
+        assert_eq!(cpu_time(u32::MAX), None);
+    }
+}
