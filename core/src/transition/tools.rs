@@ -53,6 +53,13 @@ pub(super) fn advance(ctx: &mut Ctx) {
                 refuse(ctx, call, "sub-agents cannot spawn sub-agents");
                 continue;
             }
+            // The cap on sub-agents per call, and a task list the shell can
+            // carry out, are decided here: the shell never refuses a call.
+            let cap = ctx.conv.working.config.sub_agent.max_children;
+            if let Err(why) = builtin::spawn_tasks(&call, cap) {
+                refuse(ctx, call, &why);
+                continue;
+            }
             return run(ctx, call, true);
         }
         let approved = ctx.conv.working.approved.contains(&call.id);
