@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_actors::core::builtin::{ASK_USER, SUBMIT_RESULT};
+use keel_actors::core::builtin::{ASK_USER, SPAWN_AGENTS, SUBMIT_RESULT};
 use keel_actors::process_group::{ProcessGroup, ProcessLedger, Reaped};
 use keel_actors::tool::{Bash, Tool, ToolContext, ToolOutcome, ToolOutput, ToolRegistry};
 use keel_core::message::ToolCall;
@@ -463,13 +463,19 @@ fn names(specs: &[ToolSpec]) -> Vec<&str> {
 #[test]
 fn specs_are_sorted_and_offer_ask_user_to_users_and_submit_result_to_sub_agents() {
     let registry = ToolRegistry::with_defaults();
-    assert_eq!(names(&registry.specs(false)), [ASK_USER, "bash"]);
+    assert_eq!(
+        names(&registry.specs(false)),
+        [ASK_USER, "bash", SPAWN_AGENTS]
+    );
     assert_eq!(
         names(&registry.specs(true)),
         ["bash", SUBMIT_RESULT],
-        "no human answers a sub-agent: it is not offered ask_user"
+        "no human answers a sub-agent, and it spawns none: it is offered neither"
     );
-    assert_eq!(names(&ToolRegistry::new().specs(false)), [ASK_USER]);
+    assert_eq!(
+        names(&ToolRegistry::new().specs(false)),
+        [ASK_USER, SPAWN_AGENTS]
+    );
 
     let ask_user = &registry.specs(false)[0];
     assert_eq!(ask_user.input_schema["required"], json!(["question"]));
@@ -519,7 +525,7 @@ async fn registering_a_tool_replaces_one_of_the_same_name() {
         });
 
     let specs = registry.specs(false);
-    assert_eq!(names(&specs), ["aardvark", ASK_USER, "bash"]);
+    assert_eq!(names(&specs), ["aardvark", ASK_USER, "bash", SPAWN_AGENTS]);
     assert_ne!(
         specs[1].description, "never runs",
         "the built-in ask_user wins"

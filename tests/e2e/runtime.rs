@@ -2,8 +2,8 @@
 //! `keel mock-llm` over loopback, on the in-memory store and on disk (redb
 //! and sled): full turns with a real `bash` tool, busy policies, cancel from
 //! every busy state, crash restarts, eviction, concurrent `ensure_started`,
-//! a runtime dropped mid-turn and reopened on the same store, and attached
-//! images (`runtime/images.rs`).
+//! a runtime dropped mid-turn and reopened on the same store, attached
+//! images (`runtime/images.rs`) and sub-agents (`runtime/sub_agents.rs`).
 //!
 //! Tests wait on the conversation's own updates (state changes through a
 //! subscription) or on the mock's recording, never on sleeps; every wait is
@@ -31,6 +31,7 @@ use crate::harness::{group_is_gone, group_member_states, MockLlm};
 
 mod actors;
 mod images;
+mod sub_agents;
 
 /// Longest any wait here may take before the test fails.
 pub(crate) const PATIENCE: Duration = Duration::from_secs(20);
