@@ -3,7 +3,7 @@
 //! a separate `keel mock-llm` in either wire format, driven over HTTP and
 //! followed over SSE. The areas are in `daemon/`: streaming and resuming,
 //! cancel, approvals, refused requests, access and start-up, restarts,
-//! and operations (admin routes, metrics, OTLP export).
+//! operations (admin routes, metrics, OTLP export) and sub-agents.
 //!
 //! The harness here starts a daemon (and waits for its `keel listening on`
 //! line), holds its token and an HTTP client that sends it, reads its event
@@ -23,6 +23,7 @@ mod restart;
 mod sse;
 mod startup;
 mod streaming;
+mod sub_agents;
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
