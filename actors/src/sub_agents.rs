@@ -61,7 +61,11 @@ pub(crate) struct SpawnWork {
 /// How often following one child may lose it (its actor stopped or
 /// crashed) before it is reported as lost: the supervisor restarts a
 /// crashed conversation a few times, then leaves it stopped.
-const MAX_REATTACHES: usize = 8;
+const MAX_REATTACHES: usize = 12;
+
+/// The first wait before following a lost child again; it grows with each
+/// loss, up to half a second.
+const REATTACH_BACKOFF: Duration = Duration::from_millis(20);
 
 /// How long one request to a child's actor may wait for its answer.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -219,7 +223,10 @@ async fn follow(
                     return ChildEnd::Lost(format!("was lost: {why}"));
                 }
                 tracing::debug!(conversation = %child, %why, "following the sub-agent again");
-                tokio::task::yield_now().await;
+                // Give the supervisor time to bring a crashed child back
+                // (its dead actor may still hold its name for a moment).
+                let backoff = REATTACH_BACKOFF.saturating_mul(lost as u32);
+                tokio::time::sleep(backoff.min(Duration::from_millis(500))).await;
             }
         }
     }

@@ -104,6 +104,21 @@ async fn children_of(runtime: &Runtime, parent: &ConversationId) -> Vec<IndexEnt
         .collect()
 }
 
+/// The sub-agent of `parent` whose task contains `task` (children are
+/// created in parallel, so the listing's order is not the tasks').
+async fn child_for(runtime: &Runtime, parent: &ConversationId, task: &str) -> ConversationId {
+    for child in children_of(runtime, parent).await {
+        let events = runtime.store().read_all(&child.id).await.unwrap();
+        let given = events.iter().any(|event| {
+            matches!(&event.kind, EventKind::UserMessage { text, .. } if text.contains(task))
+        });
+        if given {
+            return child.id;
+        }
+    }
+    panic!("no sub-agent has the task {task:?}")
+}
+
 /// A child's terminal outcome, from its log.
 async fn outcome_of(runtime: &Runtime, child: &ConversationId) -> Outcome {
     let events = runtime.store().read_all(child).await.unwrap();
@@ -265,8 +280,8 @@ async fn each_way_a_sub_agent_ends_without_a_result_is_reported_as_such() {
     let children = children_of(&runtime, parent.id()).await;
     assert_eq!(children.len(), 4);
     assert_eq!(runtime.list(true).await.unwrap().len(), 5);
-    let greedy = &children[3].id;
-    let refusals: Vec<String> = tool_results(&runtime.store().read_all(greedy).await.unwrap())
+    let greedy = child_for(&runtime, parent.id(), "TASK-GREEDY").await;
+    let refusals: Vec<String> = tool_results(&runtime.store().read_all(&greedy).await.unwrap())
         .into_iter()
         .map(|(_, content, _)| content)
         .collect();
@@ -276,7 +291,11 @@ async fn each_way_a_sub_agent_ends_without_a_result_is_reported_as_such() {
             .any(|content| content.contains("cannot spawn sub-agents")),
         "{refusals:?}"
     );
-    let broken = outcome_of(&runtime, &children[2].id).await;
+    let broken = outcome_of(
+        &runtime,
+        &child_for(&runtime, parent.id(), "TASK-BROKEN").await,
+    )
+    .await;
     assert!(matches!(broken, Outcome::Failed { .. }), "{broken:?}");
 }
 
@@ -420,9 +439,10 @@ async fn a_host_killed_while_sub_agents_run_finds_the_same_ones_after_a_restart(
             .count()
     };
     assert_eq!(asked("TASK-EARLY"), 1, "the early child was not run again");
+    let early = child_for(&runtime, parent.id(), "TASK-EARLY").await;
     assert_eq!(
         count(
-            &runtime.store().read_all(&children[0].id).await.unwrap(),
+            &runtime.store().read_all(&early).await.unwrap(),
             |kind| matches!(kind, EventKind::Finished { .. })
         ),
         1
@@ -451,4 +471,118 @@ async fn eventually_requests_with(rig: &Rig, task: &str) {
     })
     .await;
     assert!(waited.is_ok(), "no request for {task}");
+}
+
+/// The ids of the children the parent has published a state for, by task.
+async fn child_ids_seen(watch: &mut Watch, n_children: usize) -> Vec<ConversationId> {
+    let mut ids: Vec<Option<ConversationId>> = vec![None; n_children];
+    let waited = tokio::time::timeout(PATIENCE, async {
+        while ids.iter().any(Option::is_none) {
+            if let Received::Update(Update::Live {
+                event:
+                    LiveEvent::ChildState {
+                        task_idx, child, ..
+                    },
+            }) = watch.next().await
+            {
+                ids[task_idx] = Some(child);
+            }
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "the parent did not publish its children");
+    ids.into_iter().flatten().collect()
+}
+
+/// Waits until the parent's log has the spawn call's result and the
+/// parent rests; returns the results of its log.
+async fn wait_aggregate(
+    runtime: &Runtime,
+    parent: &ConversationHandle,
+) -> Vec<(String, String, bool)> {
+    let mut watch = watch(parent).await;
+    let waited = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let results = tool_results(&log(runtime, parent).await);
+            if !results.is_empty() && watch.state == StateName::Idle {
+                return results;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(50), watch.next()).await;
+        }
+    })
+    .await;
+    waited.expect("the parent never got its aggregate")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_sub_agent_is_restarted_and_its_parent_still_gets_the_result() {
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([
+            spawn_entry(&["TASK-CRASHY"]),
+            {"when": "TASK-CRASHY", "hang": true},
+        ]))
+        .await;
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let parent = runtime.create(rig.cwd(), parent_config()).await.unwrap();
+    let mut parent_watch = watch(&parent).await;
+    parent.send(PARENT, Vec::new()).await.unwrap();
+    let children = child_ids_seen(&mut parent_watch, 1).await;
+    eventually_requests_with(&rig, "TASK-CRASHY").await;
+    rig.mock
+        .push_script(json!([
+            submit_entry("TASK-CRASHY", "survived"),
+            {"when": PARENT, "text": "fine"},
+        ]))
+        .await;
+    runtime.handle(children[0].clone()).crash().await.unwrap();
+
+    let results = wait_aggregate(&runtime, &parent).await;
+    assert_eq!(results.len(), 1);
+    assert!(results[0].1.contains("survived"), "{results:?}");
+    assert!(runtime.restarts().await.unwrap() >= 1);
+    assert_eq!(children_of(&runtime, parent.id()).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_parent_re_attaches_to_the_same_sub_agents() {
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([
+            spawn_entry(&["TASK-STEADY one", "TASK-QUICK two"]),
+            {
+                "when": "TASK-STEADY",
+                "text": "slowly",
+                "drip_ms": 300,
+                "tool_calls": [{"name": "submit_result", "input": {"result": "steady result"}}]
+            },
+            submit_entry("TASK-QUICK", "quick result"),
+            {"when": PARENT, "text": "fine"},
+        ]))
+        .await;
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let parent = runtime.create(rig.cwd(), parent_config()).await.unwrap();
+    let mut parent_watch = watch(&parent).await;
+    parent.send(PARENT, Vec::new()).await.unwrap();
+    child_ids_seen(&mut parent_watch, 2).await;
+    eventually_requests_with(&rig, "TASK-STEADY").await;
+    drop(parent_watch);
+    parent.crash().await.unwrap();
+
+    let results = wait_aggregate(&runtime, &parent).await;
+    assert_eq!(results.len(), 1, "one aggregate: {results:?}");
+    positions(&results[0].1, &["steady result", "quick result"]);
+    assert_eq!(children_of(&runtime, parent.id()).await.len(), 2);
+    let requests = rig.mock.requests().await;
+    for task in ["TASK-STEADY", "TASK-QUICK"] {
+        let asked = requests
+            .iter()
+            .filter(|request| {
+                request["body"]["messages"][0]["content"]
+                    .to_string()
+                    .contains(task)
+            })
+            .count();
+        assert_eq!(asked, 1, "{task} was asked once");
+    }
 }
