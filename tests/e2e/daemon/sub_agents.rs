@@ -1,12 +1,15 @@
 //! Sub-agents through the daemon: a parent's event stream carries a live
 //! `child_state` frame for each change of each child, the listing leaves
 //! the children out unless `all=true` (which names each one's parent), and
-//! `keel ls --all` shows each child under its parent.
+//! `keel ls --all` shows each child under its parent. A daemon killed
+//! (SIGKILL) while children run finds the same children when it starts
+//! again, and the parent gets their results once.
 
 use serde_json::{json, Value};
 
-use super::Resume;
+use super::{kind, of_kind, Daemon, Resume, Site, Wire};
 use crate::cli::Rig;
+use crate::harness::MockLlm;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemon_streams_child_states_and_lists_children_under_their_parent() {
@@ -92,4 +95,86 @@ async fn the_daemon_streams_child_states_and_lists_children_under_their_parent()
             "child {child_id} under its parent: {listed}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_killed_while_sub_agents_run_finds_them_again_after_a_restart() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let mut daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[]);
+    mock.push_script(json!([
+        {
+            "when": "PARENT",
+            "tool_calls": [{"id": "spawn1", "name": "spawn_agents", "input": {"tasks": [
+                {"task": "TASK-DONE"}, {"task": "TASK-PENDING"}
+            ]}}]
+        },
+        {"when": "TASK-DONE", "tool_calls": [{"name": "submit_result", "input": {"result": "done before"}}]},
+        {"when": "TASK-PENDING", "hang": true},
+    ]))
+    .await;
+    let parent = daemon.create(&site, json!({})).await;
+    let mut stream = daemon.events(&parent, Resume::Now).await;
+    daemon.send(&parent, "PARENT: split the work").await;
+    // One child done, the other asking the mock.
+    stream
+        .until("the first child completes", |frame| {
+            frame.is_live("child_state")
+                && frame.json()["task_idx"] == 0
+                && frame.json()["state"] == "completed"
+        })
+        .await;
+    let deadline = std::time::Instant::now() + super::PATIENCE;
+    while !mock.requests().await.iter().any(|request| {
+        request["body"]["messages"][0]["content"]
+            .to_string()
+            .contains("TASK-PENDING")
+    }) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second child never asked"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    drop(stream);
+    daemon.sigkill();
+    assert!(!daemon.wait_exit().success());
+
+    mock.push_script(json!([
+        {"when": "TASK-PENDING", "tool_calls": [{"name": "submit_result", "input": {"result": "done after"}}]},
+        {"when": "PARENT", "text": "both done"},
+    ]))
+    .await;
+    let daemon = daemon.restart();
+    let log = daemon
+        .wait_log(&parent, "the parent's answer", |event| {
+            kind(event) == "assistant_message" && event.to_string().contains("both done")
+        })
+        .await;
+    let results = of_kind(&log, "tool_result");
+    assert_eq!(results.len(), 1, "one aggregate: {log:#?}");
+    let content = results[0]["content"].as_str().unwrap();
+    assert!(
+        content.contains("done before") && content.contains("done after"),
+        "{content}"
+    );
+    let all = daemon.get("/v1/conversations?all=true").await.body;
+    let children: Vec<&Value> = all["conversations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|conversation| conversation["parent"] == parent.as_str())
+        .collect();
+    assert_eq!(children.len(), 2, "the same two children: {all:#?}");
+    // The child that had finished was not run again.
+    let requests = mock.requests().await;
+    let done_asked = requests
+        .iter()
+        .filter(|request| {
+            request["body"]["messages"][0]["content"]
+                .to_string()
+                .contains("TASK-DONE")
+        })
+        .count();
+    assert_eq!(done_asked, 1);
 }
