@@ -13,11 +13,14 @@
 //! and `SessionStarted` durable), giving each its task, their requests to
 //! the mock, their events, following them, and the aggregate.
 //!
-//! The children's own work is measured the same way on a plain
-//! conversation: from sending it a message to its `TurnCompleted`, the
-//! mock answering with the same kind of reply (one request, the same
-//! drip). The overhead is the call's span minus that: what running N
-//! children in parallel adds to the time one of them takes.
+//! The children's own work is read from their logs: from the task's
+//! `UserMessage` to `Finished` (the request to the mock, its answer, the
+//! submission and every event they write), the longest of the call's
+//! children (log timestamps are whole milliseconds). The overhead is the
+//! call's span minus that, per round: what running N children in parallel
+//! adds to the time the slowest of them takes. For context, a plain
+//! conversation's turn answered with text at the same drip (one request,
+//! send to `TurnCompleted`).
 //!
 //! Run: `cargo bench -p keel --bench sub_agents` (about a minute), or with
 //! `KEEL_BENCH_QUICK=1` for a smoke run.
@@ -76,27 +79,33 @@ async fn run(rounds: usize) {
         work,
         next_round: 0,
     };
-    println!("| children | drip | n | children's own work: one turn, p50 | spawn call, p50 / p90 / max | overhead (p50 − own work p50) |");
-    println!("|---|---|---|---|---|---|");
+    println!("| children | drip | n | plain turn, p50 | spawn call, p50 / p90 / max | slowest child's own work, p50 | overhead, p50 / p90 / max |");
+    println!("|---|---|---|---|---|---|---|");
     for (n_children, drip_ms) in [(1, 0), (10, 0), (10, 100)] {
         // One round first, not counted: connections, caches.
         rig.single(drip_ms).await;
         rig.spawn(n_children, drip_ms).await;
-        let mut own = Vec::new();
+        let mut plain = Vec::new();
         let mut calls = Vec::new();
+        let mut own = Vec::new();
+        let mut overheads = Vec::new();
         for _ in 0..rounds {
-            own.push(rig.single(drip_ms).await);
-            calls.push(rig.spawn(n_children, drip_ms).await);
+            plain.push(rig.single(drip_ms).await);
+            let (call, slowest_child) = rig.spawn(n_children, drip_ms).await;
+            calls.push(call);
+            own.push(slowest_child);
+            overheads.push(call.saturating_sub(slowest_child));
         }
-        let own_p50 = percentile(&own, 0.5);
-        let call_p50 = percentile(&calls, 0.5);
         println!(
-            "| {n_children} | {drip_ms} ms | {rounds} | {} | {} / {} / {} | {} |",
-            ms(own_p50),
-            ms(call_p50),
+            "| {n_children} | {drip_ms} ms | {rounds} | {} | {} / {} / {} | {} | {} / {} / {} |",
+            ms(percentile(&plain, 0.5)),
+            ms(percentile(&calls, 0.5)),
             ms(percentile(&calls, 0.9)),
             ms(percentile(&calls, 1.0)),
-            ms(call_p50.saturating_sub(own_p50)),
+            ms(percentile(&own, 0.5)),
+            ms(percentile(&overheads, 0.5)),
+            ms(percentile(&overheads, 0.9)),
+            ms(percentile(&overheads, 1.0)),
         );
     }
     rig.runtime.shutdown().await;
@@ -152,8 +161,9 @@ impl Rig {
         started.elapsed()
     }
 
-    /// One spawn call of `n_children`: from the call's message to its result.
-    async fn spawn(&mut self, n_children: usize, drip_ms: u64) -> Duration {
+    /// One spawn call of `n_children`: from the call's message to its
+    /// result, and the slowest child's own work (from its log).
+    async fn spawn(&mut self, n_children: usize, drip_ms: u64) -> (Duration, Duration) {
         let round = self.round();
         let parent_prompt = format!("<parent {round}>");
         let tasks: Vec<Value> = (0..n_children)
@@ -195,7 +205,24 @@ impl Rig {
             matches!(kind, EventKind::TurnCompleted { .. })
         })
         .await;
-        took
+        let mut slowest_ms = 0;
+        for entry in self.runtime.list(true).await.unwrap() {
+            if entry.parent.as_ref() != Some(parent.id()) {
+                continue;
+            }
+            let events = self.runtime.store().read_all(&entry.id).await.unwrap();
+            let at = |wanted: fn(&EventKind) -> bool| {
+                events
+                    .iter()
+                    .find(|event| wanted(&event.kind))
+                    .map(|event| event.at)
+                    .unwrap()
+            };
+            let given = at(|kind| matches!(kind, EventKind::UserMessage { .. }));
+            let finished = at(|kind| matches!(kind, EventKind::Finished { .. }));
+            slowest_ms = slowest_ms.max(finished.millis_since(given));
+        }
+        (took, Duration::from_millis(slowest_ms))
     }
 }
 
