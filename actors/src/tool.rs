@@ -13,8 +13,22 @@
 //! calls into a pending question and a sub-agent's result itself, and owns
 //! their names and specs (`keel_core::builtin`). The registry only tells the
 //! model about them ([`ToolRegistry::specs`]).
+//!
+//! The registry checks every call's input against the tool's own JSON
+//! schema before the tool runs ([`ToolRegistry::get`] hands out the tool
+//! wrapped in that check): input that does not match becomes an error
+//! result that says what is wrong, so the model can fix its call.
 
 mod bash;
+mod blocking;
+mod edit_file;
+mod glob;
+mod grep;
+mod paths;
+mod read_file;
+mod schema;
+mod walk;
+mod write_file;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -26,6 +40,11 @@ use keel_core::wire::ToolSpec;
 use tokio::sync::mpsc;
 
 pub use bash::Bash;
+pub use edit_file::EditFile;
+pub use glob::Glob;
+pub use grep::Grep;
+pub use read_file::ReadFile;
+pub use write_file::WriteFile;
 
 use crate::process_group::ProcessLedger;
 
@@ -36,6 +55,10 @@ pub struct ToolContext {
     /// The conversation's fixed working directory (REQ-BED-010). Tools never
     /// change it.
     pub cwd: PathBuf,
+    /// The conversation's `tools_may_leave_cwd`: whether the file tools may
+    /// reach paths outside `cwd`. When false (the default) a path that
+    /// resolves outside it, `..`, absolute or through a symlink, is refused.
+    pub may_leave_cwd: bool,
     /// Output as it is produced, for live display. Chunks, not lines.
     pub output: ToolOutput,
     /// Where process-spawning tools record their process groups so that a
@@ -106,9 +129,44 @@ impl ToolOutcome {
     }
 }
 
+/// `n` and the noun that goes with it: "1 line", "2 lines".
+pub(crate) fn counted(n: usize, singular: &str, plural: &str) -> String {
+    if n == 1 {
+        format!("{n} {singular}")
+    } else {
+        format!("{n} {plural}")
+    }
+}
+
 /// A tool the model can call. Runs inside a `ToolActor`'s task; cancelling
 /// the call DROPS the future returned by `run`, so every resource (child
 /// processes!) must be released by RAII on drop.
+///
+/// # `ctx.call.id` (the `tool_call_id`) is the idempotency key
+///
+/// **The same call may run more than once.** If the process dies while a
+/// call runs, recovery under `RecoveryPolicy::Resume` dispatches the
+/// dangling call again, with the same `tool_call_id` and the same input,
+/// and the model never sees the first run's result. A tool with side
+/// effects must make that repeat harmless, or at least recognisable:
+///
+/// - `write_file` writes the same content again: same file.
+/// - `edit_file` run again after it succeeded finds `old_string` gone and
+///   `new_string` in its place, and says the edit is already applied
+///   instead of failing.
+/// - `bash` records its process group under the `tool_call_id` so that a
+///   restarted runtime kills what outlived the first run. The command
+///   itself runs again; it finds the id in `$KEEL_TOOL_CALL_ID`, so a
+///   command with side effects can key them on it and skip a repeat.
+///
+/// A tool that talks to an outside service should pass the `tool_call_id`
+/// on as that service's idempotency key where it takes one.
+///
+/// # Input
+///
+/// `run` is only called (through [`ToolRegistry::get`]) with input that
+/// matches `spec().input_schema`; a tool still parses it without
+/// panicking, since tests and embedders may call `run` directly.
 #[async_trait::async_trait]
 pub trait Tool: Send + Sync + 'static {
     /// How the model is told about this tool; `spec().name` is its name.
@@ -118,6 +176,10 @@ pub trait Tool: Send + Sync + 'static {
 
 /// The tools a runtime offers, by name. Cheap to clone: the map is shared,
 /// and copied only when a clone registers a tool.
+///
+/// Each tool is kept wrapped in a `Checked` (`tool/schema.rs`): its input
+/// schema is compiled once, at registration, and every call's input is
+/// checked against it before the tool runs.
 #[derive(Clone, Default)]
 pub struct ToolRegistry {
     /// Ordered by name, so specs come out in the same order on every request
@@ -138,10 +200,18 @@ impl ToolRegistry {
         ToolRegistry::default()
     }
 
-    /// The tools every conversation gets: `bash`.
+    /// The tools every conversation gets: `bash`, and the file tools
+    /// `read_file`, `write_file`, `edit_file`, `glob` and `grep` (paths
+    /// confined to the working directory, see docs/tools.md).
     pub fn with_defaults() -> Self {
         let mut registry = ToolRegistry::new();
-        registry.register(Bash);
+        registry
+            .register(Bash)
+            .register(ReadFile)
+            .register(WriteFile)
+            .register(EditFile)
+            .register(Glob)
+            .register(Grep);
         registry
     }
 
@@ -151,10 +221,13 @@ impl ToolRegistry {
     /// never offered either.
     pub fn register(&mut self, tool: impl Tool) -> &mut Self {
         let name = tool.spec().name;
-        Arc::make_mut(&mut self.tools).insert(name, Arc::new(tool));
+        let checked = schema::Checked::new(Arc::new(tool));
+        Arc::make_mut(&mut self.tools).insert(name, Arc::new(checked));
         self
     }
 
+    /// The tool named `name`, wrapped so that input not matching its schema
+    /// becomes an error result instead of reaching it.
     pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {
         self.tools.get(name).cloned()
     }

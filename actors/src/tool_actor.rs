@@ -25,6 +25,8 @@ pub(crate) struct ToolArgs {
     pub(crate) call: ToolCall,
     pub(crate) tool: Arc<dyn Tool>,
     pub(crate) cwd: PathBuf,
+    /// The conversation's `tools_may_leave_cwd`, see [`ToolContext`].
+    pub(crate) may_leave_cwd: bool,
     pub(crate) ledger: Option<Arc<ProcessLedger>>,
     pub(crate) report: Mailbox,
     pub(crate) span: tracing::Span,
@@ -70,6 +72,7 @@ async fn run(args: ToolArgs) {
         call,
         tool,
         cwd,
+        may_leave_cwd,
         ledger,
         report,
         span,
@@ -80,6 +83,7 @@ async fn run(args: ToolArgs) {
     let context = ToolContext {
         call,
         cwd,
+        may_leave_cwd,
         output,
         ledger,
     };

@@ -1,7 +1,8 @@
 //! The tool layer against real processes: the `bash` tool (output, exit
 //! status, working directory, caps, timeout, cancel, background children),
 //! the process ledger that lets a restarted runtime kill what outlived it,
-//! and the specs the registry offers the model.
+//! the specs the registry offers the model, and the file tools through the
+//! registry: schema checks, a write-edit-read-search round, confinement.
 //!
 //! Commands that need the test to know their process group print `$$`: the
 //! gate execs `bash -c`, so that shell's pid is the group's leader and id.
@@ -36,6 +37,7 @@ fn context(input: Value, cwd: &Path, output: ToolOutput) -> ToolContext {
             input,
         },
         cwd: cwd.to_path_buf(),
+        may_leave_cwd: false,
         output,
         ledger: None,
     }
@@ -129,6 +131,12 @@ async fn stdout_and_stderr_are_both_captured() {
 async fn the_command_reaches_bash_verbatim() {
     let outcome = bash(json!({"command": r#"printf '%s|' "it's" '$1' "$#" "$0""#})).await;
     assert_eq!(outcome, ToolOutcome::ok("it's|$1|0|bash|"));
+}
+
+#[tokio::test]
+async fn the_command_knows_its_tool_call_id() {
+    let outcome = bash(json!({"command": "printf %s \"$KEEL_TOOL_CALL_ID\""})).await;
+    assert_eq!(outcome, ToolOutcome::ok("toolu_test"));
 }
 
 #[tokio::test]
@@ -465,24 +473,54 @@ fn specs_are_sorted_and_offer_ask_user_to_users_and_submit_result_to_sub_agents(
     let registry = ToolRegistry::with_defaults();
     assert_eq!(
         names(&registry.specs(false)),
-        [ASK_USER, "bash", SPAWN_AGENTS]
+        [
+            ASK_USER,
+            "bash",
+            "edit_file",
+            "glob",
+            "grep",
+            "read_file",
+            SPAWN_AGENTS,
+            "write_file"
+        ]
     );
     assert_eq!(
         names(&registry.specs(true)),
-        ["bash", SUBMIT_RESULT],
+        [
+            "bash",
+            "edit_file",
+            "glob",
+            "grep",
+            "read_file",
+            SUBMIT_RESULT,
+            "write_file"
+        ],
         "no human answers a sub-agent, and it spawns none: it is offered neither"
     );
-    assert_eq!(
-        names(&ToolRegistry::new().specs(false)),
-        [ASK_USER, SPAWN_AGENTS]
-    );
 
-    let ask_user = &registry.specs(false)[0];
-    assert_eq!(ask_user.input_schema["required"], json!(["question"]));
-    let submit_result = &registry.specs(true)[1];
-    assert_eq!(submit_result.input_schema["required"], json!(["result"]));
-    let bash = &registry.specs(false)[1];
-    assert_eq!(bash.input_schema["required"], json!(["command"]));
+    let spec = |sub_agent: bool, name: &str| {
+        registry
+            .specs(sub_agent)
+            .into_iter()
+            .find(|spec| spec.name == name)
+            .unwrap()
+    };
+    assert_eq!(
+        spec(false, ASK_USER).input_schema["required"],
+        json!(["question"])
+    );
+    assert_eq!(
+        spec(true, SUBMIT_RESULT).input_schema["required"],
+        json!(["result"])
+    );
+    assert_eq!(
+        spec(false, "bash").input_schema["required"],
+        json!(["command"])
+    );
+    assert_eq!(
+        spec(false, "edit_file").input_schema["required"],
+        json!(["path", "old_string", "new_string"])
+    );
 }
 
 /// A tool that answers with a fixed text, under any name.
@@ -508,7 +546,8 @@ impl Tool for Canned {
 
 #[tokio::test]
 async fn registering_a_tool_replaces_one_of_the_same_name() {
-    let mut registry = ToolRegistry::with_defaults();
+    let mut registry = ToolRegistry::new();
+    registry.register(Bash);
     let before = registry.clone();
     registry
         .register(Canned {
@@ -539,4 +578,116 @@ async fn registering_a_tool_replaces_one_of_the_same_name() {
     // A registry cloned earlier keeps what it had.
     assert!(before.get("aardvark").is_none());
     assert!(registry.get("nonexistent").is_none());
+}
+
+// ---------------------------------------------------------------------------
+// The file tools, through the registry as the runtime calls them.
+
+/// Run the registry's tool `name` on `input` in `cwd`.
+async fn call(name: &str, input: Value, cwd: &Path, may_leave_cwd: bool) -> ToolOutcome {
+    let tool = ToolRegistry::with_defaults().get(name).unwrap();
+    let mut ctx = context(input, cwd, ToolOutput::discard());
+    ctx.call.name = name.to_owned();
+    ctx.may_leave_cwd = may_leave_cwd;
+    tokio::time::timeout(PATIENCE, tool.run(ctx))
+        .await
+        .expect("the tool did not return")
+}
+
+#[tokio::test]
+async fn input_that_does_not_match_the_schema_never_reaches_the_tool() {
+    let dir = tempfile::tempdir().unwrap();
+    let outcome = call("write_file", json!({"path": "a.txt"}), dir.path(), false).await;
+    assert!(outcome.is_error);
+    assert!(
+        outcome.content.starts_with(
+            "the input does not match the write_file tool's schema, so the tool did not run:\n\
+             - at /: \"content\" is a required property"
+        ),
+        "{outcome:?}"
+    );
+    assert!(!dir.path().join("a.txt").exists());
+
+    let outcome = call(
+        "read_file",
+        json!({"path": "a", "offset": "ten"}),
+        dir.path(),
+        false,
+    )
+    .await;
+    assert!(
+        outcome
+            .content
+            .contains("- at /offset: \"ten\" is not of type \"integer\""),
+        "{outcome:?}"
+    );
+    let outcome = call(
+        "grep",
+        json!({"pattern": "x", "colour": true}),
+        dir.path(),
+        false,
+    )
+    .await;
+    assert!(outcome.content.contains("colour"), "{outcome:?}");
+    // bash is checked the same way, before its own parsing.
+    let outcome = call("bash", json!({"command": 42}), dir.path(), false).await;
+    assert!(
+        outcome
+            .content
+            .contains("- at /command: 42 is not of type \"string\""),
+        "{outcome:?}"
+    );
+}
+
+#[tokio::test]
+async fn write_read_edit_grep_and_glob_work_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path();
+    let outcome = call(
+        "write_file",
+        json!({"path": "src/lib.rs", "content": "fn one() {}\nfn two() {}\n"}),
+        cwd,
+        false,
+    )
+    .await;
+    assert_eq!(
+        outcome,
+        ToolOutcome::ok("created src/lib.rs: 24 bytes, 2 lines")
+    );
+    let outcome = call(
+        "edit_file",
+        json!({"path": "src/lib.rs", "old_string": "two", "new_string": "three"}),
+        cwd,
+        false,
+    )
+    .await;
+    assert_eq!(
+        outcome,
+        ToolOutcome::ok("edited src/lib.rs: replaced 1 occurrence (at line 2)")
+    );
+    let outcome = call("read_file", json!({"path": "src/lib.rs"}), cwd, false).await;
+    assert_eq!(
+        outcome,
+        ToolOutcome::ok("     1\tfn one() {}\n     2\tfn three() {}\n")
+    );
+    let outcome = call("grep", json!({"pattern": "fn t\\w+"}), cwd, false).await;
+    assert_eq!(outcome, ToolOutcome::ok("src/lib.rs:2:fn three() {}"));
+    let outcome = call("glob", json!({"pattern": "**/*.rs"}), cwd, false).await;
+    assert_eq!(outcome, ToolOutcome::ok("src/lib.rs"));
+}
+
+#[tokio::test]
+async fn the_working_directory_confines_paths_unless_the_conversation_allows_leaving() {
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path().join("work");
+    std::fs::create_dir(&cwd).unwrap();
+    std::fs::write(dir.path().join("outside.txt"), "secret\n").unwrap();
+    let outcome = call("read_file", json!({"path": "../outside.txt"}), &cwd, false).await;
+    assert!(outcome.is_error);
+    assert!(
+        outcome.content.contains("outside the working directory"),
+        "{outcome:?}"
+    );
+    let outcome = call("read_file", json!({"path": "../outside.txt"}), &cwd, true).await;
+    assert_eq!(outcome, ToolOutcome::ok("     1\tsecret\n"));
 }

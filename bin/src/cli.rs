@@ -18,9 +18,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::api::types::{ApiBusyPolicy, ApiDecisionKind, ApiProvider, ApiToolPolicy};
+use crate::api::types::{
+    ApiBusyPolicy, ApiDecisionKind, ApiModelChoice, ApiProvider, ApiToolPolicy,
+};
 use crate::client::Client;
-use crate::{demo, mock_llm, serve};
+use crate::{demo, drill, mock_llm, serve};
 
 /// How a command ends, as its exit status. Scripts branch on these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +91,10 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Drills that prove keel's promises against a real daemon and the fake
+    /// provider, both started in this process on a temporary data dir.
+    #[command(subcommand)]
+    Drill(DrillCommand),
     /// Serve a fake LLM provider that speaks the Anthropic Messages and
     /// OpenAI Chat Completions wire formats and injects faults on demand, so
     /// keel runs with no key and every failure path can be tested.
@@ -225,6 +231,21 @@ fn parse_provider(text: &str) -> Result<ApiProvider, String> {
     wire_enum(text, "anthropic, openai or mock")
 }
 
+/// `PROVIDER` or `PROVIDER/MODEL`.
+fn parse_fallback(text: &str) -> Result<ApiModelChoice, String> {
+    let (provider, model) = match text.split_once('/') {
+        Some((provider, model)) if !model.trim().is_empty() => {
+            (provider, Some(model.trim().to_owned()))
+        }
+        Some(_) => return Err(format!("{text:?} names no model after the /")),
+        None => (text, None),
+    };
+    Ok(ApiModelChoice {
+        provider: parse_provider(provider.trim())?,
+        model,
+    })
+}
+
 fn parse_busy_policy(text: &str) -> Result<ApiBusyPolicy, String> {
     wire_enum(text, "reject, interrupt or queue")
 }
@@ -237,6 +258,48 @@ fn parse_tool(text: &str) -> Result<(String, ApiToolPolicy), String> {
         name.to_owned(),
         wire_enum(policy, "auto, approve or client")?,
     ))
+}
+
+/// `keel drill …`.
+#[derive(Debug, Subcommand)]
+pub enum DrillCommand {
+    /// Kill a daemon with SIGKILL again and again while conversations
+    /// stream, run tools, wait for approvals and retry; restart it on the
+    /// same data dir and check after every restart that every acknowledged
+    /// event is in the log, seqs are contiguous, every tool call has one
+    /// result, pending approvals still wait, no tool process outlived its
+    /// daemon, and at the end that nothing stays busy and no side effect
+    /// ran twice under different ids. Exits 1 on any violation.
+    Crash {
+        /// Conversations working at once.
+        #[arg(long, default_value_t = 6)]
+        conversations: usize,
+        /// How many times to kill the daemon.
+        #[arg(long, default_value_t = 20)]
+        kills: usize,
+        /// Fixes the workload and the kill schedule (printed when not given).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Aim every kill at a moment when some conversation is in this state.
+        #[arg(long, value_enum, default_value_t = drill::crash::Boundary::Any)]
+        at: drill::crash::Boundary,
+        /// The report as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every fault of the fake provider (error statuses, retry-after, a cut
+    /// or stalled stream, malformed SSE, an error event, a slow drip, a
+    /// hang, a refused connection), in both wire formats, with and without
+    /// a fallback: the states each passes through and its end state,
+    /// checked against the expected one. Exits 1 if any case differs.
+    Faults {
+        /// Only the faults whose name contains this (`429`, `stall`, …).
+        #[arg(long)]
+        only: Option<String>,
+        /// One JSON object per case, then `{"summary": …}`.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// A value of one of the API's enums by its wire name.
@@ -259,6 +322,42 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
         }
         Command::MockLlm { port, host, script } => {
             mock_llm::run(mock_llm::Options { host, port, script }).map(|()| Exit::Ok)
+        }
+        Command::Drill(DrillCommand::Crash {
+            conversations,
+            kills,
+            seed,
+            at,
+            json,
+        }) => {
+            let stdout = io::stdout().lock();
+            let report = drill::crash::run(
+                io::LineWriter::new(stdout),
+                drill::crash::Options {
+                    conversations,
+                    kills,
+                    seed,
+                    at,
+                    json,
+                },
+            )?;
+            Ok(if report.violations.is_empty() {
+                Exit::Ok
+            } else {
+                Exit::Failed
+            })
+        }
+        Command::Drill(DrillCommand::Faults { only, json }) => {
+            let stdout = io::stdout().lock();
+            let report = drill::faults::run(
+                io::LineWriter::new(stdout),
+                drill::faults::Options { only, json },
+            )?;
+            Ok(if report.all_passed() {
+                Exit::Ok
+            } else {
+                Exit::Failed
+            })
         }
         client_command => run_client(client_command),
     };
@@ -321,7 +420,10 @@ fn run_client(command: Command) -> anyhow::Result<Exit> {
             }
             Command::Evict { id, json } => commands::evict(&client, &id, json).await,
             Command::Ps { json } => commands::ps(&client, json).await,
-            Command::Serve { .. } | Command::Demo { .. } | Command::MockLlm { .. } => Ok(Exit::Ok),
+            Command::Serve { .. }
+            | Command::Demo { .. }
+            | Command::Drill(_)
+            | Command::MockLlm { .. } => Ok(Exit::Ok),
         }
     })
 }
@@ -421,6 +523,60 @@ mod tests {
         );
         assert!(Cli::try_parse_from(["keel", "new", "--tool", "bash"]).is_err());
         assert!(Cli::try_parse_from(["keel", "new", "--busy-policy", "wait"]).is_err());
+    }
+
+    #[test]
+    fn a_fallback_is_a_provider_and_maybe_a_model() {
+        assert_eq!(
+            parse_fallback("openai/gpt-4o"),
+            Ok(ApiModelChoice {
+                provider: ApiProvider::OpenAi,
+                model: Some("gpt-4o".to_owned()),
+            })
+        );
+        assert_eq!(
+            parse_fallback("anthropic"),
+            Ok(ApiModelChoice {
+                provider: ApiProvider::Anthropic,
+                model: None,
+            })
+        );
+        assert!(parse_fallback("openai/").is_err());
+        assert!(parse_fallback("gemini/pro").is_err());
+        let cli = Cli::try_parse_from(["keel", "new", "--fallback", "mock/m"]).unwrap();
+        let Command::New { options, .. } = cli.command else {
+            panic!("new parses to Command::New")
+        };
+        assert_eq!(
+            options.fallback.map(|fallback| fallback.provider),
+            Some(ApiProvider::Mock)
+        );
+    }
+
+    #[test]
+    fn drill_faults_takes_a_filter_and_json() {
+        let cli =
+            Cli::try_parse_from(["keel", "drill", "faults", "--only", "429", "--json"]).unwrap();
+        let Command::Drill(DrillCommand::Faults { only, json }) = cli.command else {
+            panic!("drill faults parses to Command::Drill")
+        };
+        assert_eq!(only.as_deref(), Some("429"));
+        assert!(json);
+    }
+
+    #[test]
+    fn new_lets_the_file_tools_leave_the_working_directory_only_when_asked() {
+        let allowed = |args: &[&str]| {
+            let cli = Cli::try_parse_from(args).unwrap();
+            let Command::New { options, .. } = cli.command else {
+                panic!("new parses to Command::New")
+            };
+            commands::create_request(options)
+                .unwrap()
+                .tools_may_leave_cwd
+        };
+        assert!(!allowed(&["keel", "new"]));
+        assert!(allowed(&["keel", "new", "--tools-may-leave-cwd"]));
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod api;
 pub mod cli;
 pub mod client;
 pub mod demo;
+pub mod drill;
 pub mod mock_llm;
 pub mod net;
 pub mod serve;

@@ -148,6 +148,13 @@ pub struct ConversationConfig {
     /// Largest generation the model may produce per request.
     pub max_tokens: u32,
     pub sub_agent: SubAgentLimits,
+    /// Whether the file tools (`read_file`, `write_file`, `edit_file`,
+    /// `glob`, `grep`) may reach paths outside the working directory. False
+    /// by default: a path that resolves outside it (`..`, an absolute path
+    /// elsewhere, a symlink pointing out) is refused, so a model working on
+    /// one project does not wander into the rest of the machine by mistake.
+    /// It is not a sandbox: `bash` is not confined.
+    pub tools_may_leave_cwd: bool,
 }
 
 impl Default for ConversationConfig {
@@ -168,6 +175,7 @@ impl Default for ConversationConfig {
             max_requests_per_turn: 50,
             max_tokens: 8192,
             sub_agent: SubAgentLimits::default(),
+            tools_may_leave_cwd: false,
         }
     }
 }
@@ -175,5 +183,26 @@ impl Default for ConversationConfig {
 impl ConversationConfig {
     pub fn tool_policy(&self, tool_name: &str) -> ToolPolicy {
         self.tools.get(tool_name).copied().unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// Logs written before a field existed still decode, with the field's
+    /// default: in JSON (record version 1) and in named MessagePack
+    /// (version 2 and checkpoints).
+    #[test]
+    fn a_config_recorded_before_tools_may_leave_cwd_reads_as_confined() {
+        let mut old = serde_json::to_value(ConversationConfig::default()).unwrap();
+        old.as_object_mut().unwrap().remove("tools_may_leave_cwd");
+        let from_json: ConversationConfig = serde_json::from_value(old.clone()).unwrap();
+        assert!(!from_json.tools_may_leave_cwd);
+        let packed = rmp_serde::to_vec_named(&old).unwrap();
+        let from_msgpack: ConversationConfig = rmp_serde::from_slice(&packed).unwrap();
+        assert_eq!(from_msgpack, ConversationConfig::default());
     }
 }

@@ -23,8 +23,8 @@ pub enum Rejection {
     Finished,
     /// The actor is stopping.
     ShuttingDown,
-    /// No pending call has this id, and none resolved in this turn or with
-    /// a result in the prompt: the conversation never had it, or the call
+    /// No pending call has this id, none among the latest resolutions and
+    /// none with a result in the prompt: the conversation never had it, or the call
     /// has not come to wait yet (it runs, or waits behind another call).
     UnknownCall { tool_call_id: ToolCallId },
     /// The call was already resolved with another decision, the one given
@@ -34,9 +34,9 @@ pub enum Rejection {
         tool_call_id: ToolCallId,
         decision: Decision,
     },
-    /// The call has its result and no resolution of this turn is on
-    /// record: it got it otherwise (it ran, keel answered it when the turn
-    /// was cancelled or interrupted), or was resolved in an earlier turn.
+    /// The call has its result and no resolution of it is on record: it got it otherwise (it ran, keel answered it when the turn
+    /// was cancelled or interrupted), or was resolved so long ago that its
+    /// resolution is no longer on record (`working::RESOLUTIONS_KEPT`).
     AlreadySettled { tool_call_id: ToolCallId },
     /// The `by` of a resolution is longer than
     /// [`MAX_RESOLVED_BY_CHARS`](crate::event::MAX_RESOLVED_BY_CHARS).
@@ -93,7 +93,7 @@ impl fmt::Display for Rejection {
             }
             Rejection::AlreadySettled { tool_call_id } => write!(
                 f,
-                "tool call {tool_call_id} was already settled (it has its result: it ran, was cancelled or interrupted, or was resolved in an earlier turn); nothing to resolve"
+                "tool call {tool_call_id} was already settled (it has its result: it ran, was cancelled or interrupted, or was resolved long ago); nothing to resolve"
             ),
             Rejection::ResolvedByTooLong { limit } => write!(
                 f,

@@ -30,7 +30,11 @@ use crate::time::Timestamp;
 /// whenever the same events would give a different working set, or one
 /// with other fields: checkpoints (`codec::checkpoint`) written by another
 /// version are then ignored and the log replayed.
-pub const REDUCER_VERSION: u32 = 3;
+pub const REDUCER_VERSION: u32 = 5;
+
+/// How many of the latest resolutions the working set keeps on record
+/// (`WorkingSet::resolved`).
+pub const RESOLUTIONS_KEPT: usize = 64;
 
 /// Everything derived from the log. Two working sets are equal exactly when
 /// they were built from the same events.
@@ -57,11 +61,13 @@ pub struct WorkingSet {
     pub pending: Vec<PendingCall>,
     /// Open calls a human approved that have not produced a result yet.
     pub approved: Vec<ToolCallId>,
-    /// Every resolution recorded since the latest turn started, in order,
-    /// kept after the call's result so that a resolution asked for again
-    /// (a client retrying after a lost answer) is told apart from a
-    /// different one (`transition/tools.rs`). Cleared when a turn starts:
-    /// bounded by the calls of one turn, never by the length of the log.
+    /// The latest resolutions, in order, kept after the call's result so
+    /// that a resolution asked for again (a client retrying after a lost
+    /// answer) is told apart from a different one (`transition/tools.rs`),
+    /// whatever happened in between: the resolution may have ended its
+    /// turn and a queued message started the next one in the same step.
+    /// At most [`RESOLUTIONS_KEPT`]: bounded, never by the length of the
+    /// log; an older one counts as settled.
     #[serde(default)]
     pub resolved: Vec<(ToolCallId, Decision)>,
     /// User messages that arrived mid-turn under `busy_policy = queue`; they
@@ -268,8 +274,8 @@ impl WorkingSet {
         }
     }
 
-    /// The decision recorded for `tool_call_id` since the latest turn
-    /// started, if any.
+    /// The decision recorded for `tool_call_id` among the latest
+    /// resolutions, if any.
     pub fn resolution(&self, tool_call_id: &ToolCallId) -> Option<&Decision> {
         self.resolved
             .iter()
@@ -373,7 +379,6 @@ impl WorkingSet {
                 // The turn answers every message owed so far: they are all
                 // in the prompt it sends.
                 self.untriggered.clear();
-                self.resolved.clear();
             }
             Payload::AssistantMessage { blocks, usage } => {
                 // The calls are both prompt content and open calls: one of
@@ -427,6 +432,9 @@ impl WorkingSet {
                 let tool_call_id = tool_call_id.into_owned();
                 if *decision == Decision::Approve {
                     self.approved.push(tool_call_id.clone());
+                }
+                if self.resolved.len() == RESOLUTIONS_KEPT {
+                    self.resolved.remove(0);
                 }
                 self.resolved.push((tool_call_id, decision.into_owned()));
             }

@@ -16,6 +16,7 @@ use keel_core::message::{
 };
 use keel_core::recovery::MAX_CONSECUTIVE_RESUMES;
 use keel_core::state::{Request, Slot};
+use keel_core::working::RESOLUTIONS_KEPT;
 use keel_core::*;
 use serde_json::json;
 
@@ -1603,7 +1604,7 @@ fn resolving_a_call_settled_otherwise_is_refused() {
     assert_eq!(harness.conv(), &before);
     assert_eq!(
         step.rejection.unwrap().to_string(),
-        "tool call d1 was already settled (it has its result: it ran, was cancelled or interrupted, or was resolved in an earlier turn); nothing to resolve"
+        "tool call d1 was already settled (it has its result: it ran, was cancelled or interrupted, or was resolved long ago); nothing to resolve"
     );
     // A call that never got to wait: the process restarted under
     // `recovery = idle` while the call before it ran.
@@ -1618,18 +1619,41 @@ fn resolving_a_call_settled_otherwise_is_refused() {
         harness.resolve("d2", Decision::Approve).rejection,
         settled("d2")
     );
-    // Resolved in an earlier turn: a new turn forgets the resolutions.
+    // Resolved in an earlier turn: still on record, so the same decision
+    // again is accepted and changes nothing, and another is refused.
     let mut harness = Harness::new(gated());
     harness.send("ship");
     harness.call_tools(&[("d1", "deploy")]);
     harness.resolve("d1", Decision::Deny);
     harness.reply("not shipped");
     harness.send("ship anyway");
-    assert!(harness.working().resolved.is_empty());
+    let before = harness.conv().clone();
+    let step = harness.resolve("d1", Decision::Deny);
+    assert_eq!(step.rejection, None);
+    assert!(step.effects.is_empty());
+    assert_eq!(harness.conv(), &before);
+    assert_eq!(
+        harness.resolve("d1", Decision::Approve).rejection,
+        Some(Rejection::AlreadyResolved {
+            tool_call_id: ToolCallId::new("d1"),
+            decision: Decision::Deny,
+        })
+    );
+    // Resolved so long ago that it is no longer on record: settled.
+    harness.reply("ok");
+    for index in 0..RESOLUTIONS_KEPT {
+        let id = format!("n{index}");
+        harness.send("ship again");
+        harness.call_tools(&[(id.as_str(), "deploy")]);
+        harness.resolve(&id, Decision::Deny);
+        harness.reply("not shipped");
+    }
+    assert_eq!(harness.working().resolved.len(), RESOLUTIONS_KEPT);
     assert_eq!(
         harness.resolve("d1", Decision::Deny).rejection,
         settled("d1")
     );
+    assert_eq!(harness.resolve("n0", Decision::Deny).rejection, None);
     // Never seen at all.
     assert_eq!(
         harness.resolve("nope", Decision::Deny).rejection,

@@ -3,7 +3,8 @@
 //! a separate `keel mock-llm` in either wire format, driven over HTTP and
 //! followed over SSE. The areas are in `daemon/`: streaming and resuming,
 //! cancel, approvals, refused requests, access and start-up, restarts,
-//! operations (admin routes, metrics, OTLP export) and sub-agents.
+//! operations (admin routes, metrics, OTLP export), the file tools'
+//! confinement as the create request sets it, and sub-agents.
 //!
 //! The harness here starts a daemon (and waits for its `keel listening on`
 //! line), holds its token and an HTTP client that sends it, reads its event
@@ -17,6 +18,7 @@
 
 mod approvals;
 mod cancel;
+mod file_tools;
 mod operations;
 mod refusals;
 mod restart;

@@ -5,6 +5,7 @@
 mod cli;
 mod daemon;
 mod demo;
+mod drill;
 mod harness;
 mod promises;
 mod provider;

@@ -3,7 +3,8 @@
 //! and sled): full turns with a real `bash` tool, busy policies, cancel from
 //! every busy state, crash restarts, eviction, concurrent `ensure_started`,
 //! a runtime dropped mid-turn and reopened on the same store, attached
-//! images (`runtime/images.rs`) and sub-agents (`runtime/sub_agents.rs`).
+//! images (`runtime/images.rs`), the file tools (`runtime/file_tools.rs`)
+//! and sub-agents (`runtime/sub_agents.rs`).
 //!
 //! Tests wait on the conversation's own updates (state changes through a
 //! subscription) or on the mock's recording, never on sleeps; every wait is
@@ -30,6 +31,7 @@ use serde_json::json;
 use crate::harness::{group_is_gone, group_member_states, MockLlm};
 
 mod actors;
+mod file_tools;
 mod images;
 mod sub_agents;
 

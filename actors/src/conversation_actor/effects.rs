@@ -335,10 +335,13 @@ async fn start_tool(
         report_tool(state.mailbox(myself), call.id, ToolOutcome::error(message));
         return Ok(());
     };
-    let cwd = state
+    let (cwd, may_leave_cwd) = state
         .conversation
         .as_ref()
-        .map(|conversation| conversation.working.cwd.clone())
+        .map(|conversation| {
+            let working = &conversation.working;
+            (working.cwd.clone(), working.config.tools_may_leave_cwd)
+        })
         .unwrap_or_default();
     let tool_call_id = call.id.clone();
     let span = tool_span(state, &call);
@@ -346,6 +349,7 @@ async fn start_tool(
         call,
         tool,
         cwd: cwd.into(),
+        may_leave_cwd,
         ledger: state.shared.ledger.clone(),
         report: state.mailbox(myself),
         span,

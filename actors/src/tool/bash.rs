@@ -74,7 +74,7 @@ impl Tool for Bash {
                  prompt fail. The command is killed after timeout_ms milliseconds \
                  (default {DEFAULT_TIMEOUT_MS}), and processes it leaves running in the \
                  background are killed when it exits. Output over {} KiB is cut in the \
-                 middle.",
+                 middle. $KEEL_TOOL_CALL_ID holds this call's id.",
                 RESULT_CAP / 1024
             ),
             input_schema: serde_json::json!({
@@ -144,13 +144,20 @@ impl BashInput {
     }
 }
 
+/// The environment variable a command finds its call's `tool_call_id`
+/// in: the idempotency key of the call (a restart under `recovery =
+/// resume` may run the same call again, with the same id), so a command
+/// with side effects can make a repeat harmless.
+pub const TOOL_CALL_ID_ENV: &str = "KEEL_TOOL_CALL_ID";
+
 /// Start `bash` behind the [`GATE`], leading a new process group.
-fn spawn(command: &str, cwd: &Path) -> io::Result<Child> {
+fn spawn(command: &str, cwd: &Path, tool_call_id: &str) -> io::Result<Child> {
     Command::new("bash")
         .arg("-c")
         .arg(GATE)
         .arg("keel-bash")
         .arg(command)
+        .env(TOOL_CALL_ID_ENV, tool_call_id)
         .current_dir(cwd)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -165,7 +172,7 @@ fn spawn(command: &str, cwd: &Path) -> io::Result<Child> {
 async fn run_command(input: &BashInput, ctx: &ToolContext) -> ToolOutcome {
     // `child` is declared before `group`, so when the future is dropped the
     // group is killed first, while the unreaped leader still pins its pgid.
-    let mut child = match spawn(&input.command, &ctx.cwd) {
+    let mut child = match spawn(&input.command, &ctx.cwd, ctx.call.id.as_str()) {
         Ok(child) => child,
         Err(error) => {
             return ToolOutcome::error(format!(

@@ -14,12 +14,13 @@ use utoipa::IntoParams;
 
 use keel_actors::core::config::{ConversationConfig, ModelRef, ProviderKind};
 use keel_actors::core::event::Decision;
+use keel_actors::core::retry::RetryPolicy;
 use keel_actors::core::{ConversationId, StateName, ToolCallId};
 use keel_actors::ImageUpload;
 
 use super::error::{ApiError, ApiJson, ApiQuery};
 use super::types::{
-    AcceptedMessage, ApiDecisionKind, ApiEvent, CancelAccepted, ConversationDetail,
+    AcceptedMessage, ApiDecisionKind, ApiEvent, ApiRetry, CancelAccepted, ConversationDetail,
     ConversationList, ConversationSummary, CreateConversation, CreatedConversation, ErrorBody,
     LogPage, ResolveAccepted, ResolveRequest, SendMessage,
 };
@@ -84,10 +85,28 @@ pub async fn create(
             .into_iter()
             .map(|(name, policy)| (name, policy.into()))
             .collect(),
+        tools_may_leave_cwd: request.tools_may_leave_cwd,
         ..ConversationConfig::default()
     };
     if let Some(policy) = request.busy_policy {
         config.busy_policy = policy.into();
+    }
+    if let Some(fallback) = request.fallback {
+        let provider = ProviderKind::from(fallback.provider);
+        let model = match fallback.model {
+            Some(model) if model.trim().is_empty() => {
+                return Err(ApiError::bad_request("fallback.model is empty"))
+            }
+            Some(model) => model,
+            None => default_model_of(provider).to_owned(),
+        };
+        config.fallback = Some(ModelRef { provider, model });
+    }
+    if let Some(retry) = request.retry {
+        config.retry = retry_policy(retry)?;
+    }
+    if let Some(timeout_ms) = request.request_timeout_ms {
+        config.request_timeout_ms = timeout_ms;
     }
     let handle = state
         .runtime
@@ -100,6 +119,54 @@ pub async fn create(
             id: handle.id().to_string(),
         }),
     ))
+}
+
+/// Most retries a conversation may ask for, and longest delay: a policy
+/// past these would park a turn for hours.
+const MAX_RETRIES: u32 = 10;
+const MAX_RETRY_DELAY_MS: u64 = 10 * 60 * 1000;
+
+/// keel's default retry policy with what the request gives, checked.
+fn retry_policy(retry: ApiRetry) -> Result<RetryPolicy, ApiError> {
+    let mut policy = RetryPolicy::default();
+    if let Some(max_retries) = retry.max_retries {
+        if max_retries > MAX_RETRIES {
+            return Err(ApiError::bad_request(format!(
+                "retry.max_retries is {max_retries}; at most {MAX_RETRIES}"
+            )));
+        }
+        policy.max_retries = max_retries;
+    }
+    let delays = [
+        (
+            "base_delay_ms",
+            retry.base_delay_ms,
+            &mut policy.base_delay_ms,
+        ),
+        ("max_delay_ms", retry.max_delay_ms, &mut policy.max_delay_ms),
+        (
+            "retry_after_cap_ms",
+            retry.retry_after_cap_ms,
+            &mut policy.retry_after_cap_ms,
+        ),
+    ];
+    for (name, given, field) in delays {
+        if let Some(value) = given {
+            if value > MAX_RETRY_DELAY_MS {
+                return Err(ApiError::bad_request(format!(
+                    "retry.{name} is {value}; at most {MAX_RETRY_DELAY_MS} (10 minutes)"
+                )));
+            }
+            *field = value;
+        }
+    }
+    if policy.base_delay_ms > policy.max_delay_ms {
+        return Err(ApiError::bad_request(format!(
+            "retry.base_delay_ms ({}) is above retry.max_delay_ms ({})",
+            policy.base_delay_ms, policy.max_delay_ms
+        )));
+    }
+    Ok(policy)
 }
 
 fn default_model_of(provider: ProviderKind) -> &'static str {

@@ -47,6 +47,43 @@ pub struct CreateConversation {
     /// answers).
     #[serde(default)]
     pub tools: BTreeMap<String, ApiToolPolicy>,
+    /// Asked with the same request once the primary's retries are
+    /// exhausted; its model defaults to the provider's default model.
+    pub fallback: Option<ApiModelChoice>,
+    /// How a failed LLM request is retried; fields left out keep keel's
+    /// defaults (3 retries from 1 s, doubling to 30 s, `retry-after`
+    /// honoured up to 60 s).
+    pub retry: Option<ApiRetry>,
+    /// Longest a whole LLM request may take before it counts as a
+    /// (retryable) timeout; 0 or left out: no limit.
+    pub request_timeout_ms: Option<u64>,
+    /// Let the file tools (`read_file`, `write_file`, `edit_file`, `glob`,
+    /// `grep`) reach paths outside `cwd`. Default false: a path that
+    /// resolves outside it (`..`, absolute, through a symlink) is refused.
+    #[serde(default)]
+    pub tools_may_leave_cwd: bool,
+}
+
+/// A provider and, optionally, its model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApiModelChoice {
+    pub provider: ApiProvider,
+    pub model: Option<String>,
+}
+
+/// A retry policy; every field is optional.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApiRetry {
+    /// Retries after the first attempt, per provider (at most 10).
+    pub max_retries: Option<u32>,
+    /// Delay before the first retry, doubling with each further one.
+    pub base_delay_ms: Option<u64>,
+    /// Ceiling of that delay.
+    pub max_delay_ms: Option<u64>,
+    /// Ceiling of a provider's `retry-after`.
+    pub retry_after_cap_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -329,6 +366,8 @@ pub struct ConversationDetail {
     pub provider: ApiProvider,
     pub model: String,
     pub busy_policy: ApiBusyPolicy,
+    /// Whether the file tools may reach paths outside `cwd`.
+    pub tools_may_leave_cwd: bool,
     pub last_seq: u64,
     pub turn: u32,
     pub usage: ApiUsage,
@@ -356,6 +395,7 @@ impl From<Inspection> for ConversationDetail {
             provider: inspection.config.primary.provider.into(),
             model: inspection.config.primary.model,
             busy_policy: inspection.config.busy_policy.into(),
+            tools_may_leave_cwd: inspection.config.tools_may_leave_cwd,
             last_seq: inspection.last_seq,
             turn: inspection.turn,
             usage: inspection.usage.into(),

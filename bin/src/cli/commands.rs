@@ -11,8 +11,8 @@ use super::output::{self, Paint};
 use super::turn::tool_input;
 use super::Exit;
 use crate::api::types::{
-    ApiBusyPolicy, ApiDecisionKind, ApiEvent, ApiEventKind, ApiProvider, ApiToolPolicy,
-    ConversationSummary, CreateConversation,
+    ApiBusyPolicy, ApiDecisionKind, ApiEvent, ApiEventKind, ApiModelChoice, ApiProvider,
+    ApiToolPolicy, ConversationSummary, CreateConversation,
 };
 use crate::client::{Client, Frame};
 
@@ -109,6 +109,14 @@ pub struct NewOptions {
     /// client; repeatable (`--tool bash=approve`).
     #[arg(long = "tool", value_name = "NAME=POLICY", value_parser = super::parse_tool)]
     pub tools: Vec<(String, ApiToolPolicy)>,
+    /// Ask this provider (and model) once the primary's retries are
+    /// exhausted: PROVIDER or PROVIDER/MODEL (`--fallback openai/gpt-4o`).
+    #[arg(long, value_name = "PROVIDER[/MODEL]", value_parser = super::parse_fallback)]
+    pub fallback: Option<ApiModelChoice>,
+    /// Let the file tools reach paths outside the working directory
+    /// (refused by default; `bash` is never confined).
+    #[arg(long)]
+    pub tools_may_leave_cwd: bool,
 }
 
 /// `keel new`: prints the new conversation's id.
@@ -138,6 +146,9 @@ pub fn create_request(options: NewOptions) -> anyhow::Result<CreateConversation>
         model: options.model,
         busy_policy: options.busy_policy,
         tools: options.tools.into_iter().collect(),
+        fallback: options.fallback,
+        tools_may_leave_cwd: options.tools_may_leave_cwd,
+        ..CreateConversation::default()
     })
 }
 

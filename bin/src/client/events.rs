@@ -126,7 +126,7 @@ impl Events {
                 if std::mem::take(&mut self.pause) {
                     tokio::time::sleep(ERROR_PAUSE).await;
                 }
-                match self.connect().await {
+                match connect(&self.client, &self.id, self.last_seq, self.from).await {
                     Ok(body) => {
                         self.body = Some(body);
                         self.connected = true;
@@ -210,42 +210,6 @@ impl Events {
         }))
     }
 
-    async fn connect(&self) -> Result<Body, Error> {
-        let mut path = super::conversation_path(&self.id, "/events");
-        let mut request;
-        match (self.last_seq, self.from) {
-            (Some(seq), _) => {
-                request = self.client.request(reqwest::Method::GET, &path);
-                request = request.header("last-event-id", seq.to_string());
-            }
-            (None, Some(from)) => {
-                path.push_str(&format!("?from={from}"));
-                request = self.client.request(reqwest::Method::GET, &path);
-            }
-            (None, None) => request = self.client.request(reqwest::Method::GET, &path),
-        }
-        let response = request
-            .header(reqwest::header::ACCEPT, "text/event-stream")
-            .send()
-            .await
-            .map_err(|error| self.client.transport(error))?;
-        let status = response.status();
-        if !status.is_success() {
-            let bytes = response.bytes().await.unwrap_or_default();
-            return Err(self.client.refusal(Some(&self.id), status.as_u16(), &bytes));
-        }
-        let kind = content_type(&response);
-        if !kind.starts_with("text/event-stream") {
-            return Err(Error::Unexpected {
-                addr: self.client.addr.clone(),
-                status: status.as_u16(),
-                detail: format!("an event stream was expected, not {kind:?}"),
-            });
-        }
-        let chunks = response.bytes_stream();
-        Ok(Box::pin(EventStream::new(chunks)) as Body)
-    }
-
     /// The frame an SSE event is, if it is one this follower yields.
     fn frame(&mut self, event: &sseer::event::Event) -> Result<Option<Frame>, Error> {
         let frame = match &*event.event {
@@ -285,6 +249,49 @@ impl Events {
             detail: format!("an event frame that does not parse ({error}): {data}"),
         })
     }
+}
+
+/// Open the stream from where the follower stands. Borrows no `Events`
+/// (whose body is not `Sync`), so a follower can be driven from any task.
+async fn connect(
+    client: &Client,
+    id: &str,
+    last_seq: Option<u64>,
+    from: Option<u64>,
+) -> Result<Body, Error> {
+    let mut path = super::conversation_path(id, "/events");
+    let mut request;
+    match (last_seq, from) {
+        (Some(seq), _) => {
+            request = client.request(reqwest::Method::GET, &path);
+            request = request.header("last-event-id", seq.to_string());
+        }
+        (None, Some(from)) => {
+            path.push_str(&format!("?from={from}"));
+            request = client.request(reqwest::Method::GET, &path);
+        }
+        (None, None) => request = client.request(reqwest::Method::GET, &path),
+    }
+    let response = request
+        .header(reqwest::header::ACCEPT, "text/event-stream")
+        .send()
+        .await
+        .map_err(|error| client.transport(error))?;
+    let status = response.status();
+    if !status.is_success() {
+        let bytes = response.bytes().await.unwrap_or_default();
+        return Err(client.refusal(Some(id), status.as_u16(), &bytes));
+    }
+    let kind = content_type(&response);
+    if !kind.starts_with("text/event-stream") {
+        return Err(Error::Unexpected {
+            addr: client.addr.clone(),
+            status: status.as_u16(),
+            detail: format!("an event stream was expected, not {kind:?}"),
+        });
+    }
+    let chunks = response.bytes_stream();
+    Ok(Box::pin(EventStream::new(chunks)) as Body)
 }
 
 #[cfg(test)]

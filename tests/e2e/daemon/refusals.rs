@@ -381,6 +381,42 @@ async fn daemon_refused_creations_create_nothing() {
         "bad_json",
     )
     .await;
+    for (what, body) in [
+        ("eleven retries", json!({"retry": {"max_retries": 11}})),
+        (
+            "a backoff that starts above its ceiling",
+            json!({"retry": {"base_delay_ms": 5000, "max_delay_ms": 1000}}),
+        ),
+        (
+            "a fallback with an empty model",
+            json!({"fallback": {"provider": "openai", "model": " "}}),
+        ),
+    ] {
+        let reply = daemon.post(create, &body).await;
+        refused(
+            &daemon,
+            &id,
+            &before,
+            what,
+            reply,
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        )
+        .await;
+    }
+    let reply = daemon
+        .post(create, &json!({"fallback": {"provider": "nobody"}}))
+        .await;
+    refused(
+        &daemon,
+        &id,
+        &before,
+        "an unknown fallback provider",
+        reply,
+        StatusCode::BAD_REQUEST,
+        "bad_json",
+    )
+    .await;
     // Over 64 KiB: the limit of every body but a message's.
     let reply = daemon
         .post(create, &json!({"system": "s".repeat(64 * 1024 + 1)}))

@@ -1,0 +1,1190 @@
+//! `keel drill crash`: SIGKILL a real daemon again and again while
+//! conversations work, restart it on the same data dir, and check after
+//! every restart that nothing was lost, doubled or left stuck
+//! (docs/drills.md).
+//!
+//! The drill starts the fake provider in this process and `keel serve` (this
+//! same binary) as a child process over a temporary data dir, on one
+//! loopback port for every life. Workers, one per conversation, send
+//! messages in a loop: plain text, or a `bash` call whose command appends
+//! `$KEEL_TOOL_CALL_ID` and a nonce of its own to a side-effect file and
+//! sleeps a little. Every third conversation has its `bash` calls wait for
+//! an approval, which its worker gives after a random pause. Faults for
+//! the fake provider are queued now and then, so requests retry. Each
+//! worker follows its conversation's event stream (reconnecting across
+//! restarts with `Last-Event-ID`) and keeps every canonical event it
+//! received and the seq of every message the daemon acknowledged.
+//!
+//! Meanwhile the drill kills the daemon with SIGKILL, at a random moment or
+//! (`--at`) the moment a conversation is in a given state, starts the next
+//! life, and checks:
+//!
+//! - no tool process of an earlier life is still running (each life's
+//!   processes carry its number in their environment);
+//! - every conversation's log has contiguous seqs; every acknowledged
+//!   message is in it; every canonical event a client received is in it,
+//!   the same; every `tool_use` got exactly one result before the next
+//!   model response;
+//! - a call that waited for an approval nobody had given yet still waits.
+//!
+//! At the end the workers stop, the remaining approvals are given, and
+//! every conversation must come to rest; then no nonce in the side-effect
+//! file may have run under two different `tool_call_id`s (a recovered call
+//! is re-dispatched with its original id, so a repeat is recognisable).
+//! `--seed` fixes the workload and the kill schedule (the moments a kill
+//! lands still depend on timing).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context as _};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::api::types::{
+    ApiContent, ApiDecisionKind, ApiEvent, ApiEventKind, ApiLiveEvent, ApiRetry, ApiState,
+    ApiToolPolicy, CreateConversation,
+};
+use crate::client::{Client, Error as ClientError, Frame};
+use crate::serve;
+
+/// Where a kill is aimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Boundary {
+    /// A random moment.
+    Any,
+    /// While a model's answer streams.
+    Streaming,
+    /// While a tool runs.
+    MidTool,
+    /// While a call waits for an approval.
+    AwaitingApproval,
+    /// While a failed request waits to be retried.
+    RetryWait,
+}
+
+impl Boundary {
+    fn state(self) -> Option<ApiState> {
+        match self {
+            Boundary::Any => None,
+            Boundary::Streaming => Some(ApiState::Streaming),
+            Boundary::MidTool => Some(ApiState::ExecutingTools),
+            Boundary::AwaitingApproval => Some(ApiState::AwaitingInput),
+            Boundary::RetryWait => Some(ApiState::RetryWait),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub conversations: usize,
+    pub kills: usize,
+    pub seed: Option<u64>,
+    pub at: Boundary,
+    pub json: bool,
+}
+
+/// How long a kill aimed at a state waits for some conversation to be in
+/// it before it lands anyway (and is counted as a miss).
+const AIM_PATIENCE: Duration = Duration::from_secs(5);
+/// How long a restarted daemon may take to answer `/healthz`.
+const READY_PATIENCE: Duration = Duration::from_secs(30);
+/// How long a turn may stay unfinished (restarts included) before its
+/// conversation counts as stuck.
+const TURN_PATIENCE: Duration = Duration::from_secs(60);
+/// How long every conversation gets to come to rest at the end.
+const SETTLE_PATIENCE: Duration = Duration::from_secs(60);
+/// Marks the processes of this drill's daemons and their tools.
+const RUN_ENV: &str = "KEEL_DRILL_RUN";
+const LIFE_ENV: &str = "KEEL_DRILL_LIFE";
+/// Starts the nonce a side effect writes beside its `tool_call_id`.
+const NONCE: &str = "nonce-";
+
+/// One broken promise.
+#[derive(Debug, Clone, Serialize)]
+pub struct Violation {
+    pub check: &'static str,
+    pub conversation: Option<String>,
+    pub seq: Option<u64>,
+    pub detail: String,
+    /// After which kill it was found (0: before any, or at the end).
+    pub after_kill: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub seed: u64,
+    pub at: Boundary,
+    pub conversations: usize,
+    pub kills: usize,
+    pub recoveries: usize,
+    /// Kills by the states conversations were in when it landed.
+    pub kills_by_state: BTreeMap<String, usize>,
+    /// Aimed kills that found no conversation in the state in time.
+    pub missed_aims: usize,
+    pub turns: u64,
+    pub tool_calls: usize,
+    pub approvals: u64,
+    pub checks_passed: u64,
+    pub violations: Vec<Violation>,
+    pub seconds: f64,
+    /// The drill's directory (data dir, daemon logs, side-effect file),
+    /// kept when something failed; removed otherwise.
+    pub kept: Option<String>,
+}
+
+pub fn run(mut out: impl Write, options: Options) -> anyhow::Result<Report> {
+    if options.conversations == 0 {
+        return Err(anyhow!("--conversations must be at least 1"));
+    }
+    let seed = options.seed.unwrap_or_else(|| fastrand::u64(..));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let report = runtime.block_on(drill(&options, seed))?;
+    if options.json {
+        writeln!(out, "{}", serde_json::to_string(&report)?)?;
+    } else {
+        print_report(&mut out, &report)?;
+    }
+    Ok(report)
+}
+
+fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
+    writeln!(
+        out,
+        "keel drill crash: seed {}, {} conversations, {} kills (at {:?}) in {:.1} s",
+        report.seed, report.conversations, report.kills, report.at, report.seconds
+    )?;
+    writeln!(
+        out,
+        "  recoveries {}, turns {}, tool calls {}, approvals {}, checks passed {}",
+        report.recoveries, report.turns, report.tool_calls, report.approvals, report.checks_passed
+    )?;
+    let states: Vec<String> = report
+        .kills_by_state
+        .iter()
+        .map(|(state, kills)| format!("{state} {kills}"))
+        .collect();
+    writeln!(
+        out,
+        "  kills landed while conversations were: {}",
+        states.join(", ")
+    )?;
+    if report.missed_aims > 0 {
+        writeln!(
+            out,
+            "  {} kills found no conversation in the aimed state within {AIM_PATIENCE:?}",
+            report.missed_aims
+        )?;
+    }
+    if report.violations.is_empty() {
+        writeln!(out, "  no violations")?;
+    } else {
+        writeln!(out, "  {} violations:", report.violations.len())?;
+        for violation in &report.violations {
+            writeln!(
+                out,
+                "  ! {} (after kill {}, conversation {}, seq {}): {}",
+                violation.check,
+                violation.after_kill,
+                violation.conversation.as_deref().unwrap_or("-"),
+                violation
+                    .seq
+                    .map_or_else(|| "-".to_owned(), |seq| seq.to_string()),
+                violation.detail
+            )?;
+        }
+        writeln!(out, "  reproduce with --seed {}", report.seed)?;
+        if let Some(kept) = &report.kept {
+            writeln!(
+                out,
+                "  the data dir, daemon logs and side effects are kept in {kept}"
+            )?;
+        }
+    }
+    Ok(())
+}
+
+// --- shared state ---------------------------------------------------------
+
+/// What the workers and the killer share.
+#[derive(Default)]
+struct Book {
+    /// Each conversation's latest state, from its stream.
+    states: HashMap<String, ApiState>,
+    /// Seqs of the messages the daemon acknowledged (202).
+    acked: HashMap<String, Vec<u64>>,
+    /// Every canonical event a client received, by conversation and seq.
+    seen: HashMap<String, BTreeMap<u64, Value>>,
+    /// Calls suspended for an approval nobody has tried to give yet.
+    untouched: HashMap<String, BTreeSet<String>>,
+    /// How far each conversation's log has been checked.
+    checked: HashMap<String, Checked>,
+    violations: Vec<Violation>,
+    kills: usize,
+    turns: u64,
+    approvals: u64,
+    checks_passed: u64,
+}
+
+#[derive(Clone)]
+struct Shared {
+    book: Arc<Mutex<Book>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Shared {
+    fn book(&self) -> MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn violation(
+        &self,
+        check: &'static str,
+        conversation: Option<&str>,
+        seq: Option<u64>,
+        detail: String,
+    ) {
+        let mut book = self.book();
+        let after_kill = book.kills;
+        book.violations.push(Violation {
+            check,
+            conversation: conversation.map(str::to_owned),
+            seq,
+            detail,
+            after_kill,
+        });
+    }
+
+    fn passed(&self, checks: u64) {
+        self.book().checks_passed += checks;
+    }
+}
+
+// --- the daemon's lives ---------------------------------------------------
+
+struct Lab {
+    exe: PathBuf,
+    dir: PathBuf,
+    data_dir: PathBuf,
+    effects: PathBuf,
+    addr: String,
+    token: String,
+    mock_url: String,
+    run_id: String,
+    life: u32,
+    daemon: Option<Child>,
+}
+
+impl Lab {
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        self.life += 1;
+        let log = std::fs::File::create(self.dir.join(format!("daemon-{}.log", self.life)))
+            .context("creating the daemon's log file")?;
+        let child = Command::new(&self.exe)
+            .arg("serve")
+            .current_dir(&self.dir)
+            .env("KEEL_DATA_DIR", &self.data_dir)
+            .env("KEEL_ADDR", &self.addr)
+            .env("KEEL_TOKEN", &self.token)
+            .env("KEEL_PROVIDER", "mock")
+            .env("KEEL_MOCK_URL", &self.mock_url)
+            .env("KEEL_SHUTDOWN_GRACE_MS", "2000")
+            .env(RUN_ENV, &self.run_id)
+            .env(LIFE_ENV, self.life.to_string())
+            .env_remove("KEEL_CONFIG")
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("OPENAI_API_KEY")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {} serve", self.exe.display()))?;
+        self.daemon = Some(child);
+        Ok(())
+    }
+
+    async fn ready(&mut self, client: &Client) -> anyhow::Result<()> {
+        let started = Instant::now();
+        loop {
+            if client.health().await.is_ok() {
+                return Ok(());
+            }
+            if let Some(child) = self.daemon.as_mut() {
+                if let Some(status) = child.try_wait()? {
+                    return Err(anyhow!(
+                        "the daemon (life {}) exited with {status} at start-up; its log is {}",
+                        self.life,
+                        self.dir.join(format!("daemon-{}.log", self.life)).display()
+                    ));
+                }
+            }
+            if started.elapsed() > READY_PATIENCE {
+                return Err(anyhow!(
+                    "the daemon (life {}) did not answer /healthz within {READY_PATIENCE:?}",
+                    self.life
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGKILL, and reap it.
+    fn kill(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.daemon.take() {
+            child.kill().context("killing the daemon")?;
+            child.wait().context("reaping the daemon")?;
+        }
+        Ok(())
+    }
+
+    /// SIGTERM, and wait for the graceful stop.
+    fn stop(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.daemon.take() {
+            let pid =
+                nix::unistd::Pid::from_raw(i32::try_from(child.id()).context("the daemon's pid")?);
+            if nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).is_err() {
+                child.kill().ok();
+            }
+            child.wait().context("waiting for the daemon to stop")?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.daemon.take() {
+            child.kill().ok();
+            child.wait().ok();
+        }
+    }
+}
+
+/// Processes of this run started by a life before `life` that still run:
+/// `(pid, life, command line)`.
+fn survivors(run_id: &str, life: u32) -> Vec<(u32, u32, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let run = format!("{RUN_ENV}={run_id}");
+    let life_prefix = format!("{LIFE_ENV}=");
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        let vars: Vec<&[u8]> = environ.split(|byte| *byte == 0).collect();
+        if !vars.contains(&run.as_bytes()) {
+            continue;
+        }
+        let Some(of_life) = vars.iter().find_map(|var| {
+            std::str::from_utf8(var)
+                .ok()?
+                .strip_prefix(&life_prefix)?
+                .parse::<u32>()
+                .ok()
+        }) else {
+            continue;
+        };
+        if of_life >= life || is_zombie(pid) {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|bytes| String::from_utf8_lossy(&bytes).replace('\0', " "))
+            .unwrap_or_default();
+        found.push((pid, of_life, cmdline.trim().to_owned()));
+    }
+    found
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rfind(')')
+            .and_then(|end| stat[end + 1..].split_whitespace().next())
+            == Some("Z")
+    })
+}
+
+// --- the drill ------------------------------------------------------------
+
+async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    let temp = tempfile::Builder::new()
+        .prefix("keel-drill-crash-")
+        .tempdir()
+        .context("creating a temporary directory")?;
+    let dir = temp.path().to_path_buf();
+    let workdir = dir.join("work");
+    std::fs::create_dir_all(&workdir).context("creating the conversations' directory")?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .context("finding a free port for the daemon")?
+        .port();
+    let mut lab = Lab {
+        exe: std::env::current_exe().context("finding this keel binary")?,
+        data_dir: dir.join("data"),
+        effects: workdir.join("effects.log"),
+        addr: format!("127.0.0.1:{port}"),
+        token: format!("drill-{seed:x}"),
+        mock_url: serve::start_builtin_mock().await?,
+        run_id: format!("{}-{seed:x}", std::process::id()),
+        life: 0,
+        daemon: None,
+        dir,
+    };
+    let client = Client::new(&lab.addr, Some(lab.token.clone()));
+    let http = reqwest::Client::new();
+    lab.spawn()?;
+    lab.ready(&client).await?;
+
+    let shared = Shared {
+        book: Arc::new(Mutex::new(Book::default())),
+        stop: Arc::new(AtomicBool::new(false)),
+    };
+    let mut ids = Vec::new();
+    for index in 0..options.conversations {
+        ids.push(create(&client, index, &workdir).await?);
+    }
+    let mut workers = tokio::task::JoinSet::new();
+    for (index, id) in ids.iter().enumerate() {
+        let worker = Worker {
+            client: client.clone(),
+            shared: shared.clone(),
+            id: id.clone(),
+            rng: fastrand::Rng::with_seed(seed.wrapping_add(index as u64 + 1)),
+            effects: lab.effects.clone(),
+            nonce: 0,
+            index,
+        };
+        workers.spawn(worker.run());
+    }
+
+    let bar = if options.json {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(options.kills as u64)
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} kills {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut kills_by_state: BTreeMap<String, usize> = BTreeMap::new();
+    let mut missed_aims = 0;
+    for kill in 1..=options.kills {
+        if rng.u8(..) < 80 {
+            let faults: Vec<Value> = (0..rng.u32(1..3))
+                .map(|_| {
+                    let status = [500, 503, 529][rng.usize(..3)];
+                    json!({ "status": status })
+                })
+                .collect();
+            // The fake provider is in this process; a failure here is a
+            // bug of the drill, not of keel.
+            http.post(format!("{}/_mock/script", lab.mock_url))
+                .json(&faults)
+                .send()
+                .await
+                .context("queueing faults at the fake provider")?;
+        }
+        match options.at.state() {
+            None => tokio::time::sleep(Duration::from_millis(rng.u64(20..400))).await,
+            Some(state) => {
+                if !wait_for_state(&shared, state).await {
+                    missed_aims += 1;
+                }
+            }
+        }
+        let states: BTreeSet<String> = shared
+            .book()
+            .states
+            .values()
+            .map(|state| state_name(*state))
+            .collect();
+        for state in states {
+            *kills_by_state.entry(state).or_default() += 1;
+        }
+        let killed_life = lab.life;
+        lab.kill()?;
+        shared.book().kills = kill;
+        lab.spawn()?;
+        lab.ready(&client).await?;
+        // Boot reaped what the killed life left: nothing of it runs.
+        let left = survivors(&lab.run_id, lab.life);
+        if left.is_empty() {
+            shared.passed(1);
+        }
+        for (pid, life, cmdline) in left {
+            shared.violation(
+                "no tool process outlives its daemon",
+                None,
+                None,
+                format!(
+                    "pid {pid} of life {life} (killed life {killed_life}) still runs: {cmdline}"
+                ),
+            );
+        }
+        for id in &ids {
+            check_log(&client, &shared, id, false).await;
+        }
+        bar.inc(1);
+        bar.set_message(format!("{} violations", shared.book().violations.len()));
+    }
+    bar.finish_and_clear();
+
+    shared.stop.store(true, Ordering::SeqCst);
+    while let Some(joined) = workers.join_next().await {
+        if let Err(error) = joined {
+            shared.violation(
+                "the drill's workers run to the end",
+                None,
+                None,
+                format!("a worker panicked: {error}"),
+            );
+        }
+    }
+    settle(&client, &shared, &ids).await;
+    for id in &ids {
+        // What is new since the last kill, then the whole log once more.
+        check_log(&client, &shared, id, false).await;
+        check_log(&client, &shared, id, true).await;
+    }
+    let tool_calls = check_effects(&client, &shared, &ids, &lab.effects).await;
+    lab.stop()?;
+    let left = survivors(&lab.run_id, lab.life + 1);
+    for (pid, life, cmdline) in left {
+        shared.violation(
+            "no tool process outlives its daemon",
+            None,
+            None,
+            format!("pid {pid} of life {life} still runs after the last stop: {cmdline}"),
+        );
+    }
+
+    let book = shared.book();
+    // Keep the evidence of a failed drill: the data dir, the daemons' logs
+    // and the side-effect file.
+    let kept = if book.violations.is_empty() {
+        None
+    } else {
+        Some(temp.keep().display().to_string())
+    };
+    Ok(Report {
+        kept,
+        seed,
+        at: options.at,
+        conversations: options.conversations,
+        kills: options.kills,
+        recoveries: options.kills,
+        kills_by_state,
+        missed_aims,
+        turns: book.turns,
+        tool_calls,
+        approvals: book.approvals,
+        checks_passed: book.checks_passed,
+        violations: book.violations.clone(),
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Wait until some conversation is in `state`; false if none was in time.
+async fn wait_for_state(shared: &Shared, state: ApiState) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < AIM_PATIENCE {
+        if shared.book().states.values().any(|now| *now == state) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    false
+}
+
+async fn create(client: &Client, index: usize, workdir: &Path) -> anyhow::Result<String> {
+    let mut tools = BTreeMap::new();
+    if index % 3 == 2 {
+        tools.insert("bash".to_owned(), ApiToolPolicy::Approve);
+    }
+    let request = CreateConversation {
+        cwd: Some(workdir.display().to_string()),
+        tools,
+        retry: Some(ApiRetry {
+            max_retries: Some(3),
+            base_delay_ms: Some(20),
+            max_delay_ms: Some(100),
+            retry_after_cap_ms: Some(100),
+        }),
+        ..CreateConversation::default()
+    };
+    Ok(client.create(&request).await?.id)
+}
+
+fn state_name(state: ApiState) -> String {
+    serde_json::to_value(state)
+        .ok()
+        .and_then(|value| value.as_str().map(str::to_owned))
+        .unwrap_or_else(|| format!("{state:?}"))
+}
+
+fn is_at_rest(state: ApiState) -> bool {
+    matches!(
+        state,
+        ApiState::Idle | ApiState::AwaitingInput | ApiState::Error
+    )
+}
+
+// --- a worker: one conversation's client ----------------------------------
+
+struct Worker {
+    client: Client,
+    shared: Shared,
+    id: String,
+    rng: fastrand::Rng,
+    effects: PathBuf,
+    nonce: u64,
+    index: usize,
+}
+
+impl Worker {
+    async fn run(mut self) {
+        let mut events = self.client.events(&self.id, None).with_patience(None);
+        // Open before the first message, so nothing of its turn is missed.
+        loop {
+            match events.next().await {
+                Ok(Frame::Snapshot(snapshot)) => {
+                    self.set_state(snapshot.state);
+                    break;
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    self.shared.violation(
+                        "the event stream opens",
+                        Some(&self.id),
+                        None,
+                        error.to_string(),
+                    );
+                    return;
+                }
+            }
+        }
+        while !self.shared.stop.load(Ordering::SeqCst) {
+            let text = self.next_message();
+            match self.client.send_text(&self.id, &text).await {
+                Ok(accepted) => {
+                    self.shared
+                        .book()
+                        .acked
+                        .entry(self.id.clone())
+                        .or_default()
+                        .push(accepted.seq);
+                    let after = accepted.seq;
+                    let ended = self
+                        .follow_until(&mut events, |event| {
+                            event.seq > after
+                                && matches!(
+                                    event.kind,
+                                    ApiEventKind::TurnCompleted { .. }
+                                        | ApiEventKind::TurnFailed { .. }
+                                        | ApiEventKind::TurnInterrupted { .. }
+                                        | ApiEventKind::Unanswered { .. }
+                                )
+                        })
+                        .await;
+                    match ended {
+                        Ok(()) => self.shared.book().turns += 1,
+                        Err(error) => {
+                            self.shared.violation(
+                                "no conversation stays busy",
+                                Some(&self.id),
+                                Some(after),
+                                error,
+                            );
+                            return;
+                        }
+                    }
+                }
+                // A recovered turn runs, or the daemon is between lives:
+                // wait a little and send again.
+                Err(ClientError::Busy { .. }) | Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    }
+
+    fn next_message(&mut self) -> String {
+        self.nonce += 1;
+        if self.rng.bool() {
+            let nonce = format!("{NONCE}{}-{}", self.index, self.nonce);
+            let pause = self.rng.u32(5..30);
+            format!(
+                "run: echo \"$KEEL_TOOL_CALL_ID {nonce}\" >> {}; sleep 0.{pause:02}",
+                self.effects.display()
+            )
+        } else {
+            format!("hello {} from worker {}", self.nonce, self.index)
+        }
+    }
+
+    /// Read the stream until `done` says an event ends the wait, giving
+    /// approvals as calls suspend. `Err` (why) if that takes too long.
+    async fn follow_until(
+        &mut self,
+        events: &mut crate::client::Events,
+        mut done: impl FnMut(&ApiEvent) -> bool,
+    ) -> Result<(), String> {
+        let started = Instant::now();
+        let mut waiting: Vec<(String, Instant)> = Vec::new();
+        let mut reconnecting = false;
+        loop {
+            if started.elapsed() > TURN_PATIENCE {
+                return Err(format!("no end of the turn within {TURN_PATIENCE:?}"));
+            }
+            let now = Instant::now();
+            if let Some(position) = waiting.iter().position(|(_, due)| *due <= now) {
+                let (call, _) = waiting.remove(position);
+                self.approve(&call, &mut waiting).await;
+            }
+            let next = tokio::time::timeout(Duration::from_millis(10), events.next()).await;
+            let frame = match next {
+                Err(_) => continue,
+                Ok(Ok(frame)) => frame,
+                Ok(Err(error)) => return Err(format!("the event stream failed: {error}")),
+            };
+            match frame {
+                Frame::Snapshot(snapshot) => {
+                    self.set_state(snapshot.state);
+                    let pending: HashSet<&str> = snapshot
+                        .pending
+                        .iter()
+                        .map(|call| call.tool_call_id.as_str())
+                        .collect();
+                    if reconnecting {
+                        self.check_untouched(&pending);
+                    }
+                    reconnecting = false;
+                    for call in &snapshot.pending {
+                        if !waiting.iter().any(|(id, _)| *id == call.tool_call_id) {
+                            waiting.push((call.tool_call_id.clone(), Instant::now()));
+                        }
+                    }
+                }
+                Frame::Reconnecting { .. } | Frame::Error(_) => reconnecting = true,
+                Frame::Live(ApiLiveEvent::StateChanged { state }) => self.set_state(state),
+                Frame::Live(_) => {}
+                Frame::Canonical(event) => {
+                    let value = serde_json::to_value(&event).unwrap_or(Value::Null);
+                    self.shared
+                        .book()
+                        .seen
+                        .entry(self.id.clone())
+                        .or_default()
+                        .insert(event.seq, value);
+                    if let ApiEventKind::Suspended { pending } = &event.kind {
+                        for call in pending {
+                            self.shared
+                                .book()
+                                .untouched
+                                .entry(self.id.clone())
+                                .or_default()
+                                .insert(call.tool_call_id.clone());
+                            let pause = Duration::from_millis(self.rng.u64(0..150));
+                            waiting.push((call.tool_call_id.clone(), Instant::now() + pause));
+                        }
+                    }
+                    if done(&event) {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    fn set_state(&self, state: ApiState) {
+        self.shared.book().states.insert(self.id.clone(), state);
+    }
+
+    /// After a restart: every call that waited for an approval nobody had
+    /// tried to give still waits (or got its result in the meantime,
+    /// which the log check sees).
+    fn check_untouched(&self, pending: &HashSet<&str>) {
+        let untouched: Vec<String> = self
+            .shared
+            .book()
+            .untouched
+            .get(&self.id)
+            .map(|calls| calls.iter().cloned().collect())
+            .unwrap_or_default();
+        for call in untouched {
+            if pending.contains(call.as_str()) {
+                self.shared.passed(1);
+            } else {
+                self.shared.violation(
+                    "pending approvals stay pending",
+                    Some(&self.id),
+                    None,
+                    format!("call {call} waited for an approval before the kill and not after"),
+                );
+            }
+        }
+    }
+
+    async fn approve(&mut self, call: &str, waiting: &mut Vec<(String, Instant)>) {
+        if let Some(calls) = self.shared.book().untouched.get_mut(&self.id) {
+            calls.remove(call);
+        }
+        match self
+            .client
+            .decide(&self.id, call, ApiDecisionKind::Approve, None)
+            .await
+        {
+            Ok(_) => self.shared.book().approvals += 1,
+            // Settled meanwhile (a cancel, a restart under `idle`): done.
+            Err(ClientError::Api { status: 409, .. } | ClientError::NotFound { .. }) => {}
+            // The daemon is between lives: try again soon.
+            Err(_) => waiting.push((call.to_owned(), Instant::now() + Duration::from_millis(50))),
+        }
+    }
+}
+
+// --- the checks ------------------------------------------------------------
+
+/// The log of `id` from `from` on, page by page.
+async fn read_log(client: &Client, id: &str, from: u64) -> Result<Vec<ApiEvent>, ClientError> {
+    let mut events = Vec::new();
+    let mut from = from;
+    loop {
+        let page = client.log(id, from, None).await?;
+        let empty = page.events.is_empty();
+        events.extend(page.events);
+        if empty || page.next_from == from {
+            return Ok(events);
+        }
+        from = page.next_from;
+    }
+}
+
+/// How far a conversation's log has been checked, so that a check after a
+/// restart reads only what is new; the final check starts over from seq 1.
+#[derive(Debug, Clone)]
+struct Checked {
+    next_seq: u64,
+    /// Calls of the latest response without a result yet.
+    open: Vec<String>,
+    answered: HashSet<String>,
+}
+
+impl Default for Checked {
+    fn default() -> Self {
+        Checked {
+            next_seq: 1,
+            open: Vec::new(),
+            answered: HashSet::new(),
+        }
+    }
+}
+
+/// Check `id`'s log from where the last check of it stopped (`full`: from
+/// seq 1): seqs contiguous, every acknowledged message and every event a
+/// client received in it and the same, every `tool_use` answered once
+/// before the next response.
+async fn check_log(client: &Client, shared: &Shared, id: &str, full: bool) {
+    let mut checked = if full {
+        Checked::default()
+    } else {
+        shared.book().checked.get(id).cloned().unwrap_or_default()
+    };
+    // What the clients had before the log is read: all of it must be there
+    // (what arrives while it is read may be newer than the read).
+    let (acked, seen) = {
+        let book = shared.book();
+        let acked: Vec<u64> = book.acked.get(id).cloned().unwrap_or_default();
+        let seen: BTreeMap<u64, Value> = book.seen.get(id).cloned().unwrap_or_default();
+        (acked, seen)
+    };
+    let events = match read_log(client, id, checked.next_seq).await {
+        Ok(events) => events,
+        Err(error) => {
+            shared.violation("the log can be read", Some(id), None, format!("{error}"));
+            return;
+        }
+    };
+    let mut passed = 0;
+    let mut contiguous = true;
+    for (offset, event) in events.iter().enumerate() {
+        let expected = checked.next_seq + offset as u64;
+        if event.seq != expected {
+            shared.violation(
+                "seqs are contiguous",
+                Some(id),
+                Some(event.seq),
+                format!("seq {expected} is followed by seq {}", event.seq),
+            );
+            contiguous = false;
+            break;
+        }
+    }
+    if contiguous {
+        passed += 1;
+    }
+    let by_seq: HashMap<u64, &ApiEvent> = events.iter().map(|event| (event.seq, event)).collect();
+    for seq in acked.into_iter().filter(|seq| *seq >= checked.next_seq) {
+        match by_seq.get(&seq) {
+            Some(event) if matches!(event.kind, ApiEventKind::UserMessage { .. }) => passed += 1,
+            Some(event) => shared.violation(
+                "every acknowledged event is in the log",
+                Some(id),
+                Some(seq),
+                format!(
+                    "the acknowledged message's seq holds {:?}",
+                    kind_name(event)
+                ),
+            ),
+            None => shared.violation(
+                "every acknowledged event is in the log",
+                Some(id),
+                Some(seq),
+                "an acknowledged message is missing from the log".to_owned(),
+            ),
+        }
+    }
+    for (seq, received) in seen.range(checked.next_seq..) {
+        let stored = by_seq
+            .get(seq)
+            .and_then(|event| serde_json::to_value(event).ok());
+        if stored.as_ref() == Some(received) {
+            passed += 1;
+        } else {
+            shared.violation(
+                "every acknowledged event is in the log",
+                Some(id),
+                Some(*seq),
+                format!("a client received {received} but the log has {stored:?}"),
+            );
+        }
+    }
+    for event in &events {
+        match &event.kind {
+            ApiEventKind::AssistantMessage { content, .. } => {
+                if !checked.open.is_empty() {
+                    shared.violation(
+                        "every tool_use has one result before the next request",
+                        Some(id),
+                        Some(event.seq),
+                        format!("a response came while {:?} had no result", checked.open),
+                    );
+                }
+                checked.open = content
+                    .iter()
+                    .filter_map(|block| match block {
+                        ApiContent::ToolUse { id, .. } => Some(id.clone()),
+                        _ => None,
+                    })
+                    .collect();
+            }
+            ApiEventKind::ToolResult { tool_call_id, .. } => {
+                if let Some(position) = checked.open.iter().position(|call| call == tool_call_id) {
+                    checked.open.remove(position);
+                    checked.answered.insert(tool_call_id.clone());
+                    passed += 1;
+                } else {
+                    let why = if checked.answered.contains(tool_call_id) {
+                        "a second result"
+                    } else {
+                        "a result for no open call"
+                    };
+                    shared.violation(
+                        "every tool_use has one result before the next request",
+                        Some(id),
+                        Some(event.seq),
+                        format!("{why}: {tool_call_id}"),
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    if contiguous {
+        if let Some(last) = events.last() {
+            checked.next_seq = last.seq + 1;
+        }
+    }
+    let mut book = shared.book();
+    book.checks_passed += passed;
+    // What was checked need not be kept.
+    let next_seq = checked.next_seq;
+    if let Some(acked) = book.acked.get_mut(id) {
+        acked.retain(|seq| *seq >= next_seq);
+    }
+    if let Some(seen) = book.seen.get_mut(id) {
+        *seen = seen.split_off(&next_seq);
+    }
+    book.checked.insert(id.to_owned(), checked);
+}
+
+fn kind_name(event: &ApiEvent) -> String {
+    serde_json::to_value(event)
+        .ok()
+        .and_then(|value| value.get("type").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// Give the approvals still owed and wait for every conversation to rest.
+async fn settle(client: &Client, shared: &Shared, ids: &[String]) {
+    let started = Instant::now();
+    let mut restless: Vec<String> = ids.to_vec();
+    while !restless.is_empty() && started.elapsed() < SETTLE_PATIENCE {
+        let mut still = Vec::new();
+        for id in restless {
+            match client.get(&id).await {
+                Ok(detail) if detail.pending.is_empty() && is_at_rest(detail.state) => {}
+                Ok(detail) => {
+                    for call in &detail.pending {
+                        if client
+                            .decide(&id, &call.tool_call_id, ApiDecisionKind::Approve, None)
+                            .await
+                            .is_ok()
+                        {
+                            shared.book().approvals += 1;
+                        }
+                    }
+                    still.push(id);
+                }
+                Err(_) => still.push(id),
+            }
+        }
+        restless = still;
+        if !restless.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    if restless.is_empty() {
+        shared.passed(ids.len() as u64);
+    }
+    for id in restless {
+        let state = client
+            .get(&id)
+            .await
+            .map(|detail| state_name(detail.state))
+            .unwrap_or_else(|error| error.to_string());
+        shared.violation(
+            "no conversation stays busy once its work is done",
+            Some(&id),
+            None,
+            format!("still {state} {SETTLE_PATIENCE:?} after the workload stopped"),
+        );
+    }
+}
+
+/// Every side effect ran under one `tool_call_id` per nonce, and that id
+/// is the call's in the log. Returns how many calls the logs hold.
+async fn check_effects(client: &Client, shared: &Shared, ids: &[String], effects: &Path) -> usize {
+    // The ids each nonce's command was called with, from the logs.
+    let mut calls: HashMap<String, String> = HashMap::new();
+    for id in ids {
+        let Ok(events) = read_log(client, id, 1).await else {
+            continue;
+        };
+        for event in events {
+            if let ApiEventKind::AssistantMessage { content, .. } = event.kind {
+                for block in content {
+                    if let ApiContent::ToolUse { id, input, .. } = block {
+                        let command = input.get("command").and_then(Value::as_str).unwrap_or("");
+                        if let Some(nonce) = command
+                            .split(|c: char| c.is_whitespace() || c == '"')
+                            .find(|word| word.starts_with(NONCE))
+                        {
+                            calls.insert(nonce.to_owned(), id);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let text = std::fs::read_to_string(effects).unwrap_or_default();
+    let mut ran: HashMap<&str, BTreeSet<&str>> = HashMap::new();
+    for line in text.lines() {
+        if let Some((call, nonce)) = line.split_once(' ') {
+            ran.entry(nonce).or_default().insert(call);
+        }
+    }
+    let mut passed = 0;
+    for (nonce, run_as) in &ran {
+        let expected = calls.get(*nonce);
+        let only_its_own =
+            run_as.len() == 1 && expected.is_some_and(|id| run_as.contains(id.as_str()));
+        if only_its_own {
+            passed += 1;
+        } else {
+            shared.violation(
+                "no side effect runs twice under different ids",
+                None,
+                None,
+                format!("nonce {nonce} ran as {run_as:?}; the log's call is {expected:?}"),
+            );
+        }
+    }
+    shared.passed(passed);
+    calls.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_of_an_earlier_life_is_found_and_one_of_this_life_is_not() {
+        let run_id = format!("test-{}", std::process::id());
+        let mut child = Command::new("sleep")
+            .arg("30")
+            .env(RUN_ENV, &run_id)
+            .env(LIFE_ENV, "3")
+            .spawn()
+            .expect("sleep runs");
+        let pid = child.id();
+        // Until the fork has exec'd `sleep`, its environment is still ours.
+        let started = Instant::now();
+        while !survivors(&run_id, 4)
+            .iter()
+            .any(|(found, ..)| *found == pid)
+            && started.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let of_later = survivors(&run_id, 4);
+        let of_same = survivors(&run_id, 3);
+        let of_other_run = survivors("another-run", 4);
+        child.kill().ok();
+        child.wait().ok();
+        assert!(
+            of_later
+                .iter()
+                .any(|(found, life, _)| *found == pid && *life == 3),
+            "{of_later:?}"
+        );
+        assert!(
+            of_same.iter().all(|(found, ..)| *found != pid),
+            "{of_same:?}"
+        );
+        assert!(of_other_run.iter().all(|(found, ..)| *found != pid));
+        assert!(survivors(&run_id, 4)
+            .iter()
+            .all(|(found, ..)| *found != pid));
+    }
+}

@@ -1,0 +1,187 @@
+//! `keel drill crash` and `keel drill faults` as a user runs them.
+//!
+//! The crash drill, short (the few dozen kills CI can afford): the real
+//! binary kills its own daemon with SIGKILL while conversations stream, run
+//! tools and wait for approvals, and must find no violation; its report
+//! must show the kills landed where the work was.
+//!
+//! `keel drill faults`: the real binary starts its own
+//! daemon and fake provider, walks the fault matrix and exits 0 only if
+//! every case reached its expected end state. Its `--json` lines are
+//! checked here against the promises themselves, not only its verdict:
+//! every fault in both wire formats with and without a fallback, a
+//! retryable fault retried and then handed over, a final one never
+//! retried, `retry-after` honoured up to its cap.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde_json::Value;
+
+use crate::harness::{keel, keel_json_lines};
+
+/// The cases of `fault` that ran in `wire` with or without a fallback, in
+/// the "every request fails" mode.
+fn case<'a>(cases: &'a [Value], fault: &str, wire: &str, fallback: bool) -> &'a Value {
+    cases
+        .iter()
+        .find(|case| {
+            case["fault"].as_str().unwrap().starts_with(fault)
+                && case["wire"] == wire
+                && case["fallback"].is_null() != fallback
+                && case["mode"] == "always"
+        })
+        .unwrap_or_else(|| panic!("no case {fault} {wire} fallback={fallback}"))
+}
+
+fn trail(case: &Value) -> Vec<&str> {
+    case["seen"]["trail"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|step| step.as_str().unwrap())
+        .collect()
+}
+
+#[test]
+fn the_fault_matrix_reaches_every_expected_end_state() {
+    let lines = keel_json_lines(&["drill", "faults", "--json"]);
+    let (summary, cases) = lines.split_last().unwrap();
+    let failed: Vec<&Value> = cases.iter().filter(|case| case["passed"] != true).collect();
+    assert!(failed.is_empty(), "cases that failed: {failed:#?}");
+    assert_eq!(summary["summary"]["failed"], 0);
+    assert_eq!(summary["summary"]["passed"], cases.len());
+
+    // Every fault the issue names, in both formats, with and without a
+    // fallback.
+    for fault in [
+        "429",
+        "500",
+        "502",
+        "503",
+        "529",
+        "400",
+        "401",
+        "403",
+        "404",
+        "cut mid-stream",
+        "malformed SSE",
+        "error event",
+        "hang",
+        "stall",
+        "slow drip",
+    ] {
+        for wire in ["anthropic", "openai"] {
+            for fallback in [false, true] {
+                let case = case(cases, fault, wire, fallback);
+                assert_eq!(case["seen"]["end"], case["expected"]["end"], "{case:#}");
+            }
+        }
+    }
+    case(cases, "connection refused", "refused", false);
+    case(cases, "connection refused", "refused", true);
+
+    // A retryable fault: two retries, then the fallback answers.
+    let handed_over = case(cases, "500", "anthropic", true);
+    let steps = trail(handed_over);
+    let expected = [
+        "streaming",
+        "retry_wait",
+        "retry 1 in ",
+        "streaming",
+        "retry_wait",
+        "retry 2 in ",
+        "streaming",
+        "fallback to openai/gpt-drill",
+        "idle",
+    ];
+    assert_eq!(steps.len(), expected.len(), "{steps:?}");
+    for (step, prefix) in steps.iter().zip(expected) {
+        assert!(step.starts_with(prefix), "{steps:?}");
+    }
+    assert_eq!(handed_over["seen"]["answered_by"][0], "openai");
+    assert_eq!(handed_over["seen"]["requests"]["anthropic"], 3);
+    assert_eq!(handed_over["seen"]["requests"]["openai"], 1);
+    // Without a fallback the turn fails, saying how often it tried.
+    let failed = case(cases, "500", "openai", false);
+    assert_eq!(failed["seen"]["state"], "error");
+    assert!(failed["seen"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("failed 3 times"));
+    // A final fault: one request, no retry, the fallback never asked.
+    let refused = case(cases, "401", "anthropic", true);
+    assert_eq!(trail(refused), ["streaming", "error"]);
+    assert_eq!(refused["seen"]["requests"]["anthropic"], 1);
+    assert!(refused["seen"]["requests"]["openai"].is_null());
+    // retry-after (1 s) is honoured up to the conversation's cap (80 ms).
+    let limited = case(cases, "429", "openai", false);
+    assert_eq!(
+        limited["seen"]["retry_delays_ms"],
+        serde_json::json!([80, 80])
+    );
+    // A slow drip is no fault: it streams and completes on the primary.
+    let slow = case(cases, "slow drip", "anthropic", true);
+    assert_eq!(trail(slow), ["streaming", "idle"]);
+    assert!(slow["seen"]["text_deltas"].as_u64().unwrap() >= 2);
+}
+
+#[test]
+fn an_unknown_fault_is_refused_with_the_list() {
+    let output = keel(&["drill", "faults", "--only", "no such fault"]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("no fault matches"), "{stderr}");
+    assert!(stderr.contains("429 rate limited"), "{stderr}");
+}
+
+#[test]
+fn a_short_crash_drill_finds_nothing_lost_doubled_or_stuck() {
+    let lines = keel_json_lines(&[
+        "drill",
+        "crash",
+        "--kills",
+        "24",
+        "--conversations",
+        "4",
+        "--seed",
+        "11",
+        "--json",
+    ]);
+    let report = &lines[0];
+    assert_eq!(report["violations"], serde_json::json!([]), "{report:#}");
+    assert_eq!(report["kills"], 24);
+    assert_eq!(report["seed"], 11);
+    assert!(report["kept"].is_null(), "{report:#}");
+    for counted in ["turns", "tool_calls", "approvals", "checks_passed"] {
+        assert!(
+            report[counted].as_u64().unwrap() > 0,
+            "{counted}: {report:#}"
+        );
+    }
+    // The work was under way when the kills landed.
+    let by_state = report["kills_by_state"].as_object().unwrap();
+    assert!(
+        by_state.contains_key("streaming") || by_state.contains_key("executing_tools"),
+        "{report:#}"
+    );
+}
+
+#[test]
+fn an_aimed_crash_drill_lands_every_kill_mid_tool() {
+    let lines = keel_json_lines(&[
+        "drill",
+        "crash",
+        "--kills",
+        "5",
+        "--conversations",
+        "3",
+        "--at",
+        "mid-tool",
+        "--json",
+    ]);
+    let report = &lines[0];
+    assert_eq!(report["violations"], serde_json::json!([]), "{report:#}");
+    assert_eq!(report["at"], "mid-tool");
+    assert_eq!(report["missed_aims"], 0, "{report:#}");
+    assert_eq!(report["kills_by_state"]["executing_tools"], 5, "{report:#}");
+}
