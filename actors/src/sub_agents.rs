@@ -88,7 +88,7 @@ pub(crate) struct SpawnArgs {
 /// Start carrying out `args.call`.
 pub(crate) fn start(args: SpawnArgs) -> SpawnWork {
     // The core accepted the call, so its tasks read; the cap was its to check.
-    let tasks = builtin::spawn_tasks(&args.call, u32::MAX).unwrap_or_default();
+    let tasks = builtin::spawn_tasks(&args.call, u32::MAX, true).unwrap_or_default();
     let children: Vec<ConversationId> = (0..tasks.len())
         .map(|task_idx| child_id(&args.parent, &args.call.id, task_idx))
         .collect();
@@ -250,6 +250,9 @@ async fn ensure_created(
         Some(cwd) => parent_cwd.join(cwd),
         None => parent_cwd.to_path_buf(),
     };
+    if !args.config.tools_may_leave_cwd {
+        stays_inside(parent_cwd, &cwd).await?;
+    }
     match door::create_as(
         &args.shared,
         supervisor,
@@ -263,6 +266,29 @@ async fn ensure_created(
         // An earlier life of this call was creating it as it stopped.
         Err(Error::Spawn(ractor::SpawnErr::ActorAlreadyRegistered(_))) => Ok(()),
         other => other,
+    }
+}
+
+/// A confined parent's child works inside the parent's directory: the core
+/// refused `..` and absolute paths; this catches a symbolic link that
+/// leads out.
+async fn stays_inside(parent_cwd: &Path, cwd: &Path) -> Result<(), Error> {
+    let refuse = |reason: &str| Error::InvalidCwd {
+        cwd: cwd.display().to_string(),
+        reason: reason.to_owned(),
+    };
+    let root = tokio::fs::canonicalize(parent_cwd)
+        .await
+        .map_err(|error| refuse(&error.to_string()))?;
+    let target = tokio::fs::canonicalize(cwd)
+        .await
+        .map_err(|error| refuse(&error.to_string()))?;
+    if target.starts_with(&root) {
+        Ok(())
+    } else {
+        Err(refuse(
+            "it leads outside the parent's directory, which its tools may not leave",
+        ))
     }
 }
 

@@ -67,10 +67,17 @@ pub struct SpawnTask {
 }
 
 /// The tasks of a `spawn_agents` call, or why the call is refused: no
-/// task list, an empty one, a task without text, or more tasks than
-/// `max_children`. The reason is written for the model to correct its call.
+/// task list, an empty one, a task without text, more tasks than
+/// `max_children`, or (unless `may_leave_cwd`) a task directory that is
+/// absolute or climbs out with `..`: a confined conversation's sub-agents
+/// stay inside its directory too (the shell checks symbolic links when it
+/// creates them). The reason is written for the model to correct its call.
 /// A bare string is taken as a task without a directory.
-pub fn spawn_tasks(call: &ToolCall, max_children: u32) -> Result<Vec<SpawnTask>, String> {
+pub fn spawn_tasks(
+    call: &ToolCall,
+    max_children: u32,
+    may_leave_cwd: bool,
+) -> Result<Vec<SpawnTask>, String> {
     let Some(Value::Array(items)) = call.input.get(SPAWN_AGENTS_TASKS) else {
         return Err(format!(
             "spawn_agents needs {SPAWN_AGENTS_TASKS:?}: a list of {{\"task\": string, \"cwd\"?: string}}"
@@ -104,7 +111,19 @@ pub fn spawn_tasks(call: &ToolCall, max_children: u32) -> Result<Vec<SpawnTask>,
                 .ok_or_else(|| format!("spawn_agents: task {number} has no \"task\" text"))?;
             let cwd = match cwd {
                 None | Some(Value::Null) => None,
-                Some(Value::String(cwd)) if !cwd.is_empty() => Some(cwd.clone()),
+                Some(Value::String(cwd)) if !cwd.is_empty() => {
+                    let path = std::path::Path::new(cwd);
+                    let climbs = path.is_absolute()
+                        || path
+                            .components()
+                            .any(|part| matches!(part, std::path::Component::ParentDir));
+                    if climbs && !may_leave_cwd {
+                        return Err(format!(
+                            "spawn_agents: the \"cwd\" of task {number} must be a directory inside yours, given relative to it without \"..\": this conversation's tools may not leave its directory"
+                        ));
+                    }
+                    Some(cwd.clone())
+                }
                 Some(_) => {
                     return Err(format!(
                         "spawn_agents: the \"cwd\" of task {number} is not a directory path"
@@ -239,7 +258,7 @@ mod tests {
             name: SPAWN_AGENTS.to_owned(),
             input,
         };
-        spawn_tasks(&call, 2)
+        spawn_tasks(&call, 2, false)
     }
 
     #[test]
@@ -270,6 +289,16 @@ mod tests {
         assert!(spawn(json!({"tasks": [{"task": "a", "cwd": 3}]}))
             .unwrap_err()
             .contains("cwd"));
+        for outside in ["/etc", "../sibling", "sub/../../up"] {
+            let refused = spawn(json!({"tasks": [{"task": "a", "cwd": outside}]})).unwrap_err();
+            assert!(refused.contains("inside yours"), "{outside}: {refused}");
+        }
+        let call = ToolCall {
+            id: crate::ids::ToolCallId::new("t1"),
+            name: SPAWN_AGENTS.to_owned(),
+            input: json!({"tasks": [{"task": "a", "cwd": "/etc"}]}),
+        };
+        assert!(spawn_tasks(&call, 2, true).is_ok(), "allowed to leave");
     }
 
     #[test]

@@ -55,8 +55,9 @@ pub(super) fn advance(ctx: &mut Ctx) {
             }
             // The cap on sub-agents per call, and a task list the shell can
             // carry out, are decided here: the shell never refuses a call.
-            let cap = ctx.conv.working.config.sub_agent.max_children;
-            if let Err(why) = builtin::spawn_tasks(&call, cap) {
+            let config = &ctx.conv.working.config;
+            let (cap, may_leave_cwd) = (config.sub_agent.max_children, config.tools_may_leave_cwd);
+            if let Err(why) = builtin::spawn_tasks(&call, cap, may_leave_cwd) {
                 refuse(ctx, call, &why);
                 continue;
             }

@@ -586,3 +586,48 @@ async fn a_crashed_parent_re_attaches_to_the_same_sub_agents() {
         assert_eq!(asked, 1, "{task} was asked once");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_directory_is_taken_from_the_parents_and_may_not_lead_out_of_it() {
+    let rig = Rig::new();
+    let cwd = rig.cwd();
+    std::fs::create_dir_all(cwd.join("sub")).unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(outside.path(), cwd.join("link")).unwrap();
+    rig.mock
+        .push_script(json!([
+            {
+                "when": PARENT,
+                "tool_calls": [{"id": "spawn0", "name": "spawn_agents", "input": {"tasks": [
+                    {"task": "TASK-UP", "cwd": "../up"}
+                ]}}]
+            },
+            {
+                "when": PARENT,
+                "tool_calls": [{"id": "spawn1", "name": "spawn_agents", "input": {"tasks": [
+                    {"task": "TASK-SUB in sub", "cwd": "sub"},
+                    {"task": "TASK-LINK through a link", "cwd": "link"}
+                ]}}]
+            },
+            submit_entry("TASK-SUB", "in sub"),
+            {"when": PARENT, "text": "done"},
+        ]))
+        .await;
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let parent = runtime.create(&cwd, parent_config()).await.unwrap();
+    let (result, _) = run_parent(&parent).await;
+
+    // `..` was refused before anything started; the model tried again.
+    let results = tool_results(&log(&runtime, &parent).await);
+    assert!(results[0].1.contains("inside yours"), "{results:?}");
+    positions(
+        &result,
+        &["## Task 1", "in sub", "## Task 2", "could not be started"],
+    );
+    let children = children_of(&runtime, parent.id()).await;
+    assert_eq!(children.len(), 1, "the linked one was never created");
+    assert_eq!(
+        std::path::Path::new(&children[0].cwd),
+        cwd.join("sub").as_path()
+    );
+}
