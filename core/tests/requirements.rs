@@ -938,6 +938,41 @@ fn req_bed_008_a_spawn_over_the_cap_or_without_tasks_is_refused_and_the_turn_goe
 }
 
 #[test]
+fn req_bed_008_a_confined_parents_sub_agents_may_not_be_sent_out_of_its_directory() {
+    let spawn_to = |harness: &mut Harness, id: &str, cwd: &str| {
+        harness.respond(
+            vec![tool_block(
+                id,
+                "spawn_agents",
+                json!({"tasks": [{"task": "look", "cwd": cwd}]}),
+            )],
+            Usage::default(),
+        )
+    };
+    let spawned = |step: &Step| {
+        step.effects
+            .iter()
+            .any(|effect| matches!(effect, Effect::SpawnSubAgents { .. }))
+    };
+    let mut confined = Harness::new(ConversationConfig::default());
+    confined.send("split the work");
+    for (id, outside) in [("sp1", "/etc"), ("sp2", "../elsewhere")] {
+        let step = spawn_to(&mut confined, id, outside);
+        assert!(!spawned(&step), "{outside}");
+        assert!(tool_results(&step)[0].1.contains("inside yours"));
+    }
+    let step = spawn_to(&mut confined, "sp3", "sub/dir");
+    assert!(spawned(&step), "a directory inside is fine");
+
+    let mut free = Harness::new(ConversationConfig {
+        tools_may_leave_cwd: true,
+        ..ConversationConfig::default()
+    });
+    free.send("split the work");
+    assert!(spawned(&spawn_to(&mut free, "sp1", "/etc")));
+}
+
+#[test]
 fn req_bed_008_sub_agent_failure_is_terminal_and_reported() {
     let mut harness = Harness::sub_agent(sub_agent_config(5));
     harness.send("task");
