@@ -37,6 +37,7 @@ use crate::door;
 use crate::mailbox::Mailbox;
 use crate::pubsub::{Publisher, Subscription, Update, View, VIEW_MESSAGES};
 use crate::runtime::{Alive, Shared};
+use crate::sub_agents::SpawnWork;
 use crate::tool::ToolOutcome;
 
 /// Out-of-band signals from handles to the actor, read at the top of every
@@ -156,6 +157,13 @@ pub(crate) enum ConversationMsg {
         tool_call_id: ToolCallId,
         outcome: ToolOutcome,
     },
+    /// A sub-agent of the running `spawn_agents` call changed state
+    /// (`LiveEvent::ChildState`): published to this conversation's
+    /// watchers while that call runs. Not an input: the core has nothing
+    /// to decide, and the child's own log records what it did.
+    ChildState {
+        event: LiveEvent,
+    },
     TimerFired {
         timer: Timer,
     },
@@ -218,6 +226,8 @@ pub(crate) struct ConversationState {
     pub(crate) conversation: Option<Conversation>,
     pub(crate) stream: Option<Worker<Generation>>,
     pub(crate) tool: Option<Worker<ToolCallId>>,
+    /// The `spawn_agents` call being carried out (`sub_agents.rs`).
+    pub(crate) spawn: Option<SpawnWork>,
     pub(crate) timers: HashMap<Timer, AbortOnDrop>,
     pub(crate) publisher: Publisher,
     /// `post_start` still has to feed `Input::Started` (a rebuilt
@@ -267,6 +277,7 @@ impl ConversationState {
             conversation,
             stream: None,
             tool: None,
+            spawn: None,
             timers: HashMap::new(),
             publisher: Publisher::default(),
             recover_on_start: false,
@@ -439,6 +450,7 @@ impl Actor for ConversationActor {
             ConversationMsg::IdleCheck
                 | ConversationMsg::Unsubscribed
                 | ConversationMsg::Stats { .. }
+                | ConversationMsg::ChildState { .. }
         ) {
             hydrate(state).await?;
         }
@@ -613,6 +625,17 @@ impl Actor for ConversationActor {
                 };
                 effects::step(&myself, state, input).await?;
             }
+            ConversationMsg::ChildState { event } => {
+                let current = match (&event, &state.spawn) {
+                    (LiveEvent::ChildState { tool_call_id, .. }, Some(spawn)) => {
+                        *tool_call_id == spawn.key
+                    }
+                    _ => false,
+                };
+                if current {
+                    state.publisher.publish(Update::Live { event });
+                }
+            }
             ConversationMsg::TimerFired { timer } => {
                 state.timers.remove(&timer);
                 effects::step(&myself, state, Input::TimerFired { timer }).await?;
@@ -770,7 +793,10 @@ fn at_rest(state: &ConversationState) -> Result<bool, ActorProcessingErr> {
         return Ok(false);
     }
     let clean = is_clean(&state.conversation()?.phase);
-    let running = state.stream.is_some() || state.tool.is_some() || !state.timers.is_empty();
+    let running = state.stream.is_some()
+        || state.tool.is_some()
+        || state.spawn.is_some()
+        || !state.timers.is_empty();
     Ok(clean && !running)
 }
 
@@ -940,14 +966,17 @@ fn inspect(state: &ConversationState) -> Result<Inspection, ActorProcessingErr> 
         subscribers: state.publisher.subscribers(),
         hibernated: state.hibernated,
         live: true,
-        worker: match (&state.stream, &state.tool) {
-            (Some(stream), _) => Some(WorkerInfo::Stream {
+        worker: match (&state.stream, &state.tool, &state.spawn) {
+            (Some(stream), _, _) => Some(WorkerInfo::Stream {
                 generation: stream.key,
             }),
-            (None, Some(tool)) => Some(WorkerInfo::Tool {
+            (None, Some(tool), _) => Some(WorkerInfo::Tool {
                 tool_call_id: tool.key.clone(),
             }),
-            (None, None) => None,
+            (None, None, Some(spawn)) => Some(WorkerInfo::Tool {
+                tool_call_id: spawn.key.clone(),
+            }),
+            (None, None, None) => None,
         },
     })
 }

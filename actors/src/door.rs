@@ -6,7 +6,7 @@
 //! workers killed ahead of the mailbox), and the list of live actors.
 //!
 //! Callers never hold an actor: handles, the supervisor, boot recovery and
-//! (later) a parent spawning sub-agents all address a conversation by id
+//! a parent spawning sub-agents (`sub_agents.rs`) all address a conversation by id
 //! through these functions, so placing conversations on several nodes
 //! later changes this module alone (docs/requirements.md, "One door").
 
@@ -31,6 +31,18 @@ use crate::Error;
 /// process apart.
 pub(crate) fn actor_name(instance: &str, id: &ConversationId) -> String {
     format!("{instance}/conversation/{id}")
+}
+
+/// The registry name of a runtime's root supervisor.
+pub(crate) fn supervisor_name(instance: &str) -> String {
+    format!("{instance}/supervisor")
+}
+
+/// The runtime's root supervisor, which every conversation is linked to:
+/// how an actor of the runtime (a parent spawning sub-agents) reaches the
+/// door's functions without holding the `Runtime`. `None` once it stopped.
+pub(crate) fn supervisor(shared: &Shared) -> Option<ActorCell> {
+    ractor::registry::where_is(supervisor_name(&shared.instance))
 }
 
 /// The conversation a registry name belongs to, if it is one of `instance`'s.
@@ -135,11 +147,35 @@ pub(crate) async fn create(
     config: ConversationConfig,
     parent_conversation: Option<ConversationId>,
 ) -> Result<ConversationId, Error> {
+    let id = new_id();
+    create_as(
+        shared,
+        supervisor,
+        id.clone(),
+        cwd,
+        config,
+        parent_conversation,
+    )
+    .await?;
+    Ok(id)
+}
+
+/// [`create`] under an id the caller chose: a sub-agent's is derived from
+/// its parent's call, so that carrying the call out again finds it. The
+/// caller makes sure the id is new in the store; one whose actor is
+/// already registered fails with `SpawnErr::ActorAlreadyRegistered`.
+pub(crate) async fn create_as(
+    shared: &Arc<Shared>,
+    supervisor: &ActorCell,
+    id: ConversationId,
+    cwd: &Path,
+    config: ConversationConfig,
+    parent_conversation: Option<ConversationId>,
+) -> Result<(), Error> {
     if shared.closed.load(Ordering::SeqCst) {
         return Err(Error::ShuttingDown);
     }
     let cwd = working_directory(cwd).await?;
-    let id = new_id();
     let args = ConversationArgs {
         id: id.clone(),
         shared: shared.clone(),
@@ -159,7 +195,7 @@ pub(crate) async fn create(
     .await
     .map_err(spawn_error)?;
     tracing::info!(conversation = %id, "created");
-    Ok(id)
+    Ok(())
 }
 
 /// The out-of-band control block of a conversation, shared by its actor

@@ -23,6 +23,7 @@ pub mod provider;
 pub mod pubsub;
 pub mod runtime;
 mod stream_actor;
+mod sub_agents;
 pub mod tool;
 mod tool_actor;
 

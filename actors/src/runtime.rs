@@ -183,7 +183,7 @@ impl Runtime {
             closed: AtomicBool::new(false),
         });
         let (supervisor, _) = SupervisorActor::spawn(
-            Some(format!("{instance}/supervisor")),
+            Some(door::supervisor_name(&instance)),
             SupervisorActor,
             shared.clone(),
         )

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keel_actors::core::builtin::{ASK_USER, SUBMIT_RESULT};
+use keel_actors::core::builtin::{ASK_USER, SPAWN_AGENTS, SUBMIT_RESULT};
 use keel_actors::process_group::{ProcessGroup, ProcessLedger, Reaped};
 use keel_actors::tool::{Bash, Tool, ToolContext, ToolOutcome, ToolOutput, ToolRegistry};
 use keel_core::message::ToolCall;
@@ -480,6 +480,7 @@ fn specs_are_sorted_and_offer_ask_user_to_users_and_submit_result_to_sub_agents(
             "glob",
             "grep",
             "read_file",
+            SPAWN_AGENTS,
             "write_file"
         ]
     );
@@ -494,9 +495,8 @@ fn specs_are_sorted_and_offer_ask_user_to_users_and_submit_result_to_sub_agents(
             SUBMIT_RESULT,
             "write_file"
         ],
-        "no human answers a sub-agent: it is not offered ask_user"
+        "no human answers a sub-agent, and it spawns none: it is offered neither"
     );
-    assert_eq!(names(&ToolRegistry::new().specs(false)), [ASK_USER]);
 
     let spec = |sub_agent: bool, name: &str| {
         registry
@@ -564,7 +564,7 @@ async fn registering_a_tool_replaces_one_of_the_same_name() {
         });
 
     let specs = registry.specs(false);
-    assert_eq!(names(&specs), ["aardvark", ASK_USER, "bash"]);
+    assert_eq!(names(&specs), ["aardvark", ASK_USER, "bash", SPAWN_AGENTS]);
     assert_ne!(
         specs[1].description, "never runs",
         "the built-in ask_user wins"

@@ -7,8 +7,9 @@
 //! `POST /v1/chat/completions` (also without the `/v1`, for clients whose
 //! base URL already ends in it). Any key is accepted. A request is answered
 //! by, in order of precedence: its `x-mock-fault` header (one script entry
-//! as JSON), the next entry of the script (`--script FILE`, and
-//! `POST /_mock/script`), or the default behaviour of `reply`. Every request
+//! as JSON), the next entry of the script that fits it (`--script FILE`,
+//! and `POST /_mock/script`; an entry may ask for a text in the prompt with
+//! `"when"`, see `script`), or the default behaviour of `reply`. Every request
 //! is recorded, with how it ended (`GET /_mock/requests`).
 //!
 //! Modules: `script` (the entries and the queue), `reply` (what to say),
@@ -219,7 +220,7 @@ impl Mock {
                 "mock-llm: messages: an array is required",
                 &mut exchange,
             ),
-            Some(request) => match self.choose(endpoint, headers) {
+            Some(request) => match self.choose(endpoint, headers, &request) {
                 Err(message) => invalid_request(endpoint, &message, &mut exchange),
                 Ok((source, entry)) => {
                     exchange.answered_by(source, entry.as_ref().map(|entry| entry.source.clone()));
@@ -261,6 +262,7 @@ impl Mock {
         &self,
         endpoint: Endpoint,
         headers: &HeaderMap,
+        request: &Value,
     ) -> Result<(Source, Option<Entry>), String> {
         if let Some(fault) = headers.get(FAULT_HEADER) {
             let entry = fault
@@ -271,7 +273,8 @@ impl Mock {
                 .map_err(|err| format!("mock-llm: bad {FAULT_HEADER} header: {err}"))?;
             return Ok((Source::Header, Some(entry)));
         }
-        Ok(match self.script().take_for(endpoint) {
+        let prompt = script::prompt_text(request);
+        Ok(match self.script().take_for(endpoint, &prompt) {
             Some(entry) => (Source::Script, Some(entry)),
             None => (Source::Default, None),
         })

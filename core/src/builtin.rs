@@ -7,6 +7,7 @@
 
 use serde_json::{json, Value};
 
+use crate::config::DEFAULT_MAX_CHILDREN;
 use crate::message::ToolCall;
 use crate::wire::ToolSpec;
 
@@ -22,6 +23,8 @@ pub const SUBMIT_RESULT_RESULT: &str = "result";
 
 /// Starts sub-agents; the shell carries it out as `Effect::SpawnSubAgents`.
 pub const SPAWN_AGENTS: &str = "spawn_agents";
+/// The input field `spawn_agents` reads its list of tasks from.
+pub const SPAWN_AGENTS_TASKS: &str = "tasks";
 
 /// Added to a sub-agent's prompt when it answers in text without submitting.
 pub(crate) const NUDGE_SUBMIT: &str = "You are a sub-agent: your work ends only when you call submit_result with your result. Call it now if you are done.";
@@ -48,8 +51,91 @@ pub fn offered(sub_agent: bool) -> Vec<ToolSpec> {
     if sub_agent {
         vec![submit_result_spec()]
     } else {
-        vec![ask_user_spec()]
+        vec![ask_user_spec(), spawn_agents_spec()]
     }
+}
+
+/// One task of a `spawn_agents` call: what the sub-agent is asked to do,
+/// and where it works.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpawnTask {
+    /// The sub-agent's first (and only) user message.
+    pub task: String,
+    /// Its working directory; relative to the parent's, which is the
+    /// default.
+    pub cwd: Option<String>,
+}
+
+/// The tasks of a `spawn_agents` call, or why the call is refused: no
+/// task list, an empty one, a task without text, more tasks than
+/// `max_children`, or (unless `may_leave_cwd`) a task directory that is
+/// absolute or climbs out with `..`: a confined conversation's sub-agents
+/// stay inside its directory too (the shell checks symbolic links when it
+/// creates them). The reason is written for the model to correct its call.
+/// A bare string is taken as a task without a directory.
+pub fn spawn_tasks(
+    call: &ToolCall,
+    max_children: u32,
+    may_leave_cwd: bool,
+) -> Result<Vec<SpawnTask>, String> {
+    let Some(Value::Array(items)) = call.input.get(SPAWN_AGENTS_TASKS) else {
+        return Err(format!(
+            "spawn_agents needs {SPAWN_AGENTS_TASKS:?}: a list of {{\"task\": string, \"cwd\"?: string}}"
+        ));
+    };
+    if items.is_empty() {
+        return Err("spawn_agents needs at least one task".to_owned());
+    }
+    if items.len() > max_children as usize {
+        return Err(format!(
+            "spawn_agents starts at most {max_children} sub-agents per call; {} tasks were given. Split them into several calls, or combine tasks",
+            items.len()
+        ));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(task_idx, item)| {
+            let number = task_idx + 1;
+            let (task, cwd) = match item {
+                Value::String(task) => (Some(task.as_str()), None),
+                Value::Object(fields) => (
+                    fields.get("task").and_then(Value::as_str),
+                    fields.get("cwd"),
+                ),
+                _ => (None, None),
+            };
+            let task = task
+                .map(str::trim)
+                .filter(|task| !task.is_empty())
+                .ok_or_else(|| format!("spawn_agents: task {number} has no \"task\" text"))?;
+            let cwd = match cwd {
+                None | Some(Value::Null) => None,
+                Some(Value::String(cwd)) if !cwd.is_empty() => {
+                    let path = std::path::Path::new(cwd);
+                    let climbs = path.is_absolute()
+                        || path
+                            .components()
+                            .any(|part| matches!(part, std::path::Component::ParentDir));
+                    if climbs && !may_leave_cwd {
+                        return Err(format!(
+                            "spawn_agents: the \"cwd\" of task {number} must be a directory inside yours, given relative to it without \"..\": this conversation's tools may not leave its directory"
+                        ));
+                    }
+                    Some(cwd.clone())
+                }
+                Some(_) => {
+                    return Err(format!(
+                        "spawn_agents: the \"cwd\" of task {number} is not a directory path"
+                    ))
+                }
+            };
+            Ok(SpawnTask {
+                task: task.to_owned(),
+                cwd,
+            })
+        })
+        .collect()
 }
 
 /// The question of an `ask_user` call, as the user will read it.
@@ -91,6 +177,48 @@ fn ask_user_spec() -> ToolSpec {
     }
 }
 
+/// `spawn_agents`: tasks run in parallel by sub-agents; the call's result
+/// gathers theirs, in task order.
+fn spawn_agents_spec() -> ToolSpec {
+    ToolSpec {
+        name: SPAWN_AGENTS.to_owned(),
+        description: format!(
+            "Start sub-agents that work on independent tasks in parallel, and wait for them. \
+             Each gets one task as its only instruction, its own history, and the standard \
+             tools; it cannot ask the user or start sub-agents of its own, and it ends by \
+             submitting a result. The result of this call lists every task's outcome in \
+             order: the submitted result, or why there is none (failed, timed out, turn \
+             limit reached). At most {DEFAULT_MAX_CHILDREN} tasks per call. Write each task \
+             so that it can be done without seeing this conversation."
+        ),
+        input_schema: json!({
+            "type": "object",
+            "properties": {
+                SPAWN_AGENTS_TASKS: {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": DEFAULT_MAX_CHILDREN,
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "task": {
+                                "type": "string",
+                                "description": "What the sub-agent must do, complete: it sees nothing else."
+                            },
+                            "cwd": {
+                                "type": "string",
+                                "description": "Its working directory, relative to yours; yours if left out."
+                            }
+                        },
+                        "required": ["task"]
+                    }
+                }
+            },
+            "required": [SPAWN_AGENTS_TASKS]
+        }),
+    }
+}
+
 /// `submit_result`: a sub-agent's answer to its parent; the sub-agent ends.
 fn submit_result_spec() -> ToolSpec {
     ToolSpec {
@@ -121,7 +249,56 @@ mod tests {
         let names =
             |specs: Vec<ToolSpec>| specs.into_iter().map(|spec| spec.name).collect::<Vec<_>>();
         assert_eq!(names(offered(true)), [SUBMIT_RESULT]);
-        assert_eq!(names(offered(false)), [ASK_USER]);
+        assert_eq!(names(offered(false)), [ASK_USER, SPAWN_AGENTS]);
+    }
+
+    fn spawn(input: Value) -> Result<Vec<SpawnTask>, String> {
+        let call = ToolCall {
+            id: crate::ids::ToolCallId::new("t1"),
+            name: SPAWN_AGENTS.to_owned(),
+            input,
+        };
+        spawn_tasks(&call, 2, false)
+    }
+
+    #[test]
+    fn spawn_tasks_are_read_in_order_and_refused_with_a_reason() {
+        let tasks = spawn(json!({"tasks": [{"task": "a", "cwd": "sub"}, "b"]})).unwrap();
+        assert_eq!(
+            tasks,
+            [
+                SpawnTask {
+                    task: "a".to_owned(),
+                    cwd: Some("sub".to_owned())
+                },
+                SpawnTask {
+                    task: "b".to_owned(),
+                    cwd: None
+                }
+            ]
+        );
+        assert!(spawn(json!({})).unwrap_err().contains("needs \"tasks\""));
+        assert!(spawn(json!({"tasks": []}))
+            .unwrap_err()
+            .contains("at least one"));
+        let over = spawn(json!({"tasks": ["a", "b", "c"]})).unwrap_err();
+        assert!(over.contains("at most 2"), "{over}");
+        assert!(spawn(json!({"tasks": [{"task": " "}]}))
+            .unwrap_err()
+            .contains("task 1 has no"));
+        assert!(spawn(json!({"tasks": [{"task": "a", "cwd": 3}]}))
+            .unwrap_err()
+            .contains("cwd"));
+        for outside in ["/etc", "../sibling", "sub/../../up"] {
+            let refused = spawn(json!({"tasks": [{"task": "a", "cwd": outside}]})).unwrap_err();
+            assert!(refused.contains("inside yours"), "{outside}: {refused}");
+        }
+        let call = ToolCall {
+            id: crate::ids::ToolCallId::new("t1"),
+            name: SPAWN_AGENTS.to_owned(),
+            input: json!({"tasks": [{"task": "a", "cwd": "/etc"}]}),
+        };
+        assert!(spawn_tasks(&call, 2, true).is_ok(), "allowed to leave");
     }
 
     #[test]
@@ -130,6 +307,7 @@ mod tests {
             let field = match spec.name.as_str() {
                 ASK_USER => ASK_USER_QUESTION,
                 SUBMIT_RESULT => SUBMIT_RESULT_RESULT,
+                SPAWN_AGENTS => SPAWN_AGENTS_TASKS,
                 other => panic!("unexpected built-in {other}"),
             };
             assert_eq!(

@@ -91,7 +91,13 @@ pub enum ToolPolicy {
     Client,
 }
 
-/// Limits that apply only to sub-agent conversations: nobody watches a
+/// The default cap on sub-agents per `spawn_agents` call, and the one the
+/// tool's schema shows the model.
+pub const DEFAULT_MAX_CHILDREN: u32 = 10;
+
+/// Limits on sub-agents: how many one call may start (read in the parent)
+/// and how long and how many turns each may take (read in the sub-agent,
+/// which is created with its parent's configuration). Nobody watches a
 /// sub-agent, so only these keep it from running forever
 /// (docs/requirements.md, "Sub-agent rules").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,6 +107,10 @@ pub struct SubAgentLimits {
     pub max_turns: u32,
     /// Mandatory wall-clock limit from creation to a submitted result.
     pub timeout_ms: u64,
+    /// Most sub-agents one `spawn_agents` call may start; a call asking for
+    /// more is refused with an error result the model can act on, so one
+    /// request cannot set an unbounded amount of work in motion.
+    pub max_children: u32,
 }
 
 impl Default for SubAgentLimits {
@@ -108,6 +118,7 @@ impl Default for SubAgentLimits {
         SubAgentLimits {
             max_turns: 20,
             timeout_ms: 10 * 60 * 1000,
+            max_children: DEFAULT_MAX_CHILDREN,
         }
     }
 }

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::ModelRef;
-use crate::ids::ToolCallId;
+use crate::ids::{ConversationId, ToolCallId};
 use crate::state::{Generation, StateName};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -51,6 +51,17 @@ pub enum LiveEvent {
         hash: String,
         /// Why, in words safe to show the user.
         reason: String,
+    },
+    /// A sub-agent of the running `spawn_agents` call changed state (its
+    /// own log has the details). Published on the parent, so that whoever
+    /// watches it sees its children work.
+    ChildState {
+        /// The `spawn_agents` call that started it.
+        tool_call_id: ToolCallId,
+        /// Its task's position in the call, from 0.
+        task_idx: usize,
+        child: ConversationId,
+        state: StateName,
     },
     ContextUsage {
         used: u64,

@@ -234,6 +234,7 @@ fn setup() -> impl Strategy<Value = Setup> {
         (1u32..=3, 5_000u64..=120_000).prop_map(|(max_turns, timeout_ms)| SubAgentLimits {
             max_turns,
             timeout_ms,
+            ..SubAgentLimits::default()
         }),
     );
     (

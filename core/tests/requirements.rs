@@ -845,6 +845,7 @@ fn sub_agent_config(max_turns: u32) -> ConversationConfig {
         sub_agent: SubAgentLimits {
             max_turns,
             timeout_ms: 60_000,
+            ..SubAgentLimits::default()
         },
         ..ConversationConfig::default()
     }
@@ -882,7 +883,14 @@ fn req_bed_008_sub_agent_completes_by_submitting_its_result() {
 fn req_bed_008_parent_spawns_sub_agents_through_a_dedicated_effect() {
     let mut harness = Harness::new(ConversationConfig::default());
     harness.send("split the work");
-    let step = harness.call_tools(&[("sp1", "spawn_agents")]);
+    let step = harness.respond(
+        vec![tool_block(
+            "sp1",
+            "spawn_agents",
+            json!({"tasks": [{"task": "a"}, {"task": "b"}]}),
+        )],
+        Usage::default(),
+    );
     assert!(step
         .effects
         .iter()
@@ -890,6 +898,78 @@ fn req_bed_008_parent_spawns_sub_agents_through_a_dedicated_effect() {
     // The aggregated results come back as the call's result.
     let step = harness.tool_done("sp1", "[{\"task\":1,\"result\":\"ok\"}]", false);
     assert_eq!(started_streams(&step).len(), 1);
+}
+
+#[test]
+fn req_bed_008_a_spawn_over_the_cap_or_without_tasks_is_refused_and_the_turn_goes_on() {
+    let mut harness = Harness::new(ConversationConfig {
+        sub_agent: SubAgentLimits {
+            max_children: 2,
+            ..SubAgentLimits::default()
+        },
+        ..ConversationConfig::default()
+    });
+    harness.send("split the work");
+    let step = harness.respond(
+        vec![tool_block(
+            "sp1",
+            "spawn_agents",
+            json!({"tasks": ["a", "b", "c"]}),
+        )],
+        Usage::default(),
+    );
+    assert!(!step
+        .effects
+        .iter()
+        .any(|effect| matches!(effect, Effect::SpawnSubAgents { .. })));
+    let results = tool_results(&step);
+    assert_eq!(results.len(), 1);
+    assert!(results[0].1.contains("at most 2"), "{}", results[0].1);
+    assert!(results[0].2, "an error result");
+    // The model hears of it at once and may try again.
+    assert_eq!(started_streams(&step).len(), 1);
+
+    let step = harness.respond(
+        vec![tool_block("sp2", "spawn_agents", json!({"tasks": []}))],
+        Usage::default(),
+    );
+    assert!(tool_results(&step)[0].1.contains("at least one"));
+    assert_eq!(started_streams(&step).len(), 1);
+}
+
+#[test]
+fn req_bed_008_a_confined_parents_sub_agents_may_not_be_sent_out_of_its_directory() {
+    let spawn_to = |harness: &mut Harness, id: &str, cwd: &str| {
+        harness.respond(
+            vec![tool_block(
+                id,
+                "spawn_agents",
+                json!({"tasks": [{"task": "look", "cwd": cwd}]}),
+            )],
+            Usage::default(),
+        )
+    };
+    let spawned = |step: &Step| {
+        step.effects
+            .iter()
+            .any(|effect| matches!(effect, Effect::SpawnSubAgents { .. }))
+    };
+    let mut confined = Harness::new(ConversationConfig::default());
+    confined.send("split the work");
+    for (id, outside) in [("sp1", "/etc"), ("sp2", "../elsewhere")] {
+        let step = spawn_to(&mut confined, id, outside);
+        assert!(!spawned(&step), "{outside}");
+        assert!(tool_results(&step)[0].1.contains("inside yours"));
+    }
+    let step = spawn_to(&mut confined, "sp3", "sub/dir");
+    assert!(spawned(&step), "a directory inside is fine");
+
+    let mut free = Harness::new(ConversationConfig {
+        tools_may_leave_cwd: true,
+        ..ConversationConfig::default()
+    });
+    free.send("split the work");
+    assert!(spawned(&spawn_to(&mut free, "sp1", "/etc")));
 }
 
 #[test]

@@ -3,8 +3,8 @@
 //! a separate `keel mock-llm` in either wire format, driven over HTTP and
 //! followed over SSE. The areas are in `daemon/`: streaming and resuming,
 //! cancel, approvals, refused requests, access and start-up, restarts,
-//! operations (admin routes, metrics, OTLP export), and the file tools'
-//! confinement as the create request sets it.
+//! operations (admin routes, metrics, OTLP export), the file tools'
+//! confinement as the create request sets it, and sub-agents.
 //!
 //! The harness here starts a daemon (and waits for its `keel listening on`
 //! line), holds its token and an HTTP client that sends it, reads its event
@@ -25,6 +25,7 @@ mod restart;
 mod sse;
 mod startup;
 mod streaming;
+mod sub_agents;
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};

@@ -4,7 +4,8 @@
 //! every busy state, crash restarts, eviction, concurrent `ensure_started`,
 //! a runtime dropped mid-turn and reopened on the same store, attached
 //! images (`runtime/images.rs`), the file tools (`runtime/file_tools.rs`)
-//! and replay equals live across random crashes (`runtime/replay.rs`).
+//! sub-agents (`runtime/sub_agents.rs`) and replay equals live across
+//! random crashes (`runtime/replay.rs`).
 //!
 //! Tests wait on the conversation's own updates (state changes through a
 //! subscription) or on the mock's recording, never on sleeps; every wait is
@@ -34,6 +35,7 @@ mod actors;
 mod file_tools;
 mod images;
 mod replay;
+mod sub_agents;
 
 /// Longest any wait here may take before the test fails.
 pub(crate) const PATIENCE: Duration = Duration::from_secs(20);

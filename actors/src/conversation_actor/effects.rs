@@ -24,6 +24,7 @@ use crate::mailbox::Mailbox;
 use crate::metrics::{self, TurnOutcome};
 use crate::pubsub::Update;
 use crate::stream_actor::{LlmStreamActor, StreamArgs, StreamRequest};
+use crate::sub_agents::{self, SpawnArgs};
 use crate::tool::ToolOutcome;
 use crate::tool_actor::{ToolActor, ToolArgs};
 
@@ -207,20 +208,16 @@ async fn run_effect(
             }
         }
         Effect::StartTool { call } => start_tool(myself, state, call).await?,
-        Effect::SpawnSubAgents { call } => {
-            // Sub-agents come with their own runtime support; until then the
-            // model is told plainly, and the conversation goes on.
-            report_tool(
-                state.mailbox(myself),
-                call.id,
-                ToolOutcome::error("spawn_agents is not available in this runtime yet"),
-            );
-        }
+        Effect::SpawnSubAgents { call } => start_sub_agents(myself, state, call)?,
         Effect::AbortTool { tool_call_id } => {
             if let Some(worker) = state.tool.take_if(|worker| worker.key == tool_call_id) {
                 // Killing drops the tool's future, and with it the process
                 // group guard: the whole group gets SIGKILL.
                 worker.cell.kill();
+            }
+            if let Some(spawn) = state.spawn.take_if(|spawn| spawn.key == tool_call_id) {
+                // No sub-agent outlives its parent's cancel.
+                spawn.cancel(&state.shared);
             }
         }
         Effect::SetTimer { timer, at } => {
@@ -373,6 +370,32 @@ async fn start_tool(
     Ok(())
 }
 
+/// Carry out a `spawn_agents` call: its sub-agents run on their own, and
+/// a task of this actor follows them (`sub_agents.rs`).
+fn start_sub_agents(
+    myself: &ActorRef<ConversationMsg>,
+    state: &mut ConversationState,
+    call: ToolCall,
+) -> Result<(), ActorProcessingErr> {
+    let working = &state
+        .conversation
+        .as_ref()
+        .ok_or("invariant: the conversation is present between steps")?
+        .working;
+    let args = SpawnArgs {
+        shared: state.shared.clone(),
+        parent: state.id.clone(),
+        parent_cwd: working.cwd.clone(),
+        config: working.config.clone(),
+        call,
+        report: state.mailbox(myself),
+    };
+    // A call still followed is one the core moved on from: let it go
+    // (its children keep running; only a cancel stops them).
+    state.spawn = Some(sub_agents::start(args));
+    Ok(())
+}
+
 /// The span of one LLM request: an OpenTelemetry GenAI `chat` span under
 /// the turn's. The stream worker records the response attributes (and
 /// `error.type`) when the request ends.
@@ -436,9 +459,11 @@ pub(crate) fn finish_stream(state: &mut ConversationState, generation: Generatio
     }
 }
 
-/// The tool of `tool_call_id` reported its end: let its worker go.
+/// The tool of `tool_call_id` reported its end: let its worker go (or the
+/// task that followed its sub-agents).
 pub(crate) fn finish_tool(state: &mut ConversationState, tool_call_id: &ToolCallId) {
     if let Some(worker) = state.tool.take_if(|worker| &worker.key == tool_call_id) {
         worker.cell.stop(None);
     }
+    state.spawn.take_if(|spawn| &spawn.key == tool_call_id);
 }

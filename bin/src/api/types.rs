@@ -919,6 +919,15 @@ pub enum ApiLiveEvent {
         /// `approaching` (80%) or `critical` (95%).
         warning: Option<String>,
     },
+    /// A sub-agent started by this conversation's `spawn_agents` call
+    /// `tool_call_id` (task `task_idx`, from 0) is now in `state`; its own
+    /// stream (`/v1/conversations/{child}/events`) has the details.
+    ChildState {
+        tool_call_id: String,
+        task_idx: usize,
+        child: String,
+        state: ApiState,
+    },
     /// This client fell behind: live-only events were lost, canonical
     /// events it missed follow from the log.
     Lagged {
@@ -1003,6 +1012,17 @@ impl From<LiveEvent> for ApiLiveEvent {
                     }
                     .to_owned()
                 }),
+            },
+            LiveEvent::ChildState {
+                tool_call_id,
+                task_idx,
+                child,
+                state,
+            } => ApiLiveEvent::ChildState {
+                tool_call_id: tool_call_id.0,
+                task_idx,
+                child: child.to_string(),
+                state: state.into(),
             },
         }
     }

@@ -12,7 +12,7 @@ use super::turn::tool_input;
 use super::Exit;
 use crate::api::types::{
     ApiBusyPolicy, ApiDecisionKind, ApiEvent, ApiEventKind, ApiModelChoice, ApiProvider,
-    ApiToolPolicy, CreateConversation,
+    ApiToolPolicy, ConversationSummary, CreateConversation,
 };
 use crate::client::{Client, Frame};
 
@@ -29,9 +29,14 @@ pub async fn ls(client: &Client, all: bool, json: bool) -> anyhow::Result<Exit> 
     }
     let mut table = output::table(&header);
     let now = output::now_ms();
-    for conversation in &list.conversations {
+    for (is_child, conversation) in under_parents(&list.conversations) {
+        let id = if is_child {
+            format!("└ {}", conversation.id)
+        } else {
+            conversation.id.clone()
+        };
         let mut row = vec![
-            conversation.id.clone(),
+            id,
             state_name(&conversation.state),
             conversation.turns.to_string(),
             output::ago(conversation.last_activity_ms, now),
@@ -49,6 +54,36 @@ pub async fn ls(client: &Client, all: bool, json: bool) -> anyhow::Result<Exit> 
     }
     output::print_table(&table);
     Ok(Exit::Ok)
+}
+
+/// The listing in the order `ls` shows it: each conversation followed by
+/// its sub-agents (marked `true`), in the listing's order; a sub-agent
+/// whose parent is not listed comes where it is.
+fn under_parents(conversations: &[ConversationSummary]) -> Vec<(bool, &ConversationSummary)> {
+    let listed: std::collections::HashSet<&str> = conversations
+        .iter()
+        .map(|conversation| conversation.id.as_str())
+        .collect();
+    let has_listed_parent = |conversation: &ConversationSummary| {
+        conversation
+            .parent
+            .as_deref()
+            .is_some_and(|parent| listed.contains(parent))
+    };
+    let mut ordered = Vec::with_capacity(conversations.len());
+    for conversation in conversations
+        .iter()
+        .filter(|conversation| !has_listed_parent(conversation))
+    {
+        ordered.push((conversation.parent.is_some(), conversation));
+        ordered.extend(
+            conversations
+                .iter()
+                .filter(|child| child.parent.as_deref() == Some(conversation.id.as_str()))
+                .map(|child| (true, child)),
+        );
+    }
+    ordered
 }
 
 /// What `keel new` asks for.
@@ -428,6 +463,46 @@ fn state_name(state: &crate::api::types::ApiState) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ls_shows_each_sub_agent_under_its_parent() {
+        let summary = |id: &str, parent: Option<&str>| ConversationSummary {
+            id: id.to_owned(),
+            state: crate::api::types::ApiState::Idle,
+            cwd: "/".to_owned(),
+            turns: 0,
+            parent: parent.map(str::to_owned),
+            user_initiated: parent.is_none(),
+            created_at_ms: 0,
+            last_activity_ms: 0,
+            last_seq: 1,
+            turn_in_flight: false,
+            live: false,
+        };
+        let list = [
+            summary("p1", None),
+            summary("p2", None),
+            summary("k1", Some("p1")),
+            summary("k2", Some("p2")),
+            summary("k3", Some("p1")),
+            summary("orphan", Some("gone")),
+        ];
+        let shown: Vec<(bool, &str)> = under_parents(&list)
+            .into_iter()
+            .map(|(is_child, conversation)| (is_child, conversation.id.as_str()))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                (false, "p1"),
+                (true, "k1"),
+                (true, "k3"),
+                (false, "p2"),
+                (true, "k2"),
+                (true, "orphan"),
+            ]
+        );
+    }
 
     #[test]
     fn events_read_on_one_line() {

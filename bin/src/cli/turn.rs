@@ -14,7 +14,7 @@ use serde_json::Value;
 use super::output::{self, Paint};
 use super::Exit;
 use crate::api::types::{
-    ApiContent, ApiEventKind, ApiLiveEvent, ApiPendingCall, ApiPendingKind, SendMessage,
+    ApiContent, ApiEventKind, ApiLiveEvent, ApiPendingCall, ApiPendingKind, ApiState, SendMessage,
 };
 use crate::client::{self, Client, Events, Frame};
 
@@ -226,7 +226,23 @@ impl Printer {
                     .paint
                     .yellow(&format!("context {warning}: {used} of {limit} tokens")),
             ),
+            // A sub-agent's end is worth a line; its steps are in its own log.
+            ApiLiveEvent::ChildState {
+                task_idx,
+                child,
+                state: state @ (ApiState::Completed | ApiState::Failed),
+                ..
+            } => {
+                let ended = if *state == ApiState::Completed {
+                    "completed"
+                } else {
+                    "failed"
+                };
+                let line = format!("sub-agent {} ({child}) {ended}", task_idx + 1);
+                self.note(&self.paint.dim(&line));
+            }
             ApiLiveEvent::StateChanged { .. }
+            | ApiLiveEvent::ChildState { .. }
             | ApiLiveEvent::ThinkingDelta { .. }
             | ApiLiveEvent::ToolUseStarted { .. }
             | ApiLiveEvent::ToolInputDelta { .. }

@@ -3,7 +3,16 @@
 //!
 //! Everything here is pure: parsing an entry from JSON (strictly, so a typo
 //! in a test's script fails loudly instead of silently serving the default)
-//! and picking the next entry for an endpoint.
+//! and picking the next entry for a request.
+//!
+//! Entries are served in order, but an entry may name the requests it is
+//! for: `"endpoint"` (one wire format) and `"when"`, a text the request's
+//! prompt must contain (its system prompt or any of its users' texts; tool
+//! results are not looked at). A request takes the first entry that fits
+//! it; the entries it skips keep their place. `when` is how a script
+//! answers conversations that ask at the same time, such as sub-agents
+//! running in parallel, each by its task: `{"when": "count the files",
+//! "tool_calls": [..]}`.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -27,6 +36,9 @@ pub struct Entry {
     /// Serve this entry only to requests on this endpoint; `None` serves it
     /// to whichever endpoint asks first.
     pub endpoint: Option<Endpoint>,
+    /// Serve this entry only to a request whose prompt (system prompt and
+    /// user texts) contains this text; `None` serves it to any.
+    pub when: Option<String>,
     pub action: Action,
     /// The entry as it was given, for the recording and `GET /_mock/script`.
     pub source: Value,
@@ -155,6 +167,7 @@ impl std::error::Error for ScriptError {}
 #[serde(deny_unknown_fields)]
 struct RawEntry {
     endpoint: Option<Endpoint>,
+    when: Option<String>,
     text: Option<String>,
     tool_calls: Option<Vec<ScriptedCall>>,
     status: Option<u16>,
@@ -174,15 +187,17 @@ struct RawEntry {
 
 const STATUS_FIELDS: &[&str] = &[
     "endpoint",
+    "when",
     "status",
     "retry_after",
     "retry_after_ms",
     "body",
 ];
-const HANG_FIELDS: &[&str] = &["endpoint", "hang"];
-const MALFORMED_FIELDS: &[&str] = &["endpoint", "malformed"];
+const HANG_FIELDS: &[&str] = &["endpoint", "when", "hang"];
+const MALFORMED_FIELDS: &[&str] = &["endpoint", "when", "malformed"];
 const REPLY_FIELDS: &[&str] = &[
     "endpoint",
+    "when",
     "text",
     "tool_calls",
     "drip_ms",
@@ -260,16 +275,27 @@ impl Entry {
                 allowed.join(", ")
             )));
         }
+        if raw.when.as_deref() == Some("") {
+            return Err(ScriptError(
+                "when is a text the prompt must contain; leave it out to match any".to_owned(),
+            ));
+        }
         Ok(Entry {
             endpoint: raw.endpoint,
+            when: raw.when,
             action,
             source: value.clone(),
         })
     }
 
-    /// Whether this entry may answer a request on `endpoint`.
-    pub fn serves(&self, endpoint: Endpoint) -> bool {
+    /// Whether this entry may answer a request on `endpoint` whose
+    /// prompt (see [`prompt_text`]) is `prompt`.
+    pub fn serves(&self, endpoint: Endpoint, prompt: &str) -> bool {
         self.endpoint.is_none_or(|wanted| wanted == endpoint)
+            && self
+                .when
+                .as_deref()
+                .is_none_or(|when| prompt.contains(when))
     }
 }
 
@@ -409,6 +435,35 @@ fn reply(fields: ReplyFields<'_>) -> Result<Reply, ScriptError> {
     })
 }
 
+/// What a request's `when` is matched against: its system prompt and the
+/// texts of its user messages, one per line, in either wire format. Tool
+/// results are left out, so a parent is not taken for the sub-agents whose
+/// results it reads.
+pub fn prompt_text(request: &Value) -> String {
+    let mut texts: Vec<&str> = Vec::new();
+    push_texts(&request["system"], &mut texts);
+    for message in request["messages"].as_array().into_iter().flatten() {
+        if matches!(message["role"].as_str(), Some("user" | "system")) {
+            push_texts(&message["content"], &mut texts);
+        }
+    }
+    texts.join("\n")
+}
+
+/// The texts of a content value: a string, or its `text` parts.
+fn push_texts<'a>(content: &'a Value, texts: &mut Vec<&'a str>) {
+    match content {
+        Value::String(text) => texts.push(text),
+        Value::Array(parts) => texts.extend(
+            parts
+                .iter()
+                .filter(|part| part["type"] == "text")
+                .filter_map(|part| part["text"].as_str()),
+        ),
+        _ => {}
+    }
+}
+
 /// The queue of scripted entries.
 #[derive(Debug, Default)]
 pub struct Script {
@@ -420,13 +475,14 @@ impl Script {
         self.entries.extend(entries);
     }
 
-    /// The first entry that serves `endpoint`, removed from the queue.
-    /// Entries meant for the other endpoint keep their place.
-    pub fn take_for(&mut self, endpoint: Endpoint) -> Option<Entry> {
+    /// The first entry that serves a request on `endpoint` with this
+    /// `prompt`, removed from the queue. Entries meant for other requests
+    /// keep their place.
+    pub fn take_for(&mut self, endpoint: Endpoint, prompt: &str) -> Option<Entry> {
         let entry_idx = self
             .entries
             .iter()
-            .position(|entry| entry.serves(endpoint))?;
+            .position(|entry| entry.serves(endpoint, prompt))?;
         self.entries.remove(entry_idx)
     }
 
@@ -619,19 +675,75 @@ mod tests {
         );
         let text = |entry: Option<Entry>| entry.map(|entry| entry.source["text"].clone());
         assert_eq!(
-            text(script.take_for(Endpoint::Anthropic)),
+            text(script.take_for(Endpoint::Anthropic, "")),
             Some(json!("for anyone"))
         );
         assert_eq!(script.len(), 2);
         assert_eq!(
-            text(script.take_for(Endpoint::Anthropic)),
+            text(script.take_for(Endpoint::Anthropic, "")),
             Some(json!("for anthropic"))
         );
-        assert_eq!(script.take_for(Endpoint::Anthropic), None);
+        assert_eq!(script.take_for(Endpoint::Anthropic, ""), None);
         assert_eq!(
-            text(script.take_for(Endpoint::Openai)),
+            text(script.take_for(Endpoint::Openai, "")),
             Some(json!("for openai"))
         );
-        assert_eq!(script.take_for(Endpoint::Openai), None);
+        assert_eq!(script.take_for(Endpoint::Openai, ""), None);
+    }
+
+    #[test]
+    fn an_entry_with_when_serves_only_prompts_that_contain_it() {
+        let mut script = Script::default();
+        script.push(
+            parse_script(&json!([
+                {"when": "task B", "text": "for B"},
+                {"when": "task A", "text": "for A"},
+                {"text": "for anyone"},
+            ]))
+            .unwrap(),
+        );
+        let text = |entry: Option<Entry>| entry.map(|entry| entry.source["text"].clone());
+        assert_eq!(
+            text(script.take_for(Endpoint::Anthropic, "do task A now")),
+            Some(json!("for A"))
+        );
+        assert_eq!(
+            text(script.take_for(Endpoint::Anthropic, "no match")),
+            Some(json!("for anyone"))
+        );
+        assert_eq!(script.take_for(Endpoint::Anthropic, "task A again"), None);
+        assert_eq!(
+            text(script.take_for(Endpoint::Openai, "then task B")),
+            Some(json!("for B"))
+        );
+        assert!(refusal(json!({"when": "", "text": "x"})).contains("leave it out"));
+        assert_eq!(
+            entry(json!({"when": "x", "hang": true})).action,
+            Action::Hang
+        );
+    }
+
+    #[test]
+    fn the_prompt_is_the_system_prompt_and_user_texts_without_tool_results() {
+        let anthropic = json!({
+            "system": [{"type": "text", "text": "be brief"}],
+            "messages": [
+                {"role": "user", "content": "task A"},
+                {"role": "assistant", "content": [{"type": "text", "text": "assistant says"}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t", "content": "task B result"},
+                    {"type": "text", "text": "go on"}
+                ]}
+            ]
+        });
+        assert_eq!(prompt_text(&anthropic), "be brief\ntask A\ngo on");
+        let openai = json!({
+            "messages": [
+                {"role": "system", "content": "sys"},
+                {"role": "user", "content": "task C"},
+                {"role": "tool", "tool_call_id": "t", "content": "task D result"}
+            ]
+        });
+        assert_eq!(prompt_text(&openai), "sys\ntask C");
     }
 }

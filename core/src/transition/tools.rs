@@ -53,6 +53,14 @@ pub(super) fn advance(ctx: &mut Ctx) {
                 refuse(ctx, call, "sub-agents cannot spawn sub-agents");
                 continue;
             }
+            // The cap on sub-agents per call, and a task list the shell can
+            // carry out, are decided here: the shell never refuses a call.
+            let config = &ctx.conv.working.config;
+            let (cap, may_leave_cwd) = (config.sub_agent.max_children, config.tools_may_leave_cwd);
+            if let Err(why) = builtin::spawn_tasks(&call, cap, may_leave_cwd) {
+                refuse(ctx, call, &why);
+                continue;
+            }
             return run(ctx, call, true);
         }
         let approved = ctx.conv.working.approved.contains(&call.id);
