@@ -26,8 +26,11 @@
 //!   the door, so each child's log records the cancel.
 
 use std::fmt::Write as _;
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
@@ -44,7 +47,7 @@ use crate::conversation_actor::{AbortOnDrop, ConversationMsg};
 use crate::door;
 use crate::mailbox::Mailbox;
 use crate::pubsub::{Received, Subscription, Update};
-use crate::runtime::Shared;
+use crate::runtime::{Alive, Shared};
 use crate::tool::ToolOutcome;
 use crate::Error;
 
@@ -93,7 +96,11 @@ pub(crate) fn start(args: SpawnArgs) -> SpawnWork {
         .map(|task_idx| child_id(&args.parent, &args.call.id, task_idx))
         .collect();
     let key = args.call.id.clone();
-    let task = tokio::spawn(run(args, tasks, children.clone()));
+    let alive = args.shared.alive();
+    let task = tokio::spawn(Counted {
+        work: Box::pin(run(args, tasks, children.clone())),
+        _alive: alive,
+    });
     SpawnWork {
         key,
         children,
@@ -110,16 +117,19 @@ impl SpawnWork {
             children, _task, ..
         } = self;
         drop(_task);
+        let alive = shared.alive();
         let shared = shared.clone();
-        tokio::spawn(async move {
-            let _alive = shared.alive();
-            let Some(supervisor) = door::supervisor(&shared) else {
-                return;
-            };
-            let cancels = children
-                .iter()
-                .map(|child| cancel_child(&shared, &supervisor, child));
-            futures_util::future::join_all(cancels).await;
+        tokio::spawn(Counted {
+            work: Box::pin(async move {
+                let Some(supervisor) = door::supervisor(&shared) else {
+                    return;
+                };
+                let cancels = children
+                    .iter()
+                    .map(|child| cancel_child(&shared, &supervisor, child));
+                futures_util::future::join_all(cancels).await;
+            }),
+            _alive: alive,
         });
     }
 }
@@ -179,8 +189,29 @@ enum ChildEnd {
     Stopping,
 }
 
+/// A task's work that counts as alive ([`Runtime::crash`] and shutdown
+/// wait for every count to go) from its spawn until the work, and the
+/// runtime state it holds (the store among it), is dropped: fields drop in
+/// declaration order, the work first. Counted inside the work instead, the
+/// count would start only at its first poll and could end before the
+/// work's captures are dropped, letting a restart find the store still
+/// held.
+///
+/// [`Runtime::crash`]: crate::Runtime::crash
+struct Counted {
+    work: Pin<Box<dyn Future<Output = ()> + Send>>,
+    _alive: Alive,
+}
+
+impl Future for Counted {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.work.as_mut().poll(cx)
+    }
+}
+
 async fn run(args: SpawnArgs, tasks: Vec<SpawnTask>, children: Vec<ConversationId>) {
-    let _alive = args.shared.alive();
     let follows = tasks
         .iter()
         .zip(&children)
