@@ -57,10 +57,22 @@ pub fn run(options: Options) -> anyhow::Result<()> {
     let _telemetry = telemetry::init_tracing(format)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .global_queue_interval(GLOBAL_QUEUE_INTERVAL)
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(serve(config))
 }
+
+/// How many tasks a worker runs from its own queue before it takes one
+/// from the runtime's shared queue: every time. An update to a
+/// conversation wakes every one of its event streams at once; a worker's
+/// own queue holds 256 tasks and the rest wait in the shared queue, which
+/// tokio otherwise looks at only now and then. Streams woken again by the
+/// turn's next update would then run ahead of streams still owed the
+/// first, and with 1,000 subscribers the last of them got a frame twice as
+/// late as the median. Taking turns keeps the wake-ups first come, first
+/// served (BENCHMARKS.md, "SSE fan-out").
+const GLOBAL_QUEUE_INTERVAL: u32 = 1;
 
 fn load_config(options: &Options) -> anyhow::Result<Config> {
     let (path, asked) = match (&options.config, std::env::var_os("KEEL_CONFIG")) {
