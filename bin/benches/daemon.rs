@@ -110,8 +110,13 @@ fn main() {
     let sizes = if quick { Sizes::quick() } else { Sizes::full() };
     let mock = MockProcess::start();
 
+    // The client stands for many clients, each reading its own socket: its
+    // runtime takes turns as the daemon's does (`global_queue_interval(1)`,
+    // see keel serve), so that a subscriber is not read late only because
+    // this one process overflowed its own run queue.
     let client = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .global_queue_interval(1)
         .enable_all()
         .build()
         .unwrap();

@@ -153,7 +153,13 @@ fn a_short_crash_drill_finds_nothing_lost_doubled_or_stuck() {
     assert_eq!(report["kills"], 24);
     assert_eq!(report["seed"], 11);
     assert!(report["kept"].is_null(), "{report:#}");
-    for counted in ["turns", "tool_calls", "approvals", "checks_passed"] {
+    for counted in [
+        "turns",
+        "tool_calls",
+        "sub_agents",
+        "approvals",
+        "checks_passed",
+    ] {
         assert!(
             report[counted].as_u64().unwrap() > 0,
             "{counted}: {report:#}"

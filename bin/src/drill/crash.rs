@@ -127,6 +127,8 @@ pub struct Report {
     pub missed_aims: usize,
     pub turns: u64,
     pub tool_calls: usize,
+    /// Sub-agents the conversations started.
+    pub sub_agents: usize,
     pub approvals: u64,
     pub checks_passed: u64,
     pub violations: Vec<Violation>,
@@ -162,8 +164,13 @@ fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
     )?;
     writeln!(
         out,
-        "  recoveries {}, turns {}, tool calls {}, approvals {}, checks passed {}",
-        report.recoveries, report.turns, report.tool_calls, report.approvals, report.checks_passed
+        "  recoveries {}, turns {}, tool calls {}, sub-agents {}, approvals {}, checks passed {}",
+        report.recoveries,
+        report.turns,
+        report.tool_calls,
+        report.sub_agents,
+        report.approvals,
+        report.checks_passed
     )?;
     let states: Vec<String> = report
         .kills_by_state
@@ -359,6 +366,7 @@ async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
             effects: effects.clone(),
             nonce: 0,
             index,
+            gated: is_gated(index),
         };
         workers.spawn(worker.run());
     }
@@ -428,8 +436,8 @@ async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
                 ),
             );
         }
-        for id in &ids {
-            check_log(&client, &shared, id, false).await;
+        for id in with_children(&client, &ids).await {
+            check_log(&client, &shared, &id, false).await;
         }
         bar.inc(1);
         bar.set_message(format!("{} violations", shared.book().violations.len()));
@@ -448,12 +456,14 @@ async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
         }
     }
     settle(&client, &shared, &ids).await;
-    for id in &ids {
+    let all = with_children(&client, &ids).await;
+    settle(&client, &shared, &all).await;
+    for id in &all {
         // What is new since the last kill, then the whole log once more.
         check_log(&client, &shared, id, false).await;
         check_log(&client, &shared, id, true).await;
     }
-    let tool_calls = check_effects(&client, &shared, &ids, &effects).await;
+    let tool_calls = check_effects(&client, &shared, &all, &effects).await;
     lab.stop()?;
     let left = survivors(&run_id, lab.life() + 1);
     for (pid, life, cmdline) in left {
@@ -484,6 +494,7 @@ async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
         missed_aims,
         turns: book.turns,
         tool_calls,
+        sub_agents: all.len() - ids.len(),
         approvals: book.approvals,
         checks_passed: book.checks_passed,
         violations: book.violations.clone(),
@@ -503,9 +514,14 @@ async fn wait_for_state(shared: &Shared, state: ApiState) -> bool {
     false
 }
 
+/// Every third conversation's `bash` calls wait for an approval.
+fn is_gated(index: usize) -> bool {
+    index % 3 == 2
+}
+
 async fn create(client: &Client, index: usize, workdir: &Path) -> anyhow::Result<String> {
     let mut tools = BTreeMap::new();
-    if index % 3 == 2 {
+    if is_gated(index) {
         tools.insert("bash".to_owned(), ApiToolPolicy::Approve);
     }
     let request = CreateConversation {
@@ -529,10 +545,33 @@ fn state_name(state: ApiState) -> String {
         .unwrap_or_else(|| format!("{state:?}"))
 }
 
+/// `ids` and every sub-agent they started.
+async fn with_children(client: &Client, ids: &[String]) -> Vec<String> {
+    let mut all = ids.to_vec();
+    if let Ok(list) = client.list(true).await {
+        all.extend(
+            list.conversations
+                .into_iter()
+                .filter(|conversation| {
+                    conversation
+                        .parent
+                        .as_ref()
+                        .is_some_and(|parent| ids.contains(parent))
+                })
+                .map(|conversation| conversation.id),
+        );
+    }
+    all
+}
+
 fn is_at_rest(state: ApiState) -> bool {
     matches!(
         state,
-        ApiState::Idle | ApiState::AwaitingInput | ApiState::Error
+        ApiState::Idle
+            | ApiState::AwaitingInput
+            | ApiState::Error
+            | ApiState::Completed
+            | ApiState::Failed
     )
 }
 
@@ -546,6 +585,8 @@ struct Worker {
     effects: PathBuf,
     nonce: u64,
     index: usize,
+    /// Its `bash` calls wait for an approval.
+    gated: bool,
 }
 
 impl Worker {
@@ -617,6 +658,17 @@ impl Worker {
 
     fn next_message(&mut self) -> String {
         self.nonce += 1;
+        // Sub-agents inherit the parent's tool policies, so only a
+        // conversation whose calls need no approval spawns them: one task
+        // that answers, one that runs a side effect of its own.
+        if !self.gated && self.rng.u8(..) < 40 {
+            let nonce = format!("{NONCE}{}-{}", self.index, self.nonce);
+            return format!(
+                "spawn: hello from a sub-agent of worker {} | run: echo \"$KEEL_TOOL_CALL_ID {nonce}\" >> {}; sleep 0.05",
+                self.index,
+                self.effects.display()
+            );
+        }
         if self.rng.bool() {
             let nonce = format!("{NONCE}{}-{}", self.index, self.nonce);
             let pause = self.rng.u32(5..30);

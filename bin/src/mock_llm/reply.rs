@@ -4,8 +4,11 @@
 //!
 //! The default answer looks at the last user turn of the conversation:
 //! tool results are summarised ("The command printed: …"), a text starting
-//! with `run: CMD` becomes one `bash` tool call with `{"command": CMD}`, and
-//! any other text is echoed back.
+//! with `run: CMD` becomes one `bash` tool call with `{"command": CMD}`,
+//! `spawn: TASK | TASK …` one `spawn_agents` call with those tasks (when
+//! the request offers it), and any other text is echoed back. A sub-agent
+//! (a request that offers `submit_result`) submits what it would have
+//! answered as its result instead.
 
 use serde_json::{json, Value};
 
@@ -106,11 +109,28 @@ pub fn default_content(endpoint: Endpoint, body: &Value) -> (Option<String>, Vec
             Vec::new(),
         );
     };
+    let sub_agent = offers(endpoint, body, "submit_result");
     if !turn.results.is_empty() {
         let summary: Vec<String> = turn.results.iter().map(summarise).collect();
-        return (Some(summary.join("\n")), Vec::new());
+        return answer_or_submit(summary.join("\n"), sub_agent);
     }
     let text = turn.texts.join("\n");
+    if let Some(tasks) = text.trim_start().strip_prefix("spawn:") {
+        let tasks: Vec<Value> = tasks
+            .split('|')
+            .map(str::trim)
+            .filter(|task| !task.is_empty())
+            .map(|task| json!({ "task": task }))
+            .collect();
+        if !tasks.is_empty() && offers(endpoint, body, "spawn_agents") {
+            let call = ScriptedCall {
+                name: "spawn_agents".to_owned(),
+                input: json!({ "tasks": tasks }),
+                id: None,
+            };
+            return (None, vec![call]);
+        }
+    }
     if let Some(command) = text.trim_start().strip_prefix("run:") {
         let command = command.trim();
         if !command.is_empty() {
@@ -125,7 +145,37 @@ pub fn default_content(endpoint: Endpoint, body: &Value) -> (Option<String>, Vec
     if text.trim().is_empty() {
         return (Some("I see no text to echo.".to_owned()), Vec::new());
     }
-    (Some(text), Vec::new())
+    answer_or_submit(text, sub_agent)
+}
+
+/// `text` as the answer; a sub-agent (offered `submit_result`) submits it
+/// as its result instead.
+fn answer_or_submit(text: String, sub_agent: bool) -> (Option<String>, Vec<ScriptedCall>) {
+    if !sub_agent {
+        return (Some(text), Vec::new());
+    }
+    let call = ScriptedCall {
+        name: "submit_result".to_owned(),
+        input: json!({ "result": text }),
+        id: None,
+    };
+    (None, vec![call])
+}
+
+/// Whether the request offers the model a tool called `name`.
+fn offers(endpoint: Endpoint, body: &Value, name: &str) -> bool {
+    let Some(tools) = body.get("tools").and_then(Value::as_array) else {
+        return false;
+    };
+    tools.iter().any(|tool| {
+        let named = match endpoint {
+            Endpoint::Anthropic => tool.get("name"),
+            Endpoint::Openai => tool
+                .get("function")
+                .and_then(|function| function.get("name")),
+        };
+        named.and_then(Value::as_str) == Some(name)
+    })
 }
 
 /// The last user turn: its texts and the tool results it carries.
@@ -287,6 +337,35 @@ mod tests {
         let (text, calls) = default_content(endpoint, &body);
         assert!(calls.is_empty(), "{calls:?}");
         text
+    }
+
+    #[test]
+    fn a_sub_agent_submits_and_a_parent_spawns_by_default() {
+        let offered = |name: &str| json!([{"name": name, "description": "", "input_schema": {}}]);
+        let child = json!({
+            "tools": offered("submit_result"),
+            "messages": [{"role": "user", "content": "count the files"}]
+        });
+        let (text, calls) = default_content(Endpoint::Anthropic, &child);
+        assert_eq!(text, None);
+        assert_eq!(calls[0].name, "submit_result");
+        assert_eq!(calls[0].input, json!({"result": "count the files"}));
+        let parent = json!({
+            "tools": [{"type": "function", "function": {"name": "spawn_agents"}}],
+            "messages": [{"role": "user", "content": "spawn: one | two |"}]
+        });
+        let (_, calls) = default_content(Endpoint::Openai, &parent);
+        assert_eq!(calls[0].name, "spawn_agents");
+        assert_eq!(
+            calls[0].input,
+            json!({"tasks": [{"task": "one"}, {"task": "two"}]})
+        );
+        // Not offered: echoed, like any text.
+        let plain = json!({"messages": [{"role": "user", "content": "spawn: one"}]});
+        assert_eq!(
+            default_text(Endpoint::Anthropic, plain).as_deref(),
+            Some("spawn: one")
+        );
     }
 
     #[test]
