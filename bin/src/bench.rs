@@ -309,14 +309,20 @@ async fn open(client: &Client, id: &str) -> anyhow::Result<Events> {
 }
 
 /// Send `text` and read the stream to the turn's end; how long it took.
+/// The send waits for a permit of `sending`: every open stream holds a
+/// connection already, and 10,000 sends at once would need as many more.
 async fn one_turn(
     client: &Client,
+    sending: &Semaphore,
     events: &mut Events,
     id: &str,
     text: &str,
 ) -> anyhow::Result<Duration> {
     let started = Instant::now();
-    let accepted = client.send_text(id, text).await?;
+    let accepted = {
+        let _permit = sending.acquire().await?;
+        client.send_text(id, text).await?
+    };
     let ended = tokio::time::timeout(TURN_LIMIT, async {
         loop {
             if let Frame::Canonical(event) = events.next().await? {
@@ -373,10 +379,11 @@ async fn turn_run(
     let mut working = JoinSet::new();
     for (id, mut events) in streams {
         let client = client.clone();
+        let sending = gate.clone();
         working.spawn(async move {
             let mut latencies = Vec::with_capacity(each);
             for _ in 0..each {
-                latencies.push(one_turn(&client, &mut events, &id, text).await?);
+                latencies.push(one_turn(&client, &sending, &mut events, &id, text).await?);
             }
             Ok::<_, anyhow::Error>(latencies)
         });
@@ -425,9 +432,13 @@ async fn idle_memory(
         let client = client.clone();
         let gate = gate.clone();
         tasks.spawn(async move {
-            let _permit = gate.acquire_owned().await;
-            let mut events = open(&client, &id).await?;
-            one_turn(&client, &mut events, &id, "hello").await
+            // Streams stay open (the conversations' turns run at once), so
+            // only the opening and the sending take turns.
+            let mut events = {
+                let _permit = gate.acquire().await?;
+                open(&client, &id).await?
+            };
+            one_turn(&client, &gate, &mut events, &id, "hello").await
         });
     }
     while let Some(joined) = tasks.join_next().await {
