@@ -10,5 +10,8 @@ fuzz_target!(|bytes: &[u8]| {
     let Ok(working) = checkpoint::decode(bytes) else {
         return;
     };
-    assert_eq!(checkpoint::decode(&checkpoint::encode(&working)), Ok(working));
+    assert_eq!(
+        checkpoint::decode(&checkpoint::encode(&working)),
+        Ok(working)
+    );
 });
