@@ -1,0 +1,12 @@
+//! Anthropic's stream decoder over any response body (or any sequence of
+//! events): it must never panic, and a failure must stick (see
+//! `keel_fuzz::drive`).
+#![no_main]
+
+use keel_core::wire::anthropic::Decoder;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|input: &[u8]| {
+    let events = keel_fuzz::events(input);
+    keel_fuzz::drive(Box::new(Decoder::new("claude-fuzz")), &events);
+});
