@@ -35,10 +35,7 @@ impl ChildDaemon {
     /// A daemon to be, over `dir/data`, using the fake provider at
     /// `mock_url`, on a free loopback port, with `token`.
     pub fn new(dir: &Path, mock_url: &str, token: &str) -> anyhow::Result<ChildDaemon> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .context("finding a free port for the daemon")?
-            .port();
+        let port = lasting_port()?;
         Ok(ChildDaemon {
             exe: std::env::current_exe().context("finding this keel binary")?,
             dir: dir.to_path_buf(),
@@ -118,10 +115,13 @@ impl ChildDaemon {
             }
             if let Some(child) = self.child.as_mut() {
                 if let Some(status) = child.try_wait()? {
+                    let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                    let tail: Vec<&str> = tail.into_iter().rev().collect();
                     return Err(anyhow!(
-                        "the daemon (life {}) exited with {status} at start-up; its log is {}",
+                        "the daemon (life {}) exited with {status} at start-up; the end of its log:\n{}",
                         self.life,
-                        self.log_path().display()
+                        tail.join("\n")
                     ));
                 }
             }
@@ -167,6 +167,37 @@ impl Drop for ChildDaemon {
     }
 }
 
+/// A free loopback port outside the kernel's ephemeral range, so that no
+/// outgoing connection (the drill's own clients make thousands) and no
+/// other bind to port 0 takes it while the daemon is down between two
+/// lives: every life binds the same port.
+fn lasting_port() -> anyhow::Result<u16> {
+    let (low, high) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| {
+            let mut bounds = text.split_whitespace().map(|bound| bound.parse::<u16>());
+            Some((bounds.next()?.ok()?, bounds.next()?.ok()?))
+        })
+        .unwrap_or((32_768, 60_999));
+    // Below the range if there is room there, else above it.
+    let span = if low > 11_000 {
+        10_000..low
+    } else {
+        high.saturating_add(1)..u16::MAX
+    };
+    for _ in 0..500 {
+        let port = fastrand::u16(span.clone());
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(anyhow!(
+        "no free loopback port between {} and {} for the daemon",
+        span.start,
+        span.end
+    ))
+}
+
 /// CPU time (user + system) process `pid` has used, from `/proc`.
 pub fn cpu_time(pid: u32) -> Option<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -200,6 +231,18 @@ fn clock_ticks() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_daemon_port_is_outside_the_ephemeral_range() {
+        let port = lasting_port().expect("a port");
+        if let Ok(text) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range") {
+            let bounds: Vec<u16> = text
+                .split_whitespace()
+                .filter_map(|bound| bound.parse().ok())
+                .collect();
+            assert!(port < bounds[0] || port > bounds[1], "{port} in {bounds:?}");
+        }
+    }
 
     #[test]
     fn this_process_has_used_cpu_and_holds_memory() {
