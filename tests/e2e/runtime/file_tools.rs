@@ -305,9 +305,9 @@ async fn paths_that_escape_the_working_directory_are_refused() {
 async fn a_conversation_may_let_its_file_tools_leave_the_working_directory() {
     let rig = Rig::new();
     let cwd = rig.cwd();
-    let outside = cwd.parent().unwrap().join("shared");
+    let outside = cwd.parent().unwrap().join("beside");
     std::fs::create_dir_all(&outside).unwrap();
-    std::fs::write(outside.join("notes.txt"), "shared notes\n").unwrap();
+    std::fs::write(outside.join("notes.txt"), "notes beside\n").unwrap();
 
     let free = ConversationConfig {
         tools_may_leave_cwd: true,
@@ -317,17 +317,17 @@ async fn a_conversation_may_let_its_file_tools_leave_the_working_directory() {
         &rig,
         free,
         vec![
-            call("read", "read_file", json!({"path": "../shared/notes.txt"})),
+            call("read", "read_file", json!({"path": "../beside/notes.txt"})),
             call(
                 "write",
                 "write_file",
-                json!({"path": "../shared/more.txt", "content": "more\n"}),
+                json!({"path": "../beside/more.txt", "content": "more\n"}),
             ),
         ],
     )
     .await;
 
-    assert_eq!(ok(&results, "read"), "     1\tshared notes\n");
+    assert_eq!(ok(&results, "read"), "     1\tnotes beside\n");
     assert!(ok(&results, "write").starts_with("created "));
     assert_eq!(
         std::fs::read_to_string(outside.join("more.txt")).unwrap(),
