@@ -123,6 +123,11 @@ pub enum Command {
         /// request, in order, before the default behaviour resumes.
         #[arg(long, value_name = "FILE")]
         script: Option<PathBuf>,
+        /// How many of the latest requests `GET /_mock/requests` keeps
+        /// (older ones are dropped, and so are the oldest once their bodies
+        /// pass 64 MiB), so a long run does not grow without bound.
+        #[arg(long, value_name = "N", default_value_t = mock_llm::recording::KEEP_RECORDS)]
+        keep_requests: usize,
     },
     /// List the conversations: id, state, turns, last activity, cwd.
     Ls {
@@ -333,9 +338,18 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
             let stdout = io::stdout().lock();
             demo::run(io::BufWriter::new(stdout), format).map(|()| Exit::Ok)
         }
-        Command::MockLlm { port, host, script } => {
-            mock_llm::run(mock_llm::Options { host, port, script }).map(|()| Exit::Ok)
-        }
+        Command::MockLlm {
+            port,
+            host,
+            script,
+            keep_requests,
+        } => mock_llm::run(mock_llm::Options {
+            host,
+            port,
+            script,
+            keep_requests,
+        })
+        .map(|()| Exit::Ok),
         Command::Bench { quick, json } => {
             let stdout = io::stdout().lock();
             bench::run(io::LineWriter::new(stdout), bench::Options { quick, json })
@@ -488,17 +502,33 @@ mod tests {
     #[test]
     fn mock_llm_takes_a_port_a_host_and_a_script() {
         let cli = Cli::try_parse_from(["keel", "mock-llm", "--port", "0"]).unwrap();
-        let Command::MockLlm { port, host, script } = cli.command else {
+        let Command::MockLlm {
+            port,
+            host,
+            script,
+            keep_requests,
+        } = cli.command
+        else {
             panic!("mock-llm parses to Command::MockLlm")
         };
         assert_eq!((port, host.as_str(), script), (0, "127.0.0.1", None));
+        assert_eq!(keep_requests, mock_llm::recording::KEEP_RECORDS);
         let cli = Cli::try_parse_from([
-            "keel", "mock-llm", "--port", "8089", "--host", "0.0.0.0", "--script", "s.json",
+            "keel",
+            "mock-llm",
+            "--port",
+            "8089",
+            "--host",
+            "0.0.0.0",
+            "--script",
+            "s.json",
+            "--keep-requests",
+            "5",
         ])
         .unwrap();
         assert!(matches!(
             cli.command,
-            Command::MockLlm { port: 8089, ref host, script: Some(ref script) }
+            Command::MockLlm { port: 8089, ref host, script: Some(ref script), keep_requests: 5 }
                 if host == "0.0.0.0" && script == &PathBuf::from("s.json")
         ));
     }

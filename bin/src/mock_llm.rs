@@ -20,7 +20,7 @@ mod anthropic;
 mod body;
 mod openai;
 mod plan;
-mod recording;
+pub mod recording;
 mod reply;
 mod script;
 
@@ -38,6 +38,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use self::plan::{After, Frame, Plan};
@@ -66,6 +67,8 @@ pub struct Options {
     pub port: u16,
     /// A script file: an array of entries, or `{"replies": [..]}`.
     pub script: Option<PathBuf>,
+    /// How many of the latest requests `GET /_mock/requests` keeps.
+    pub keep_requests: usize,
 }
 
 /// Serve until SIGTERM or ctrl-c. Prints `mock-llm listening on
@@ -95,7 +98,7 @@ async fn serve(options: Options, entries: Vec<Entry>) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}:{}", options.host, options.port))?;
     let address = listener.local_addr().context("reading the bound address")?;
-    let mock = Mock::default();
+    let mock = Mock::keeping_requests(options.keep_requests);
     mock.script().push(entries);
 
     {
@@ -146,9 +149,32 @@ pub struct Mock {
 }
 
 impl Mock {
+    /// A mock whose recording keeps the latest `keep` requests
+    /// (`Mock::default()` keeps `recording::KEEP_RECORDS`).
+    pub fn keeping_requests(keep: usize) -> Mock {
+        Mock {
+            recorder: Recorder::keeping(keep),
+            ..Mock::default()
+        }
+    }
+
     fn script(&self) -> MutexGuard<'_, Script> {
         self.script.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// A request body as the recording keeps it: the text received when it is
+/// a JSON object, otherwise that text as a JSON string.
+fn recorded_body(raw_body: &[u8], is_json: bool) -> Box<RawValue> {
+    let text = String::from_utf8_lossy(raw_body);
+    let json = if is_json {
+        RawValue::from_string(text.into_owned())
+    } else {
+        serde_json::value::to_raw_value(&text)
+    };
+    // Neither can fail (the text parsed as JSON; a string serialises), but
+    // a recording is no reason to fail a request.
+    json.unwrap_or_else(|_| Box::<RawValue>::default())
 }
 
 /// Every route of the mock.
@@ -198,9 +224,7 @@ impl Mock {
         let parsed = serde_json::from_slice::<Value>(raw_body)
             .ok()
             .filter(Value::is_object);
-        let recorded_body = parsed
-            .clone()
-            .unwrap_or_else(|| Value::String(String::from_utf8_lossy(raw_body).into_owned()));
+        let recorded_body = recorded_body(raw_body, parsed.is_some());
         let stream = parsed
             .as_ref()
             .is_some_and(|request| request["stream"] == true);

@@ -2345,3 +2345,179 @@ fn a_reducer_change_comes_with_a_new_reducer_version() {
          then rewrite the fixture with KEEL_BLESS=1"
     );
 }
+
+// --- Decisions pinned by mutation testing ----------------------------------------------
+//
+// `cargo mutants` (docs/mutation-testing.md) changed each of these decisions
+// and no test noticed. Each test below fails under the mutant it names.
+
+/// `codec::unsupported`: only a version above the current one is "from a
+/// newer keel"; a known version in the other format is a malformed record.
+#[test]
+fn a_known_version_in_the_wrong_format_is_malformed_and_only_a_newer_one_unsupported() {
+    use keel_core::codec::{decode, DecodeError, CURRENT_VERSION};
+    let next = CURRENT_VERSION + 1;
+    let current = CURRENT_VERSION;
+    // JSON claiming the current (MessagePack) version: not from a newer keel.
+    let error = decode(format!(r#"{{"v":{current},"event":{{}}}}"#).as_bytes()).unwrap_err();
+    assert!(matches!(error, DecodeError::Malformed { .. }), "{error:?}");
+    assert!(error.to_string().contains("wrong format"), "{error}");
+    let error = decode(format!(r#"{{"v":{next},"event":{{}}}}"#).as_bytes()).unwrap_err();
+    assert_eq!(
+        error,
+        DecodeError::UnsupportedVersion {
+            found: next,
+            supported: CURRENT_VERSION
+        }
+    );
+    // MessagePack claiming version 1 (a JSON version).
+    #[derive(serde::Serialize)]
+    struct Claim {
+        v: u32,
+        event: String,
+    }
+    let bytes = rmp_serde::to_vec_named(&Claim {
+        v: 1,
+        event: "x".to_owned(),
+    })
+    .unwrap();
+    let error = decode(&bytes).unwrap_err();
+    assert!(error.to_string().contains("wrong format"), "{error}");
+}
+
+/// `codec::decode_json` / `decode_msgpack`: a record of the right version
+/// whose event does not decode is malformed, and the error says what is
+/// wrong with the event, not that the version is in the wrong format.
+#[test]
+fn a_record_of_the_right_version_with_a_broken_event_says_what_is_broken() {
+    use keel_core::codec::decode;
+    let error = decode(br#"{"v":1,"event":{"type":"no_such_event"}}"#).unwrap_err();
+    assert!(!error.to_string().contains("wrong format"), "{error}");
+    assert!(error.to_string().contains("missing field"), "{error}");
+    #[derive(serde::Serialize)]
+    struct Broken {
+        v: u32,
+        event: String,
+    }
+    let bytes = rmp_serde::to_vec_named(&Broken {
+        v: 2,
+        event: "not an event".to_owned(),
+    })
+    .unwrap();
+    let error = decode(&bytes).unwrap_err();
+    assert!(!error.to_string().contains("wrong format"), "{error}");
+}
+
+/// The names clients and logs see are the serialised names.
+#[test]
+fn names_shown_are_the_serialised_names() {
+    for state in [
+        StateName::Idle,
+        StateName::Debouncing,
+        StateName::Streaming,
+        StateName::RetryWait,
+        StateName::ExecutingTools,
+        StateName::AwaitingInput,
+        StateName::Recovering,
+        StateName::Error,
+        StateName::Terminating,
+        StateName::Completed,
+        StateName::Failed,
+    ] {
+        assert_eq!(json!(state), json!(state.as_str()));
+        assert_eq!(state.to_string(), state.as_str());
+    }
+    for provider in [
+        ProviderKind::Anthropic,
+        ProviderKind::OpenAi,
+        ProviderKind::Mock,
+    ] {
+        assert_eq!(json!(provider), json!(provider.to_string()));
+    }
+    let model = ModelRef {
+        provider: ProviderKind::OpenAi,
+        model: "gpt-x".to_owned(),
+    };
+    assert_eq!(model.to_string(), "openai/gpt-x");
+    let generation = Generation {
+        turn: 3,
+        attempt: 2,
+    };
+    assert_eq!(generation.to_string(), "turn 3 attempt 2");
+}
+
+/// `Phase::agrees_with` is the invariant the property tests check; it must
+/// also say no.
+#[test]
+fn a_phase_disagrees_with_a_status_it_cannot_have() {
+    let pairs = [
+        (Phase::Idle, Status::Idle, true),
+        (Phase::Idle, Status::TurnInFlight, false),
+        (Phase::Idle, Status::Error, false),
+        (Phase::Recovering, Status::TurnInFlight, true),
+        (Phase::Recovering, Status::Idle, false),
+        (Phase::AwaitingInput, Status::AwaitingInput, true),
+        (Phase::AwaitingInput, Status::TurnInFlight, false),
+        (Phase::Terminating, Status::AwaitingInput, true),
+        (Phase::Terminating, Status::TurnInFlight, false),
+    ];
+    for (phase, status, agrees) in pairs {
+        assert_eq!(phase.agrees_with(status), agrees, "{phase:?} / {status:?}");
+    }
+}
+
+/// `recovery::plan_recovery`: a log at rest whose last response has calls
+/// without results (damaged: the turn ended without them) is repaired on
+/// start, so the next request's history is valid.
+#[test]
+fn calls_left_without_results_in_a_log_at_rest_are_answered_on_start() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    harness.call_tools(&[("t1", "bash")]);
+    let last = harness.log.last().unwrap().clone();
+    let turn_started = harness
+        .log
+        .iter()
+        .find(|event| matches!(event.kind, EventKind::TurnStarted { .. }))
+        .unwrap()
+        .seq;
+    harness.log.push(Event {
+        seq: last.seq + 1,
+        at: last.at,
+        parent: Some(turn_started),
+        triggers_turn: false,
+        kind: EventKind::TurnCompleted {
+            turn: 1,
+            duration_ms: 1,
+            note: None,
+        },
+    });
+    let working = WorkingSet::replay(&harness.log).unwrap();
+    assert_eq!(working.status(), Status::Idle);
+    assert_eq!(working.open_calls.len(), 1);
+    assert_eq!(
+        keel_core::recovery::plan_recovery(&working),
+        keel_core::recovery::RecoveryPlan::RepairOrphans
+    );
+    let step = harness.restart();
+    let results = tool_results(&step);
+    assert_eq!(results.len(), 1, "{:?}", harness.kinds());
+    assert_eq!(results[0].0, "t1");
+    assert!(results[0].2 && results[0].3, "an error, and synthetic");
+    assert!(harness.working().tool_uses_paired());
+}
+
+/// `FsmSnapshot::of`: a conversation at rest is snapshotted (what a cold
+/// load reads instead of the log); one with a turn in flight is not.
+#[test]
+fn a_conversation_at_rest_has_a_snapshot_and_one_mid_turn_has_none() {
+    use keel_core::snapshot::{FsmSnapshot, SnapshotState};
+    let mut harness = Harness::new(ConversationConfig::default());
+    let snapshot = FsmSnapshot::of(harness.working()).unwrap();
+    assert_eq!(snapshot.state, SnapshotState::Idle);
+    harness.send("hi");
+    assert_eq!(FsmSnapshot::of(harness.working()), None);
+    harness.reply("ok");
+    let snapshot = FsmSnapshot::of(harness.working()).unwrap();
+    assert_eq!(snapshot.last_seq, harness.working().last_seq);
+}

@@ -35,7 +35,7 @@
 //! lands still depend on timing).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::io::Write;
+use std::io::{IsTerminal as _, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -380,6 +380,8 @@ async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} kills {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
+    let log_progress = !options.json && !std::io::stderr().is_terminal();
+    let progress_every = (options.kills / 20).max(1);
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut kills_by_state: BTreeMap<String, usize> = BTreeMap::new();
     let mut missed_aims = 0;
@@ -440,7 +442,16 @@ async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
             check_log(&client, &shared, &id, false).await;
         }
         bar.inc(1);
-        bar.set_message(format!("{} violations", shared.book().violations.len()));
+        let violations = shared.book().violations.len();
+        bar.set_message(format!("{violations} violations"));
+        // Where nobody sees the bar (a log, CI), a line now and then.
+        if log_progress && (kill % progress_every == 0 || kill == options.kills) {
+            eprintln!(
+                "keel drill crash: {kill}/{} kills, {violations} violations, {:.0} s",
+                options.kills,
+                started.elapsed().as_secs_f64()
+            );
+        }
     }
     bar.finish_and_clear();
 

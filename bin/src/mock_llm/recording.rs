@@ -7,17 +7,35 @@
 //! whatever is still answering (the response body, or the handler of a
 //! request that never gets one), and when hyper drops that because the
 //! connection closed, the guard's `Drop` records the disconnect.
+//!
+//! The recording is bounded: it keeps the latest [`KEEP_RECORDS`] requests
+//! (`keel mock-llm --keep-requests N`) and drops the oldest beyond that, or
+//! beyond [`KEEP_BODY_BYTES`] of request bodies, whichever comes first. A
+//! provider request carries the whole conversation, so an unbounded
+//! recording grows with the square of a conversation's length: a
+//! 1,000-kill crash drill's in-process fake provider reached 24 GiB, and
+//! `keel serve`'s built-in one would have grown the same way under any
+//! long load. A test reads what it just caused, which is always the
+//! latest; `seq` keeps counting, so a gap says records were dropped.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::http::HeaderMap;
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::sync::watch;
 
 use super::script::Endpoint;
+
+/// How many requests the recording keeps by default (the latest).
+pub const KEEP_RECORDS: usize = 1_000;
+
+/// How many bytes of request bodies (as received) the recording keeps at
+/// most; the oldest records go first, the latest is always kept.
+pub const KEEP_BODY_BYTES: usize = 64 * 1024 * 1024;
 
 /// How an exchange ended, so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -58,7 +76,9 @@ pub struct Record {
     /// Request headers, names in lower case.
     pub headers: BTreeMap<String, String>,
     /// The request body as JSON, or as a string when it was not JSON.
-    pub body: Value,
+    /// Kept as the text received (a parsed `Value` of a long conversation
+    /// takes several times its size).
+    pub body: Box<RawValue>,
     /// Whether the request asked for a stream (`"stream": true`).
     pub stream: bool,
     pub source: Source,
@@ -86,10 +106,37 @@ struct Inner {
     changed: watch::Sender<u64>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Records {
     next_seq: u64,
-    records: Vec<Record>,
+    /// In `seq` order (oldest first): new ones are pushed at the back and
+    /// only the front is ever dropped, or everything at once.
+    records: VecDeque<Record>,
+    body_bytes: usize,
+    keep: usize,
+    keep_bytes: usize,
+}
+
+impl Records {
+    fn get_mut(&mut self, seq: u64) -> Option<&mut Record> {
+        let index = self
+            .records
+            .binary_search_by_key(&seq, |record| record.seq)
+            .ok()?;
+        self.records.get_mut(index)
+    }
+
+    fn push(&mut self, record: Record) {
+        self.body_bytes += record.body.get().len();
+        self.records.push_back(record);
+        while self.records.len() > self.keep
+            || (self.body_bytes > self.keep_bytes && self.records.len() > 1)
+        {
+            if let Some(dropped) = self.records.pop_front() {
+                self.body_bytes -= dropped.body.get().len();
+            }
+        }
+    }
 }
 
 pub fn now_ms() -> u64 {
@@ -102,16 +149,31 @@ pub fn now_ms() -> u64 {
 
 impl Default for Recorder {
     fn default() -> Recorder {
-        Recorder {
-            inner: Arc::new(Inner {
-                records: Mutex::new(Records::default()),
-                changed: watch::Sender::new(0),
-            }),
-        }
+        Recorder::keeping(KEEP_RECORDS)
     }
 }
 
 impl Recorder {
+    /// A recording that keeps the latest `keep` requests (at least one).
+    pub fn keeping(keep: usize) -> Recorder {
+        Recorder::with_limits(keep, KEEP_BODY_BYTES)
+    }
+
+    fn with_limits(keep: usize, keep_bytes: usize) -> Recorder {
+        Recorder {
+            inner: Arc::new(Inner {
+                records: Mutex::new(Records {
+                    next_seq: 0,
+                    records: VecDeque::new(),
+                    body_bytes: 0,
+                    keep: keep.max(1),
+                    keep_bytes,
+                }),
+                changed: watch::Sender::new(0),
+            }),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Records> {
         // A panic while holding the lock cannot leave a record half
         // written in a way that matters to a test fixture; keep serving.
@@ -125,7 +187,7 @@ impl Recorder {
         {
             let mut records = self.lock();
             // A record cleared by `DELETE /_mock/requests` is simply gone.
-            if let Some(record) = records.records.iter_mut().find(|record| record.seq == seq) {
+            if let Some(record) = records.get_mut(seq) {
                 change(record);
             }
         }
@@ -138,7 +200,7 @@ impl Recorder {
         endpoint: Endpoint,
         path: &str,
         headers: &HeaderMap,
-        body: Value,
+        body: Box<RawValue>,
         stream: bool,
     ) -> Exchange {
         let headers = headers
@@ -154,7 +216,7 @@ impl Recorder {
             let mut records = self.lock();
             records.next_seq += 1;
             let seq = records.next_seq;
-            records.records.push(Record {
+            records.push(Record {
                 seq,
                 endpoint,
                 path: path.to_owned(),
@@ -180,7 +242,7 @@ impl Recorder {
     }
 
     pub fn list(&self) -> Vec<Record> {
-        self.lock().records.clone()
+        self.lock().records.iter().cloned().collect()
     }
 
     /// Forget every record; returns how many there were.
@@ -189,20 +251,23 @@ impl Recorder {
             let mut records = self.lock();
             let n_records = records.records.len();
             records.records.clear();
+            records.body_bytes = 0;
             n_records
         };
         self.inner.changed.send_modify(|version| *version += 1);
         n_records
     }
 
-    /// The records once there are at least `n_records` and none is pending,
-    /// or as they are when `timeout` runs out.
+    /// The records once there are at least `n_records` (or as many as the
+    /// recording keeps) and none is pending, or as they are when `timeout`
+    /// runs out.
     pub async fn wait_ended(&self, n_records: usize, timeout: Duration) -> Vec<Record> {
         let mut changes = self.inner.changed.subscribe();
         let settled = async {
             loop {
                 {
                     let records = self.lock();
+                    let n_records = n_records.min(records.keep);
                     let ended = records
                         .records
                         .iter()
@@ -274,12 +339,16 @@ impl Drop for Exchange {
 mod tests {
     use super::*;
 
+    fn raw(json: &str) -> Box<RawValue> {
+        RawValue::from_string(json.to_owned()).unwrap()
+    }
+
     fn start(recorder: &Recorder) -> Exchange {
         recorder.start(
             Endpoint::Anthropic,
             "/v1/messages",
             &HeaderMap::new(),
-            Value::Null,
+            raw("null"),
             true,
         )
     }
@@ -323,5 +392,58 @@ mod tests {
             Outcome::Pending,
             "a timeout returns as is"
         );
+    }
+
+    #[test]
+    fn the_recording_keeps_the_latest_requests_and_finds_them_by_seq() {
+        let recorder = Recorder::keeping(3);
+        let exchanges: Vec<Exchange> = (0..5).map(|_| start(&recorder)).collect();
+        let seqs: Vec<u64> = recorder.list().iter().map(|record| record.seq).collect();
+        assert_eq!(seqs, [3, 4, 5], "the two oldest were dropped");
+        // An exchange whose record was dropped ends quietly; the others
+        // still find theirs.
+        for mut exchange in exchanges {
+            exchange.event_sent();
+            exchange.finish(Outcome::Completed);
+        }
+        let records = recorder.list();
+        assert!(records
+            .iter()
+            .all(|record| record.outcome == Outcome::Completed && record.events_sent == 1));
+        assert_eq!(recorder.clear(), 3);
+    }
+
+    #[test]
+    fn bodies_beyond_the_byte_budget_drop_the_oldest_but_never_the_latest() {
+        let recorder = Recorder::with_limits(100, 10);
+        let body = |bytes: usize| raw(&format!("\"{}\"", "a".repeat(bytes - 2)));
+        let start = |bytes: usize| {
+            recorder.start(
+                Endpoint::Openai,
+                "/v1/chat/completions",
+                &HeaderMap::new(),
+                body(bytes),
+                true,
+            )
+        };
+        let seqs = || -> Vec<u64> { recorder.list().iter().map(|record| record.seq).collect() };
+        let _first = start(6);
+        let _second = start(4);
+        assert_eq!(seqs(), [1, 2], "10 bytes are within the budget");
+        let _third = start(3);
+        assert_eq!(seqs(), [2, 3], "13 were not");
+        let _huge = start(30);
+        assert_eq!(seqs(), [4], "the latest stays even when it alone is over");
+        assert_eq!(recorder.list()[0].body.get().len(), 30);
+    }
+
+    #[tokio::test]
+    async fn waiting_for_more_than_is_kept_waits_for_what_is_kept() {
+        let recorder = Recorder::keeping(2);
+        for _ in 0..3 {
+            start(&recorder).finish(Outcome::Completed);
+        }
+        let records = recorder.wait_ended(10, Duration::from_secs(30)).await;
+        assert_eq!(records.len(), 2);
     }
 }
