@@ -233,6 +233,57 @@ impl ProcessLedger {
     }
 }
 
+/// Wait until no process of the groups `pgids` runs any more: each member
+/// has exited or is a zombie (dead, waiting for whoever adopted it to reap
+/// it), or `patience` ran out. Returns the groups that still had a running
+/// member then.
+///
+/// `SIGKILL` is delivered asynchronously: `killpg` returns before the
+/// members die, and on a loaded machine one may run on for milliseconds.
+/// Boot waits here, so that once a runtime is up nothing of the crashed
+/// run it reaped is still running (a crash drill checks exactly that).
+pub async fn wait_gone(pgids: &[u32], patience: std::time::Duration) -> Vec<u32> {
+    let started = std::time::Instant::now();
+    loop {
+        let running = running_groups(pgids);
+        if running.is_empty() || started.elapsed() >= patience {
+            return running;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
+/// The groups of `pgids` with a member that runs (is not a zombie), from
+/// `/proc/<pid>/stat` of every process.
+fn running_groups(pgids: &[u32]) -> Vec<u32> {
+    if pgids.is_empty() {
+        return Vec::new();
+    }
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut running: Vec<u32> = entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .filter_map(|stat| parse_state_and_group(&stat))
+        .filter(|(state, pgid)| !matches!(state, 'Z' | 'X') && pgids.contains(pgid))
+        .map(|(_, pgid)| pgid)
+        .collect();
+    running.sort_unstable();
+    running.dedup();
+    running
+}
+
+/// Fields 3 (state) and 5 (process group) of a `/proc/<pid>/stat` line,
+/// counted from the last `)` as in [`parse_start_time`].
+fn parse_state_and_group(stat: &str) -> Option<(char, u32)> {
+    let (_, after_name) = stat.rsplit_once(')')?;
+    let mut fields = after_name.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let pgid = fields.nth(1)?.parse().ok()?;
+    Some((state, pgid))
+}
+
 /// A parsed ledger record.
 struct Record {
     pgid: u32,
@@ -316,6 +367,35 @@ mod tests {
         let stat = "4242 (we (ird) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 \
                     1 2 0 0 20 0 1 0 987654 1000 200";
         assert_eq!(parse_start_time(stat), Some(987_654));
+    }
+
+    #[test]
+    fn state_and_group_are_fields_3_and_5_even_with_parentheses_in_the_name() {
+        let stat = "4242 (we (ird) name) Z 1 777 4242 0 -1 4194560 100 0 0 0";
+        assert_eq!(parse_state_and_group(stat), Some(('Z', 777)));
+        assert_eq!(parse_state_and_group("4242 (cut) S 1"), None);
+    }
+
+    #[tokio::test]
+    async fn a_killed_group_is_waited_for_until_nothing_of_it_runs() {
+        use std::os::unix::process::CommandExt as _;
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let pgid = child.id();
+        let patience = std::time::Duration::from_secs(10);
+        // Alive: still running when a short patience runs out.
+        assert_eq!(
+            wait_gone(&[pgid], std::time::Duration::ZERO).await,
+            vec![pgid]
+        );
+        signal_group(pgid, Signal::SIGKILL).unwrap();
+        // Unreaped by us, the child is a zombie once dead: that is gone.
+        assert_eq!(wait_gone(&[pgid], patience).await, Vec::<u32>::new());
+        let _ = child.wait();
+        assert_eq!(wait_gone(&[], patience).await, Vec::<u32>::new());
     }
 
     #[test]

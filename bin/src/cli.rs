@@ -298,7 +298,7 @@ pub enum DrillCommand {
         /// Fixes the workload and the kill schedule (printed when not given).
         #[arg(long)]
         seed: Option<u64>,
-        /// Aim every kill at a moment when some conversation is in this state.
+        /// Aim every kill at this effect boundary (see docs/drills.md).
         #[arg(long, value_enum, default_value_t = drill::crash::Boundary::Any)]
         at: drill::crash::Boundary,
         /// The report as one JSON object.

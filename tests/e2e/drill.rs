@@ -193,6 +193,38 @@ fn an_aimed_crash_drill_lands_every_kill_mid_tool() {
     assert_eq!(report["kills_by_state"]["executing_tools"], 5, "{report:#}");
 }
 
+/// The other boundaries: each kill lands where it is aimed (the drill
+/// counts a kill that waited in vain as a missed aim), and no promise
+/// breaks there.
+#[test]
+fn crash_drills_aimed_at_children_and_appends_land_there() {
+    for (at, seen) in [
+        ("children-running", Some("children_running")),
+        ("before-append", None),
+        ("after-append", None),
+    ] {
+        let lines = keel_json_lines(&[
+            "drill",
+            "crash",
+            "--kills",
+            "4",
+            "--conversations",
+            "3",
+            "--at",
+            at,
+            "--json",
+        ]);
+        let report = &lines[0];
+        assert_eq!(report["violations"], serde_json::json!([]), "{report:#}");
+        assert_eq!(report["at"], at);
+        assert_eq!(report["missed_aims"], 0, "{report:#}");
+        if let Some(state) = seen {
+            assert_eq!(report["kills_by_state"][state], 4, "{report:#}");
+            assert!(report["sub_agents"].as_u64().unwrap() > 0, "{report:#}");
+        }
+    }
+}
+
 /// `keel bench --quick`: the real binary measures a daemon of its own and
 /// reports every figure (their values are for BENCHMARKS.md, not a test).
 #[test]

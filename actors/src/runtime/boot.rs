@@ -1,7 +1,8 @@
 //! Recovery at boot. A tool's process group survives the SIGKILL of the
 //! process that started it, so first every group the ledger says was
-//! running is killed (unless its pid now belongs to another process), and
-//! only then are conversations recovered: nothing is re-dispatched while an
+//! running is killed (unless its pid now belongs to another process) and
+//! waited for until nothing of it runs, and only then are conversations
+//! recovered: nothing is re-dispatched while an
 //! old copy of it may still run. Then every conversation the index marks as
 //! mid-turn, or as owing a turn to an acknowledged message (a debounce that
 //! had not fired, messages queued behind a turn a graceful stop ended), is
@@ -14,8 +15,11 @@
 use keel_core::ids::ConversationId;
 
 use super::Runtime;
-use crate::process_group::Reaped;
+use crate::process_group::{self, Reaped};
 use crate::Error;
+
+/// How long boot waits for the groups it killed to be gone.
+const REAP_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What boot recovery did.
 #[derive(Debug, Default)]
@@ -38,6 +42,20 @@ pub(super) async fn recover(runtime: &Runtime) -> Result<BootReport, Error> {
         })?;
         for reaped in report.reaped.iter().filter(|reaped| reaped.killed) {
             tracing::warn!(pgid = reaped.pgid, label = %reaped.label, "killed a tool process group that outlived the last run");
+        }
+        // Not up until what was killed is dead: nothing re-dispatched below
+        // may run beside an old copy of itself.
+        let killed: Vec<u32> = report
+            .reaped
+            .iter()
+            .filter(|reaped| reaped.killed)
+            .map(|reaped| reaped.pgid)
+            .collect();
+        for pgid in process_group::wait_gone(&killed, REAP_PATIENCE).await {
+            tracing::error!(
+                pgid,
+                "a killed tool process group still runs; going on without it"
+            );
         }
     }
     for entry in runtime.shared.store.list(true).await? {

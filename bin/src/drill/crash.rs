@@ -67,18 +67,45 @@ pub enum Boundary {
     AwaitingApproval,
     /// While a failed request waits to be retried.
     RetryWait,
+    /// While sub-agents of some conversation are at work.
+    ChildrenRunning,
+    /// While a message is being sent: the daemon is appending it, or about
+    /// to, and has not answered yet.
+    BeforeAppend,
+    /// The moment a client receives a canonical event: it is durable, and
+    /// whatever it leads to (a request, a tool, the next append) is
+    /// starting.
+    AfterAppend,
 }
 
 impl Boundary {
-    fn state(self) -> Option<ApiState> {
+    /// Whether the drill's book shows the moment this boundary aims at,
+    /// given the number of canonical events received when the aim began.
+    fn reached(self, book: &Book, appended_before: u64) -> bool {
+        let in_state = |state: ApiState| book.states.values().any(|now| *now == state);
         match self {
-            Boundary::Any => None,
-            Boundary::Streaming => Some(ApiState::Streaming),
-            Boundary::MidTool => Some(ApiState::ExecutingTools),
-            Boundary::AwaitingApproval => Some(ApiState::AwaitingInput),
-            Boundary::RetryWait => Some(ApiState::RetryWait),
+            Boundary::Any => true,
+            Boundary::Streaming => in_state(ApiState::Streaming),
+            Boundary::MidTool => in_state(ApiState::ExecutingTools),
+            Boundary::AwaitingApproval => in_state(ApiState::AwaitingInput),
+            Boundary::RetryWait => in_state(ApiState::RetryWait),
+            Boundary::ChildrenRunning => book.children.values().any(|state| at_work(*state)),
+            Boundary::BeforeAppend => book.sending > 0,
+            Boundary::AfterAppend => book.appended > appended_before,
         }
     }
+}
+
+/// Whether a conversation in `state` is working (not at rest or finished).
+fn at_work(state: ApiState) -> bool {
+    matches!(
+        state,
+        ApiState::Debouncing
+            | ApiState::Streaming
+            | ApiState::RetryWait
+            | ApiState::ExecutingTools
+            | ApiState::Recovering
+    )
 }
 
 #[derive(Debug, Clone)]
@@ -230,6 +257,13 @@ struct Book {
     seen: HashMap<String, BTreeMap<u64, Value>>,
     /// Calls suspended for an approval nobody has tried to give yet.
     untouched: HashMap<String, BTreeSet<String>>,
+    /// Each sub-agent's latest state as its parent's stream told it
+    /// (`child_state`), by (parent, child); a parent's go when it rests.
+    children: HashMap<(String, String), ApiState>,
+    /// Messages being sent (POSTed, not answered yet).
+    sending: usize,
+    /// Canonical events received by all clients so far.
+    appended: u64,
     /// How far each conversation's log has been checked.
     checked: HashMap<String, Checked>,
     violations: Vec<Violation>,
@@ -367,6 +401,12 @@ async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
             nonce: 0,
             index,
             gated: is_gated(index),
+            // Aimed at sub-agents: spawn them in half the messages.
+            spawn_per_256: if options.at == Boundary::ChildrenRunning {
+                128
+            } else {
+                40
+            },
         };
         workers.spawn(worker.run());
     }
@@ -401,20 +441,28 @@ async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
                 .await
                 .context("queueing faults at the fake provider")?;
         }
-        match options.at.state() {
-            None => tokio::time::sleep(Duration::from_millis(rng.u64(20..400))).await,
-            Some(state) => {
-                if !wait_for_state(&shared, state).await {
+        match options.at {
+            Boundary::Any => tokio::time::sleep(Duration::from_millis(rng.u64(20..400))).await,
+            aimed => {
+                // Not the moment right after the restart: let work begin.
+                tokio::time::sleep(Duration::from_millis(rng.u64(0..100))).await;
+                if !aim(&shared, aimed).await {
                     missed_aims += 1;
                 }
             }
         }
-        let states: BTreeSet<String> = shared
-            .book()
-            .states
-            .values()
-            .map(|state| state_name(*state))
-            .collect();
+        let states: BTreeSet<String> = {
+            let book = shared.book();
+            let mut states: BTreeSet<String> = book
+                .states
+                .values()
+                .map(|state| state_name(*state))
+                .collect();
+            if book.children.values().any(|state| at_work(*state)) {
+                states.insert("children_running".to_owned());
+            }
+            states
+        };
         for state in states {
             *kills_by_state.entry(state).or_default() += 1;
         }
@@ -513,11 +561,12 @@ async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
     })
 }
 
-/// Wait until some conversation is in `state`; false if none was in time.
-async fn wait_for_state(shared: &Shared, state: ApiState) -> bool {
+/// Wait until the book shows `boundary`; false if it did not in time.
+async fn aim(shared: &Shared, boundary: Boundary) -> bool {
     let started = Instant::now();
+    let appended_before = shared.book().appended;
     while started.elapsed() < AIM_PATIENCE {
-        if shared.book().states.values().any(|now| *now == state) {
+        if boundary.reached(&shared.book(), appended_before) {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -598,6 +647,8 @@ struct Worker {
     index: usize,
     /// Its `bash` calls wait for an approval.
     gated: bool,
+    /// How many messages in 256 spawn sub-agents (ungated conversations).
+    spawn_per_256: u8,
 }
 
 impl Worker {
@@ -624,7 +675,10 @@ impl Worker {
         }
         while !self.shared.stop.load(Ordering::SeqCst) {
             let text = self.next_message();
-            match self.client.send_text(&self.id, &text).await {
+            self.shared.book().sending += 1;
+            let sent = self.client.send_text(&self.id, &text).await;
+            self.shared.book().sending -= 1;
+            match sent {
                 Ok(accepted) => {
                     self.shared
                         .book()
@@ -672,7 +726,7 @@ impl Worker {
         // Sub-agents inherit the parent's tool policies, so only a
         // conversation whose calls need no approval spawns them: one task
         // that answers, one that runs a side effect of its own.
-        if !self.gated && self.rng.u8(..) < 40 {
+        if !self.gated && self.rng.u8(..) < self.spawn_per_256 {
             let nonce = format!("{NONCE}{}-{}", self.index, self.nonce);
             return format!(
                 "spawn: hello from a sub-agent of worker {} | run: echo \"$KEEL_TOOL_CALL_ID {nonce}\" >> {}; sleep 0.05",
@@ -737,15 +791,22 @@ impl Worker {
                 }
                 Frame::Reconnecting { .. } | Frame::Error(_) => reconnecting = true,
                 Frame::Live(ApiLiveEvent::StateChanged { state }) => self.set_state(state),
+                Frame::Live(ApiLiveEvent::ChildState { child, state, .. }) => {
+                    self.shared
+                        .book()
+                        .children
+                        .insert((self.id.clone(), child), state);
+                }
                 Frame::Live(_) => {}
                 Frame::Canonical(event) => {
                     let value = serde_json::to_value(&event).unwrap_or(Value::Null);
-                    self.shared
-                        .book()
-                        .seen
+                    let mut book = self.shared.book();
+                    book.appended += 1;
+                    book.seen
                         .entry(self.id.clone())
                         .or_default()
                         .insert(event.seq, value);
+                    drop(book);
                     if let ApiEventKind::Suspended { pending } = &event.kind {
                         for call in pending {
                             self.shared
@@ -767,7 +828,13 @@ impl Worker {
     }
 
     fn set_state(&self, state: ApiState) {
-        self.shared.book().states.insert(self.id.clone(), state);
+        let mut book = self.shared.book();
+        book.states.insert(self.id.clone(), state);
+        if !at_work(state) {
+            // Its turn is over (or waits for a person): so are its
+            // children's, whatever their last word was.
+            book.children.retain(|(parent, _), _| *parent != self.id);
+        }
     }
 
     /// After a restart: every call that waited for an approval nobody had
