@@ -2521,3 +2521,101 @@ fn a_conversation_at_rest_has_a_snapshot_and_one_mid_turn_has_none() {
     let snapshot = FsmSnapshot::of(harness.working()).unwrap();
     assert_eq!(snapshot.last_seq, harness.working().last_seq);
 }
+
+/// `WorkingSet::fold` on a tool result: the call is no longer approved to
+/// run (gated calls suspend one at a time, so the next one waits for its
+/// own decision).
+#[test]
+fn a_tool_result_ends_its_call_s_approval() {
+    let mut harness = Harness::new(gated());
+    harness.send("ship");
+    harness.call_tools(&[("d1", "deploy"), ("d2", "deploy")]);
+    harness.resolve("d1", Decision::Approve);
+    assert_eq!(harness.working().approved, [ToolCallId::new("d1")]);
+    harness.tool_done("d1", "deployed", false);
+    assert_eq!(harness.working().approved, Vec::<ToolCallId>::new());
+    let pending: Vec<&str> = harness
+        .working()
+        .pending
+        .iter()
+        .map(|pending| pending.call.id.as_str())
+        .collect();
+    assert_eq!(pending, ["d2"]);
+    assert_eq!(
+        &WorkingSet::replay(&harness.log).unwrap(),
+        harness.working()
+    );
+}
+
+/// `WorkingSet::tool_uses_paired`, the invariant the property tests check,
+/// must also say no: a call without its result is unpaired.
+#[test]
+fn a_call_without_its_result_is_unpaired() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    assert!(harness.working().tool_uses_paired());
+    harness.call_tools(&[("t1", "bash"), ("t2", "bash")]);
+    assert!(!harness.working().tool_uses_paired());
+    harness.tool_done("t1", "x", false);
+    assert!(!harness.working().tool_uses_paired(), "t2 is still open");
+    harness.tool_done("t2", "y", false);
+    assert!(harness.working().tool_uses_paired());
+}
+
+/// `arm_deadline`: only a sub-agent that has not finished has a deadline.
+#[test]
+fn only_an_unfinished_sub_agent_has_a_deadline() {
+    let deadline = |step: &Step| {
+        step.effects.iter().any(|effect| {
+            matches!(
+                effect,
+                Effect::SetTimer {
+                    timer: Timer::Deadline,
+                    ..
+                }
+            )
+        })
+    };
+    let mut user = Harness::new(ConversationConfig::default());
+    assert!(!deadline(&user.restart()), "a user conversation has none");
+    let created = create(
+        NewConversation {
+            id: ConversationId::new("c2").unwrap(),
+            cwd: "/work/project".to_owned(),
+            config: ConversationConfig::default(),
+            parent_conversation: None,
+        },
+        Timestamp(T0),
+    );
+    assert!(!deadline(&created));
+    let created = create(
+        NewConversation {
+            id: ConversationId::new("c3").unwrap(),
+            cwd: "/work/project".to_owned(),
+            config: ConversationConfig::default(),
+            parent_conversation: Some(ConversationId::new("parent").unwrap()),
+        },
+        Timestamp(T0),
+    );
+    assert!(deadline(&created), "a sub-agent has one from its start");
+    let mut child = Harness::sub_agent(ConversationConfig::default());
+    assert!(deadline(&child.restart()), "and again in every life");
+}
+
+#[test]
+fn a_log_that_is_no_log_says_why() {
+    use keel_core::working::ReplayError;
+    assert_eq!(ReplayError::Empty.to_string(), "log is empty");
+    assert_eq!(
+        ReplayError::NotCreated { seq: 2 }.to_string(),
+        "log starts at seq 2 with something other than Created"
+    );
+    assert_eq!(
+        ReplayError::Gap {
+            expected: 3,
+            found: 5
+        }
+        .to_string(),
+        "log expected seq 3 but found seq 5"
+    );
+}

@@ -369,7 +369,32 @@ async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
         .prefix("keel-drill-crash-")
         .tempdir()
         .context("creating a temporary directory")?;
-    let dir = temp.path().to_path_buf();
+    // Keep the evidence of a failed drill (the data dir, the daemons' logs
+    // and the side-effect file): on a violation, or when it could not go on.
+    match drill_in(options, seed, started, temp.path()).await {
+        Ok(mut report) => {
+            if !report.violations.is_empty() {
+                report.kept = Some(temp.keep().display().to_string());
+            }
+            Ok(report)
+        }
+        Err(error) => {
+            let kept = temp.keep();
+            Err(error.context(format!(
+                "the drill stopped (seed {seed}); its directory is kept in {}",
+                kept.display()
+            )))
+        }
+    }
+}
+
+async fn drill_in(
+    options: &Options,
+    seed: u64,
+    started: Instant,
+    dir: &Path,
+) -> anyhow::Result<Report> {
+    let dir = dir.to_path_buf();
     let workdir = dir.join("work");
     std::fs::create_dir_all(&workdir).context("creating the conversations' directory")?;
     let run_id = format!("{}-{seed:x}", std::process::id());
@@ -535,15 +560,8 @@ async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
     }
 
     let book = shared.book();
-    // Keep the evidence of a failed drill: the data dir, the daemons' logs
-    // and the side-effect file.
-    let kept = if book.violations.is_empty() {
-        None
-    } else {
-        Some(temp.keep().display().to_string())
-    };
     Ok(Report {
-        kept,
+        kept: None,
         seed,
         at: options.at,
         conversations: options.conversations,
