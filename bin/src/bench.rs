@@ -10,7 +10,8 @@
 //! several numbers of conversations working at once; resident memory per
 //! live idle conversation; restart to ready with every conversation
 //! stored; loading one cold conversation; cancel to idle for a stream and
-//! for a process tree.
+//! for a process tree; SSE delivery of a message to many subscribers of
+//! one conversation.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -46,6 +47,8 @@ struct Sizes {
     tool: Vec<(usize, usize)>,
     cancels: usize,
     cold_loads: usize,
+    /// Subscribers of one conversation, and messages sent to it.
+    fanout: (usize, usize),
 }
 
 impl Sizes {
@@ -55,6 +58,7 @@ impl Sizes {
             tool: vec![(1, 100), (100, 3), (1_000, 1)],
             cancels: 20,
             cold_loads: 200,
+            fanout: (1_000, 30),
         }
     }
 
@@ -64,6 +68,7 @@ impl Sizes {
             tool: vec![(1, 10), (10, 1)],
             cancels: 3,
             cold_loads: 10,
+            fanout: (50, 3),
         }
     }
 }
@@ -106,6 +111,12 @@ pub struct Report {
     pub cancel_stream: Latency,
     /// The same while `bash` runs a process tree.
     pub cancel_process_tree: Latency,
+    /// Subscribers of one conversation in `fanout`.
+    pub fanout_subscribers: usize,
+    /// Each message's `user_message` frame, from its publish (the earlier
+    /// of the 202 and the first subscriber's read) to each subscriber's
+    /// read, through keel's own client (`keel::client`).
+    pub fanout: Latency,
 }
 
 pub fn run(mut out: impl Write, options: Options) -> anyhow::Result<Report> {
@@ -159,7 +170,12 @@ fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
         "restart to ready with {} conversations stored: {:.1} ms",
         report.stored_conversations, report.restart_to_ready_ms
     )?;
+    let fanout = format!(
+        "SSE delivery to {} subscribers of one conversation",
+        report.fanout_subscribers
+    );
     for (what, latency) in [
+        (fanout.as_str(), &report.fanout),
         ("cold load of one conversation", &report.cold_load),
         ("cancel to idle, streaming", &report.cancel_stream),
         ("cancel to idle, process tree", &report.cancel_process_tree),
@@ -228,6 +244,13 @@ async fn bench(sizes: &Sizes, out: &mut impl Write, quiet: bool) -> anyhow::Resu
         cancel_stream.p50_ms, cancel_process_tree.p50_ms
     ))?;
 
+    let (subscribers, messages) = sizes.fanout;
+    let fanout = fanout(&client, &cwd, subscribers, messages).await?;
+    progress(format!(
+        "SSE delivery to {subscribers} subscribers: p50 {:.2} ms, p99 {:.2} ms",
+        fanout.p50_ms, fanout.p99_ms
+    ))?;
+
     let stored = client.list(true).await?.conversations.len();
     daemon.stop()?;
     daemon.spawn()?;
@@ -252,7 +275,95 @@ async fn bench(sizes: &Sizes, out: &mut impl Write, quiet: bool) -> anyhow::Resu
         cold_load: latency(cold),
         cancel_stream,
         cancel_process_tree,
+        fanout_subscribers: subscribers,
+        fanout,
     })
+}
+
+/// `subscribers` streams of one conversation and `messages` messages sent
+/// to it, each once the turn before it reached every subscriber: the time
+/// from each message's publish to each subscriber reading its
+/// `user_message` frame. The daemon publishes the frame right after the
+/// append is durable and just before it answers 202, so the publish is
+/// taken as the earlier of the 202 and the first subscriber's read.
+async fn fanout(
+    client: &Client,
+    cwd: &str,
+    subscribers: usize,
+    messages: usize,
+) -> anyhow::Result<Latency> {
+    let id = create_many(client, cwd, 1)
+        .await?
+        .pop()
+        .ok_or_else(|| anyhow!("no conversation was created"))?;
+    let mut streams = Vec::with_capacity(subscribers);
+    for _ in 0..subscribers {
+        streams.push(open(client, &id).await?);
+    }
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut readers = JoinSet::new();
+    for mut events in streams {
+        let done = done_tx.clone();
+        readers.spawn(async move {
+            // (seq, read at) of every user_message frame.
+            let mut reads = Vec::with_capacity(messages);
+            let mut completed = 0;
+            while completed < messages {
+                let frame = events.next().await?;
+                let at = Instant::now();
+                if let Frame::Canonical(event) = frame {
+                    match event.kind {
+                        ApiEventKind::UserMessage { .. } => reads.push((event.seq, at)),
+                        ApiEventKind::TurnCompleted { .. } => {
+                            completed += 1;
+                            let _ = done.send(());
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Ok::<_, anyhow::Error>(reads)
+        });
+    }
+    drop(done_tx);
+    let mut sent = Vec::with_capacity(messages);
+    for message in 0..messages {
+        let accepted = client.send_text(&id, &format!("fan-out {message}")).await?;
+        sent.push((accepted.seq, Instant::now()));
+        for _ in 0..subscribers {
+            tokio::time::timeout(TURN_LIMIT, done_rx.recv())
+                .await
+                .map_err(|_| {
+                    anyhow!("a turn did not reach every subscriber within {TURN_LIMIT:?}")
+                })?
+                .ok_or_else(|| anyhow!("a subscriber stopped reading"))?;
+        }
+    }
+    let mut all_reads = Vec::with_capacity(subscribers);
+    while let Some(joined) = readers.join_next().await {
+        all_reads.push(joined.context("a subscriber's task failed")??);
+    }
+    let mut samples = Vec::with_capacity(subscribers * messages);
+    for (seq, answered) in sent {
+        let reads: Vec<Instant> = all_reads
+            .iter()
+            .filter_map(|reads| {
+                reads
+                    .iter()
+                    .find(|(read, _)| *read == seq)
+                    .map(|(_, at)| *at)
+            })
+            .collect();
+        if reads.len() != subscribers {
+            return Err(anyhow!(
+                "message {seq} reached {} of {subscribers} subscribers",
+                reads.len()
+            ));
+        }
+        let published = reads.iter().copied().fold(answered, Instant::min);
+        samples.extend(reads.iter().map(|at| *at - published));
+    }
+    Ok(latency(samples))
 }
 
 fn ms(duration: Duration) -> f64 {

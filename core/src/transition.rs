@@ -18,6 +18,7 @@ mod tools;
 mod turn;
 
 pub use lifecycle::{create, NewConversation};
+pub use tools::OUTPUT_TAIL_BYTES;
 
 use crate::effect::Effect;
 use crate::event::{Event, EventKind};

@@ -2619,3 +2619,96 @@ fn a_log_that_is_no_log_says_why() {
         "log expected seq 3 but found seq 5"
     );
 }
+
+/// `deadline`: a deadline timer that fires early (a timer set by an
+/// earlier life, a clock step) changes nothing; at the deadline it fails
+/// the sub-agent.
+#[test]
+fn a_sub_agent_deadline_fired_early_changes_nothing() {
+    let mut harness = Harness::sub_agent(sub_agent_config(5));
+    harness.send("task");
+    harness.advance(59_999);
+    let before = harness.conv().clone();
+    let step = harness.step(Input::TimerFired {
+        timer: Timer::Deadline,
+    });
+    assert!(step.appended().is_empty());
+    assert_eq!(harness.conv(), &before);
+    harness.advance(1);
+    harness.step(Input::TimerFired {
+        timer: Timer::Deadline,
+    });
+    assert!(matches!(harness.phase(), Phase::Failed { .. }));
+}
+
+/// `started` under `recovery = idle`: a sub-agent interrupted by a restart
+/// fails (its parent is told, and it takes no more work), where a user
+/// conversation would only end its turn.
+#[test]
+fn a_sub_agent_interrupted_by_a_restart_under_idle_recovery_fails() {
+    let config = ConversationConfig {
+        recovery: RecoveryPolicy::Idle,
+        ..sub_agent_config(5)
+    };
+    let mut harness = Harness::sub_agent(config.clone());
+    harness.send("task");
+    harness.restart();
+    assert!(
+        matches!(harness.phase(), Phase::Failed { reason } if reason.contains("restart")),
+        "{:?}",
+        harness.phase()
+    );
+    assert!(matches!(
+        harness.last_kind(),
+        EventKind::Finished {
+            outcome: Outcome::Failed { .. }
+        }
+    ));
+    let mut user = Harness::new(config);
+    user.send("hi");
+    user.restart();
+    assert_eq!(user.phase(), &Phase::Idle);
+}
+
+fn output_tail(harness: &Harness) -> &str {
+    match harness.phase() {
+        Phase::ExecutingTools { output_tail, .. } => output_tail,
+        other => panic!("not running a tool: {other:?}"),
+    }
+}
+
+fn tool_output(harness: &mut Harness, id: &str, chunk: &str) {
+    harness.step(Input::ToolOutput {
+        tool_call_id: ToolCallId::new(id),
+        chunk: chunk.to_owned(),
+    });
+}
+
+/// `tools::output`: a running tool's kept output (what a cancelled call's
+/// result shows) is its last `OUTPUT_TAIL_BYTES`, cut at a character
+/// boundary.
+#[test]
+fn a_running_tool_keeps_the_last_8_kib_of_its_output_whole_characters_only() {
+    use keel_core::transition::OUTPUT_TAIL_BYTES;
+    assert_eq!(OUTPUT_TAIL_BYTES, 8 * 1024);
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    harness.call_tools(&[("t1", "bash")]);
+    let mut all = String::new();
+    for line in 0..1_000 {
+        let chunk = format!("line {line:04}\n");
+        all.push_str(&chunk);
+        tool_output(&mut harness, "t1", &chunk);
+    }
+    assert_eq!(output_tail(&harness), &all[all.len() - OUTPUT_TAIL_BYTES..]);
+
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("hi");
+    harness.call_tools(&[("t1", "bash")]);
+    // 3,000 three-byte characters: 9,000 bytes, and the last 8,192 begin
+    // inside a character, so the tail starts at the next one.
+    tool_output(&mut harness, "t1", &"€".repeat(3_000));
+    let tail = output_tail(&harness);
+    assert_eq!(tail.len(), 8_190);
+    assert!(tail.chars().all(|c| c == '€'));
+}

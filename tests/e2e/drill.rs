@@ -245,7 +245,14 @@ fn keel_bench_quick_reports_every_figure() {
     assert!(report["rss_per_idle_conversation_bytes"].as_f64().unwrap() > 0.0);
     assert!(report["restart_to_ready_ms"].as_f64().unwrap() > 0.0);
     assert!(report["stored_conversations"].as_u64().unwrap() > 200);
-    for latency in ["cold_load", "cancel_stream", "cancel_process_tree"] {
+    assert_eq!(report["fanout_subscribers"], 50, "{report:#}");
+    assert_eq!(report["fanout"]["samples"], 50 * 3, "{report:#}");
+    for latency in [
+        "cold_load",
+        "cancel_stream",
+        "cancel_process_tree",
+        "fanout",
+    ] {
         assert!(
             report[latency]["samples"].as_u64().unwrap() > 0,
             "{latency}"
