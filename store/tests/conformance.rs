@@ -1061,3 +1061,19 @@ async fn a_read_that_panics_is_an_error_and_the_store_goes_on() {
     assert_eq!(store.read_all(&id("a")).await.unwrap().len(), 4);
     store.append(&id("a"), messages(4, 1)).await.unwrap();
 }
+
+/// `Store::drop` returns only once its threads are done and the engine and
+/// the data dir's lock are let go: a daemon stopping then starting again
+/// (or a test reopening at once) finds the dir free, with no wait.
+#[tokio::test]
+async fn a_dropped_store_has_let_go_of_its_data_dir() {
+    for kind in [keel_store::BackendKind::Redb, keel_store::BackendKind::Sled] {
+        let dir = tempfile::tempdir().unwrap();
+        let log = keel_store::open(kind, dir.path()).unwrap();
+        assert_eq!(log.backend(), kind.to_string(), "the backend says its name");
+        seed(&*log, "a", 3).await;
+        drop(log);
+        DirLock::acquire_within(dir.path(), Duration::ZERO)
+            .unwrap_or_else(|error| panic!("{kind}: {error}"));
+    }
+}
