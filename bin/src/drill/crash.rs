@@ -511,8 +511,18 @@ async fn drill_in(
                 ),
             );
         }
+        // A finished sub-agent's log is whole once checked to its end: it
+        // is checked once more at the end, not after every kill (there are
+        // hundreds after a long drill, and the check is per kill).
         for id in with_children(&client, &ids).await {
-            check_log(&client, &shared, &id, false).await;
+            let done = shared
+                .book()
+                .checked
+                .get(&id)
+                .is_some_and(|checked| checked.finished);
+            if !done {
+                check_log(&client, &shared, &id, false).await;
+            }
         }
         bar.inc(1);
         let violations = shared.book().violations.len();
@@ -923,6 +933,9 @@ struct Checked {
     /// Calls of the latest response without a result yet.
     open: Vec<String>,
     answered: HashSet<String>,
+    /// The log ends with the conversation's `finished` event (a sub-agent
+    /// that completed or failed): nothing more can be appended.
+    finished: bool,
 }
 
 impl Default for Checked {
@@ -931,6 +944,7 @@ impl Default for Checked {
             next_seq: 1,
             open: Vec::new(),
             answered: HashSet::new(),
+            finished: false,
         }
     }
 }
@@ -1058,6 +1072,7 @@ async fn check_log(client: &Client, shared: &Shared, id: &str, full: bool) {
     if contiguous {
         if let Some(last) = events.last() {
             checked.next_seq = last.seq + 1;
+            checked.finished = matches!(last.kind, ApiEventKind::Finished { .. });
         }
     }
     let mut book = shared.book();
