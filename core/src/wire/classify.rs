@@ -173,4 +173,57 @@ mod tests {
         assert!(failure.message.len() < 600);
         assert!(failure.message.starts_with("HTTP 502: <html>"));
     }
+
+    #[test]
+    fn an_empty_body_says_there_are_no_details() {
+        assert_eq!(
+            classify_status(500, None, "  \n").message,
+            "HTTP 500: no details in the response body"
+        );
+    }
+
+    #[test]
+    fn a_raw_body_is_cut_at_500_bytes_on_a_character_boundary() {
+        let exact = "x".repeat(MAX_RAW_BODY);
+        assert_eq!(error_message(&exact), exact, "500 bytes are kept whole");
+        let long = format!("{exact}y");
+        assert_eq!(error_message(&long), format!("{exact}…"));
+        // 'a' then two-byte characters: byte 500 falls inside one, so the
+        // cut goes back to the character's start.
+        let accented = format!("a{}", "é".repeat(300));
+        let cut = error_message(&accented);
+        assert_eq!(cut, format!("a{}…", "é".repeat(249)));
+    }
+
+    #[test]
+    fn each_sign_of_an_exhausted_quota_is_enough_and_a_retry_after_outweighs_the_vague_ones() {
+        let body = |message: &str| {
+            format!(
+                r#"{{"type":"error","error":{{"type":"rate_limit_error","message":"{message}"}}}}"#
+            )
+        };
+        // Certain whatever the headers say.
+        for message in ["insufficient_quota", "billing hard limit reached"] {
+            assert!(
+                !classify_status(429, Some(1_000), &body(message)).retryable,
+                "{message}"
+            );
+        }
+        // Limit words: exhausted unless the provider says when to come back.
+        for message in [
+            "spend limit reached",
+            "usage limit reached",
+            "credit balance too low",
+            "over quota",
+        ] {
+            assert!(
+                !classify_status(429, None, &body(message)).retryable,
+                "{message}"
+            );
+            assert!(
+                classify_status(429, Some(1_000), &body(message)).retryable,
+                "{message} with retry-after"
+            );
+        }
+    }
 }
