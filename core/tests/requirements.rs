@@ -1854,6 +1854,17 @@ fn events_round_trip_through_the_versioned_encoding() {
     }
 }
 
+/// A MessagePack record `{v, event}` whose event is only a string: from a
+/// newer keel, in the wrong format, or broken, depending on `v`.
+fn msgpack_record(v: u32, event: &str) -> Vec<u8> {
+    #[derive(serde::Serialize)]
+    struct Record<'a> {
+        v: u32,
+        event: &'a str,
+    }
+    rmp_serde::to_vec_named(&Record { v, event }).unwrap()
+}
+
 #[test]
 fn an_unknown_future_encoding_version_is_a_clear_error() {
     let error = keel_core::codec::decode(br#"{"v":99,"event":{}}"#).unwrap_err();
@@ -1861,17 +1872,7 @@ fn an_unknown_future_encoding_version_is_a_clear_error() {
     let error = keel_core::codec::decode(b"not json").unwrap_err();
     assert!(error.to_string().contains("malformed"), "{error}");
     // A MessagePack record from a newer keel.
-    #[derive(serde::Serialize)]
-    struct Future {
-        v: u32,
-        event: String,
-    }
-    let bytes = rmp_serde::to_vec_named(&Future {
-        v: 3,
-        event: "something new".to_owned(),
-    })
-    .unwrap();
-    let error = keel_core::codec::decode(&bytes).unwrap_err();
+    let error = keel_core::codec::decode(&msgpack_record(3, "something new")).unwrap_err();
     assert!(error.to_string().contains("version 3"), "{error}");
     for garbage in [&b""[..], &[0xc1][..], &[0x82, 0xa1, b'v'][..]] {
         let error = keel_core::codec::decode(garbage).unwrap_err();
@@ -2371,17 +2372,7 @@ fn a_known_version_in_the_wrong_format_is_malformed_and_only_a_newer_one_unsuppo
         }
     );
     // MessagePack claiming version 1 (a JSON version).
-    #[derive(serde::Serialize)]
-    struct Claim {
-        v: u32,
-        event: String,
-    }
-    let bytes = rmp_serde::to_vec_named(&Claim {
-        v: 1,
-        event: "x".to_owned(),
-    })
-    .unwrap();
-    let error = decode(&bytes).unwrap_err();
+    let error = decode(&msgpack_record(1, "x")).unwrap_err();
     assert!(error.to_string().contains("wrong format"), "{error}");
 }
 
@@ -2394,17 +2385,7 @@ fn a_record_of_the_right_version_with_a_broken_event_says_what_is_broken() {
     let error = decode(br#"{"v":1,"event":{"type":"no_such_event"}}"#).unwrap_err();
     assert!(!error.to_string().contains("wrong format"), "{error}");
     assert!(error.to_string().contains("missing field"), "{error}");
-    #[derive(serde::Serialize)]
-    struct Broken {
-        v: u32,
-        event: String,
-    }
-    let bytes = rmp_serde::to_vec_named(&Broken {
-        v: 2,
-        event: "not an event".to_owned(),
-    })
-    .unwrap();
-    let error = decode(&bytes).unwrap_err();
+    let error = decode(&msgpack_record(2, "not an event")).unwrap_err();
     assert!(!error.to_string().contains("wrong format"), "{error}");
 }
 
