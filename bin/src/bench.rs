@@ -3,7 +3,8 @@
 //! binary) as a child process over a temporary data dir, drives it over
 //! HTTP and SSE as clients do, and reads the daemon's own CPU time and
 //! memory from `/proc`: keel's process only, apart from the clients and
-//! the fake provider (docs/bench.md).
+//! the fake provider (docs/bench.md). With `--addr` it measures a daemon
+//! already running on this machine instead, found by its port.
 //!
 //! Figures: text and `bash` tool turns per second, keel's CPU per turn and
 //! the turn's latency (message sent to `turn_completed` received) at
@@ -23,7 +24,7 @@ use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::api::types::{ApiEventKind, ApiLiveEvent, ApiState, CreateConversation};
+use crate::api::types::{ApiEventKind, ApiLiveEvent, ApiProvider, ApiState, CreateConversation};
 use crate::client::{Client, Events, Frame};
 use crate::lab::{self, ChildDaemon};
 use crate::serve;
@@ -33,6 +34,16 @@ pub struct Options {
     /// Small numbers, for a smoke run.
     pub quick: bool,
     pub json: bool,
+    /// Measure the daemon already running at this address (on this
+    /// machine) instead of starting one; its token is found as the client
+    /// commands find it (`KEEL_TOKEN`, else `KEEL_DATA_DIR/token`).
+    pub addr: Option<String>,
+    /// The daemon's pid, for its CPU and memory; at `addr` without it, the
+    /// process listening on the address's port.
+    pub pid: Option<u32>,
+    /// The fake provider the daemon at `addr` uses, which cancel to idle
+    /// while streaming needs to script a held answer.
+    pub mock_url: Option<String>,
 }
 
 /// Conversations being created, or streams opened, at once.
@@ -80,8 +91,9 @@ pub struct Turns {
     pub conversations: usize,
     pub turns: usize,
     pub turns_per_second: f64,
-    /// keel's CPU (user + system) per turn, in milliseconds.
-    pub cpu_ms_per_turn: f64,
+    /// keel's CPU (user + system) per turn, in milliseconds; `None` when
+    /// the daemon's process is unknown (`--addr` of another machine's).
+    pub cpu_ms_per_turn: Option<f64>,
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
 }
@@ -95,20 +107,27 @@ pub struct Latency {
 
 #[derive(Debug, Serialize)]
 pub struct Report {
+    /// The daemon measured: `None` for one this bench started, else the
+    /// `--addr` given.
+    pub addr: Option<String>,
+    /// The process whose CPU and memory were read, if known.
+    pub pid: Option<u32>,
     pub turns: Vec<Turns>,
     /// Growth of keel's resident memory per live idle conversation, with
-    /// this many live.
-    pub rss_per_idle_conversation_bytes: f64,
+    /// this many live; `None` when the process is unknown.
+    pub rss_per_idle_conversation_bytes: Option<f64>,
     pub live_conversations: usize,
-    /// From start to `/healthz` answering, with every conversation stored.
-    pub restart_to_ready_ms: f64,
+    /// From start to `/healthz` answering, with every conversation stored;
+    /// `None` at `--addr` (the bench restarts only a daemon it started).
+    pub restart_to_ready_ms: Option<f64>,
     pub stored_conversations: usize,
     /// `GET /v1/conversations/{id}` of a conversation nobody woke since
-    /// the restart.
+    /// the restart (at `--addr`: since it was evicted).
     pub cold_load: Latency,
     /// `POST …/cancel` of a streaming turn until it rests (the request's
-    /// answer says the state it came to rest in).
-    pub cancel_stream: Latency,
+    /// answer says the state it came to rest in); `None` at `--addr`
+    /// without `--mock-url`.
+    pub cancel_stream: Option<Latency>,
     /// The same while `bash` runs a process tree.
     pub cancel_process_tree: Latency,
     /// Subscribers of one conversation in `fanout`.
@@ -129,7 +148,7 @@ pub fn run(mut out: impl Write, options: Options) -> anyhow::Result<Report> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let report = runtime.block_on(bench(&sizes, &mut out, options.json))?;
+    let report = runtime.block_on(bench(&sizes, &options, &mut out))?;
     if options.json {
         writeln!(out, "{}", serde_json::to_string(&report)?)?;
     } else {
@@ -139,7 +158,15 @@ pub fn run(mut out: impl Write, options: Options) -> anyhow::Result<Report> {
 }
 
 fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
+    let not_measured = "not measured".to_owned();
     writeln!(out)?;
+    if let Some(addr) = &report.addr {
+        let process = report
+            .pid
+            .map_or("its process unknown".to_owned(), |pid| format!("pid {pid}"));
+        writeln!(out, "the daemon at {addr} ({process})")?;
+        writeln!(out)?;
+    }
     writeln!(
         out,
         "| turns | conversations at once | turns | turns/s | keel CPU per turn | latency p50 | p99 |"
@@ -148,59 +175,134 @@ fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
     for turns in &report.turns {
         writeln!(
             out,
-            "| {} | {} | {} | {:.0} | {:.2} ms | {:.1} ms | {:.1} ms |",
+            "| {} | {} | {} | {:.0} | {} | {:.1} ms | {:.1} ms |",
             turns.kind,
             turns.conversations,
             turns.turns,
             turns.turns_per_second,
-            turns.cpu_ms_per_turn,
+            turns
+                .cpu_ms_per_turn
+                .map_or(not_measured.clone(), |cpu| format!("{cpu:.2} ms")),
             turns.latency_p50_ms,
             turns.latency_p99_ms
         )?;
     }
     writeln!(out)?;
+    let memory = report
+        .rss_per_idle_conversation_bytes
+        .map_or(not_measured.clone(), |bytes| {
+            format!("{:.1} KiB", bytes / 1024.0)
+        });
     writeln!(
         out,
-        "resident memory per live idle conversation ({} live): {:.1} KiB",
+        "resident memory per live idle conversation ({} live): {memory}",
         report.live_conversations,
-        report.rss_per_idle_conversation_bytes / 1024.0
     )?;
+    let restart = report.restart_to_ready_ms.map_or(
+        "not measured (a daemon the bench did not start)".to_owned(),
+        |ms| format!("{ms:.1} ms"),
+    );
     writeln!(
         out,
-        "restart to ready with {} conversations stored: {:.1} ms",
-        report.stored_conversations, report.restart_to_ready_ms
+        "restart to ready with {} conversations stored: {restart}",
+        report.stored_conversations
     )?;
     let fanout = format!(
         "SSE delivery to {} subscribers of one conversation",
         report.fanout_subscribers
     );
     for (what, latency) in [
-        (fanout.as_str(), &report.fanout),
-        ("cold load of one conversation", &report.cold_load),
-        ("cancel to idle, streaming", &report.cancel_stream),
-        ("cancel to idle, process tree", &report.cancel_process_tree),
+        (fanout.as_str(), Some(&report.fanout)),
+        ("cold load of one conversation", Some(&report.cold_load)),
+        ("cancel to idle, streaming", report.cancel_stream.as_ref()),
+        (
+            "cancel to idle, process tree",
+            Some(&report.cancel_process_tree),
+        ),
     ] {
-        writeln!(
-            out,
-            "{what}: p50 {:.2} ms, p99 {:.2} ms ({} samples)",
-            latency.p50_ms, latency.p99_ms, latency.samples
-        )?;
+        match latency {
+            Some(latency) => writeln!(
+                out,
+                "{what}: p50 {:.2} ms, p99 {:.2} ms ({} samples)",
+                latency.p50_ms, latency.p99_ms, latency.samples
+            )?,
+            None => writeln!(out, "{what}: not measured (no --mock-url)")?,
+        }
     }
     Ok(())
 }
 
-async fn bench(sizes: &Sizes, out: &mut impl Write, quiet: bool) -> anyhow::Result<Report> {
+/// The daemon measured: one this bench started (over its own temporary
+/// data dir, against the fake provider in this process), or one already
+/// running at `--addr`.
+struct Target {
+    own: Option<ChildDaemon>,
+    client: Client,
+    /// The pid of the daemon at `--addr`, if known.
+    pid_at: Option<u32>,
+    mock_url: Option<String>,
+}
+
+impl Target {
+    async fn start(options: &Options, dir: &std::path::Path) -> anyhow::Result<Target> {
+        let Some(addr) = &options.addr else {
+            let mock_url = serve::start_builtin_mock().await?;
+            let mut daemon = ChildDaemon::new(dir, &mock_url, "keel-bench")?;
+            daemon.spawn()?;
+            let client = daemon.client();
+            daemon.ready(&client).await?;
+            return Ok(Target {
+                own: Some(daemon),
+                client,
+                pid_at: None,
+                mock_url: Some(mock_url),
+            });
+        };
+        let client = Client::from_env_at(addr);
+        client
+            .health()
+            .await
+            .with_context(|| format!("no keel daemon answers at {addr}"))?;
+        let pid_at = options
+            .pid
+            .or_else(|| port_of(addr).and_then(lab::listener_pid));
+        Ok(Target {
+            own: None,
+            client,
+            pid_at,
+            mock_url: options.mock_url.clone(),
+        })
+    }
+
+    /// The daemon's process now, if known.
+    fn pid(&self) -> Option<u32> {
+        match &self.own {
+            Some(daemon) => daemon.pid(),
+            None => self.pid_at,
+        }
+    }
+}
+
+/// The port of `HOST:PORT` or an `http://` URL.
+fn port_of(addr: &str) -> Option<u16> {
+    let url = if addr.contains("://") {
+        addr.to_owned()
+    } else {
+        format!("http://{addr}")
+    };
+    reqwest::Url::parse(&url).ok()?.port_or_known_default()
+}
+
+async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow::Result<Report> {
     let temp = tempfile::Builder::new()
         .prefix("keel-bench-")
         .tempdir()
         .context("creating a temporary directory")?;
     let workdir = temp.path().join("work");
     std::fs::create_dir_all(&workdir).context("creating the conversations' directory")?;
-    let mock_url = serve::start_builtin_mock().await?;
-    let mut daemon = ChildDaemon::new(temp.path(), &mock_url, "keel-bench")?;
-    daemon.spawn()?;
-    let client = daemon.client();
-    daemon.ready(&client).await?;
+    let mut target = Target::start(options, temp.path()).await?;
+    let client = target.client.clone();
+    let quiet = options.json;
     let mut progress = |line: String| -> anyhow::Result<()> {
         if !quiet {
             writeln!(out, "{line}")?;
@@ -208,18 +310,27 @@ async fn bench(sizes: &Sizes, out: &mut impl Write, quiet: bool) -> anyhow::Resu
         }
         Ok(())
     };
+    if let Some(addr) = &options.addr {
+        progress(match target.pid() {
+            Some(pid) => format!("the daemon at {addr}: pid {pid}"),
+            None => format!(
+                "the daemon at {addr}: its process is not on this machine or not readable, so CPU and memory are not measured (--pid gives it)"
+            ),
+        })?;
+    }
     let cwd = workdir.display().to_string();
     let mut turns = Vec::new();
     let mut all_ids = Vec::new();
     for (kind, runs) in [("text", &sizes.text), ("tool", &sizes.tool)] {
         for &(conversations, each) in runs {
-            let pid = daemon
-                .pid()
-                .ok_or_else(|| anyhow!("the daemon is not running"))?;
-            let (run, ids) = turn_run(&client, pid, &cwd, kind, conversations, each).await?;
+            let (run, ids) =
+                turn_run(&client, target.pid(), &cwd, kind, conversations, each).await?;
+            let cpu = run
+                .cpu_ms_per_turn
+                .map_or(String::new(), |cpu| format!(", {cpu:.2} ms CPU per turn"));
             progress(format!(
-                "{kind} turns, {conversations} at once: {:.0}/s, {:.2} ms CPU per turn, p50 {:.1} ms, p99 {:.1} ms",
-                run.turns_per_second, run.cpu_ms_per_turn, run.latency_p50_ms, run.latency_p99_ms
+                "{kind} turns, {conversations} at once: {:.0}/s{cpu}, p50 {:.1} ms, p99 {:.1} ms",
+                run.turns_per_second, run.latency_p50_ms, run.latency_p99_ms
             ))?;
             turns.push(run);
             all_ids.extend(ids);
@@ -228,20 +339,32 @@ async fn bench(sizes: &Sizes, out: &mut impl Write, quiet: bool) -> anyhow::Resu
 
     // Memory: the growth from before the largest text run to after it, per
     // conversation it left live and idle.
-    let pid = daemon
-        .pid()
-        .ok_or_else(|| anyhow!("the daemon is not running"))?;
-    let (live, per_conversation) = idle_memory(&client, pid, &cwd, &sizes.text).await?;
-    progress(format!(
-        "{:.1} KiB per live idle conversation ({live} live)",
-        per_conversation / 1024.0
-    ))?;
+    let (live, per_conversation) = match target.pid() {
+        Some(pid) => {
+            let (live, per_conversation) = idle_memory(&client, pid, &cwd, &sizes.text).await?;
+            progress(format!(
+                "{:.1} KiB per live idle conversation ({live} live)",
+                per_conversation / 1024.0
+            ))?;
+            (live, Some(per_conversation))
+        }
+        None => (client.actors().await?.actors.len(), None),
+    };
 
-    let cancel_stream = cancels(&client, &mock_url, &cwd, sizes.cancels, false).await?;
-    let cancel_process_tree = cancels(&client, &mock_url, &cwd, sizes.cancels, true).await?;
+    let cancel_stream = match &target.mock_url {
+        Some(mock_url) => Some(cancels(&client, Some(mock_url), &cwd, sizes.cancels).await?),
+        None => None,
+    };
+    let cancel_process_tree = cancels(&client, None, &cwd, sizes.cancels).await?;
     progress(format!(
-        "cancel to idle: stream p50 {:.2} ms, process tree p50 {:.2} ms",
-        cancel_stream.p50_ms, cancel_process_tree.p50_ms
+        "cancel to idle: stream p50 {}, process tree p50 {:.2} ms",
+        cancel_stream
+            .as_ref()
+            .map_or("not measured".to_owned(), |latency| format!(
+                "{:.2} ms",
+                latency.p50_ms
+            )),
+        cancel_process_tree.p50_ms
     ))?;
 
     let (subscribers, messages) = sizes.fanout;
@@ -252,25 +375,42 @@ async fn bench(sizes: &Sizes, out: &mut impl Write, quiet: bool) -> anyhow::Resu
     ))?;
 
     let stored = client.list(true).await?.conversations.len();
-    daemon.stop()?;
-    daemon.spawn()?;
-    let ready = daemon.ready(&client).await?;
-    progress(format!(
-        "restart to ready with {stored} stored: {:.1} ms",
-        ms(ready)
-    ))?;
+    let cold_ids: Vec<&String> = all_ids.iter().rev().take(sizes.cold_loads).collect();
+    let restart_to_ready = match target.own.as_mut() {
+        Some(daemon) => {
+            daemon.stop()?;
+            daemon.spawn()?;
+            let ready = daemon.ready(&client).await?;
+            progress(format!(
+                "restart to ready with {stored} stored: {:.1} ms",
+                ms(ready)
+            ))?;
+            Some(ms(ready))
+        }
+        // Not restarted: the conversations to load are evicted instead.
+        None => {
+            for id in &cold_ids {
+                client.evict(id).await?;
+            }
+            None
+        }
+    };
     let mut cold = Vec::new();
-    for id in all_ids.iter().rev().take(sizes.cold_loads) {
+    for id in cold_ids {
         let started = Instant::now();
         client.get(id).await?;
         cold.push(started.elapsed());
     }
-    daemon.stop()?;
+    if let Some(daemon) = target.own.as_mut() {
+        daemon.stop()?;
+    }
     Ok(Report {
+        addr: options.addr.clone(),
+        pid: target.pid_at,
         turns,
         rss_per_idle_conversation_bytes: per_conversation,
         live_conversations: live,
-        restart_to_ready_ms: ms(ready),
+        restart_to_ready_ms: restart_to_ready,
         stored_conversations: stored,
         cold_load: latency(cold),
         cancel_stream,
@@ -394,8 +534,11 @@ async fn create_many(client: &Client, cwd: &str, count: usize) -> anyhow::Result
     for _ in 0..count {
         let client = client.clone();
         let gate = gate.clone();
+        // The fake provider, named: a daemon at `--addr` with a real
+        // provider configured must refuse rather than be billed.
         let request = CreateConversation {
             cwd: Some(cwd.to_owned()),
+            provider: Some(ApiProvider::Mock),
             ..CreateConversation::default()
         };
         tasks.spawn(async move {
@@ -461,7 +604,7 @@ async fn one_turn(
 /// conversations and opening their streams is left out).
 async fn turn_run(
     client: &Client,
-    pid: u32,
+    pid: Option<u32>,
     cwd: &str,
     kind: &'static str,
     conversations: usize,
@@ -484,8 +627,13 @@ async fn turn_run(
         streams.push(joined.context("an opening task failed")??);
     }
     let text = if kind == "tool" { "run: true" } else { "hello" };
-    let cpu_before =
-        lab::cpu_time(pid).ok_or_else(|| anyhow!("cannot read the daemon's CPU time"))?;
+    let cpu_time = || -> anyhow::Result<Option<Duration>> {
+        pid.map(|pid| {
+            lab::cpu_time(pid).ok_or_else(|| anyhow!("cannot read the CPU time of pid {pid}"))
+        })
+        .transpose()
+    };
+    let cpu_before = cpu_time()?;
     let started = Instant::now();
     let mut working = JoinSet::new();
     for (id, mut events) in streams {
@@ -504,8 +652,7 @@ async fn turn_run(
         latencies.extend(joined.context("a turn task failed")??);
     }
     let wall = started.elapsed();
-    let cpu_after =
-        lab::cpu_time(pid).ok_or_else(|| anyhow!("cannot read the daemon's CPU time"))?;
+    let cpu_after = cpu_time()?;
     let count = latencies.len();
     let measured = latency(latencies);
     Ok((
@@ -514,7 +661,9 @@ async fn turn_run(
             conversations,
             turns: count,
             turns_per_second: count as f64 / wall.as_secs_f64(),
-            cpu_ms_per_turn: ms(cpu_after.saturating_sub(cpu_before)) / count as f64,
+            cpu_ms_per_turn: cpu_before
+                .zip(cpu_after)
+                .map(|(before, after)| ms(after.saturating_sub(before)) / count as f64),
             latency_p50_ms: measured.p50_ms,
             latency_p99_ms: measured.p99_ms,
         },
@@ -560,15 +709,14 @@ async fn idle_memory(
     Ok((live, after.saturating_sub(before) as f64 / count as f64))
 }
 
-/// Cancel a turn while it streams (the provider holds the answer) or while
-/// `bash` runs a process tree, `count` times; how long each cancel took to
-/// bring the conversation to rest.
+/// Cancel a turn while it streams (the fake provider at `stream_of` holds
+/// the answer) or, without one, while `bash` runs a process tree, `count`
+/// times; how long each cancel took to bring the conversation to rest.
 async fn cancels(
     client: &Client,
-    mock_url: &str,
+    stream_of: Option<&str>,
     cwd: &str,
     count: usize,
-    process_tree: bool,
 ) -> anyhow::Result<Latency> {
     let http = reqwest::Client::new();
     let mut samples = Vec::with_capacity(count);
@@ -578,18 +726,20 @@ async fn cancels(
             .pop()
             .ok_or_else(|| anyhow!("no conversation was created"))?;
         let mut events = open(client, &id).await?;
-        let (text, busy) = if process_tree {
-            (
+        let (text, busy) = match stream_of {
+            None => (
                 "run: sleep 30 & sleep 30 & (sleep 30; true) & wait",
                 ApiState::ExecutingTools,
-            )
-        } else {
-            http.post(format!("{mock_url}/_mock/script"))
-                .json(&json!([{"text": "held", "hang_after_events": 1}]))
-                .send()
-                .await
-                .context("scripting the fake provider")?;
-            ("hello", ApiState::Streaming)
+            ),
+            Some(mock_url) => {
+                http.post(format!("{mock_url}/_mock/script"))
+                    .json(&json!([{"text": "held", "hang_after_events": 1}]))
+                    .send()
+                    .await
+                    .and_then(reqwest::Response::error_for_status)
+                    .with_context(|| format!("scripting the fake provider at {mock_url}"))?;
+                ("hello", ApiState::Streaming)
+            }
         };
         client.send_text(&id, text).await?;
         tokio::time::timeout(TURN_LIMIT, async {

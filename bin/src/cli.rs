@@ -92,10 +92,11 @@ pub enum Command {
         json: bool,
     },
     /// Measure a daemon as its users see it: keel serve as a child process
-    /// against the fake provider at zero delay, driven over HTTP and SSE;
-    /// turns per second, keel's own CPU per turn (from /proc) and latency
-    /// at several numbers of conversations, memory per idle conversation,
-    /// restart to ready, cold load, cancel to idle.
+    /// (or the daemon at --addr) against the fake provider at zero delay,
+    /// driven over HTTP and SSE; turns per second, keel's own CPU per turn
+    /// (from /proc) and latency at several numbers of conversations, memory
+    /// per idle conversation, restart to ready, cold load, cancel to idle,
+    /// SSE delivery to many subscribers.
     Bench {
         /// Small numbers, for a smoke run (seconds instead of minutes).
         #[arg(long)]
@@ -103,6 +104,20 @@ pub enum Command {
         /// The report as one JSON object.
         #[arg(long)]
         json: bool,
+        /// Measure the daemon already running at HOST:PORT (on this
+        /// machine, using the fake provider) instead of starting one; its
+        /// token as for the client commands (KEEL_TOKEN or
+        /// KEEL_DATA_DIR/token). Restart to ready is then not measured.
+        #[arg(long, value_name = "HOST:PORT")]
+        addr: Option<String>,
+        /// The pid of the daemon at --addr, for its CPU and memory; by
+        /// default the process listening on that port.
+        #[arg(long, requires = "addr")]
+        pid: Option<u32>,
+        /// The fake provider the daemon at --addr uses (`keel mock-llm`),
+        /// for cancel to idle while streaming.
+        #[arg(long, value_name = "URL", requires = "addr")]
+        mock_url: Option<String>,
     },
     /// Drills that prove keel's promises against a real daemon and the fake
     /// provider, both started in this process on a temporary data dir.
@@ -350,10 +365,22 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
             keep_requests,
         })
         .map(|()| Exit::Ok),
-        Command::Bench { quick, json } => {
+        Command::Bench {
+            quick,
+            json,
+            addr,
+            pid,
+            mock_url,
+        } => {
             let stdout = io::stdout().lock();
-            bench::run(io::LineWriter::new(stdout), bench::Options { quick, json })
-                .map(|_| Exit::Ok)
+            let options = bench::Options {
+                quick,
+                json,
+                addr,
+                pid,
+                mock_url,
+            };
+            bench::run(io::LineWriter::new(stdout), options).map(|_| Exit::Ok)
         }
         Command::Drill(DrillCommand::Crash {
             conversations,

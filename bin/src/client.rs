@@ -117,6 +117,13 @@ impl Client {
     /// refusal says where the token was looked for.
     pub fn from_env() -> Client {
         let addr = non_empty_var("KEEL_ADDR").unwrap_or_else(|| DEFAULT_ADDR.to_owned());
+        Client::from_env_at(&addr)
+    }
+
+    /// The daemon at `addr`, with the token found as [`Client::from_env`]
+    /// finds it.
+    pub fn from_env_at(addr: &str) -> Client {
+        let addr = addr.to_owned();
         if let Some(token) = non_empty_var("KEEL_TOKEN") {
             return Client::with_hint(&addr, Some(token), "KEEL_TOKEN is set".to_owned());
         }

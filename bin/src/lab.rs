@@ -198,6 +198,46 @@ fn lasting_port() -> anyhow::Result<u16> {
     ))
 }
 
+/// The process on this machine listening on TCP `port`, from `/proc`: the
+/// socket's inode in `/proc/net/tcp` (or `tcp6`), then the process
+/// holding it among `/proc/*/fd`. `None` when nobody here listens on it,
+/// or the holder's file descriptors cannot be read (another user's).
+pub fn listener_pid(port: u16) -> Option<u32> {
+    let inode = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .find_map(|table| listening_inode(&table, port))?;
+    let socket = format!("socket:[{inode}]");
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let holds = std::fs::read_dir(entry.path().join("fd"))
+                .ok()?
+                .flatten()
+                .any(|fd| {
+                    std::fs::read_link(fd.path())
+                        .is_ok_and(|link| link.as_os_str() == socket.as_str())
+                });
+            holds.then_some(pid)
+        })
+}
+
+/// The inode of the socket listening on `port` in a `/proc/net/tcp` table:
+/// rows of `sl local_address rem_address st … inode`, the address as
+/// `HEXIP:HEXPORT` and `0A` for LISTEN.
+fn listening_inode(table: &str, port: u16) -> Option<u64> {
+    table.lines().skip(1).find_map(|row| {
+        let fields: Vec<&str> = row.split_whitespace().collect();
+        let local_port = fields.get(1)?.rsplit(':').next()?;
+        let listening = *fields.get(3)? == "0A";
+        (listening && u16::from_str_radix(local_port, 16).ok()? == port)
+            .then(|| fields.get(9)?.parse().ok())
+            .flatten()
+    })
+}
+
 /// CPU time (user + system) process `pid` has used, from `/proc`.
 pub fn cpu_time(pid: u32) -> Option<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -231,6 +271,21 @@ fn clock_ticks() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listening_socket_is_found_by_its_port() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+   0: 0100007F:1E61 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4242 1 0000000000000000 100 0 0 10 0\n\
+   1: 0100007F:1E62 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 4343 1 0000000000000000 20 4 30 10 -1\n";
+        assert_eq!(listening_inode(table, 0x1E61), Some(4242));
+        // Connected, not listening.
+        assert_eq!(listening_inode(table, 0x1E62), None);
+        assert_eq!(listening_inode(table, 80), None);
+
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("a port");
+        let port = listener.local_addr().expect("its address").port();
+        assert_eq!(listener_pid(port), Some(std::process::id()));
+    }
 
     #[test]
     fn the_daemon_port_is_outside_the_ephemeral_range() {

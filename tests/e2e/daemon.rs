@@ -316,6 +316,10 @@ impl Daemon {
 
     // --- the process ----------------------------------------------------
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn signal(&self, signal: nix::sys::signal::Signal) {
         let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap());
         nix::sys::signal::kill(pid, signal).unwrap();

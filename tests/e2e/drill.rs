@@ -18,7 +18,10 @@
 
 use serde_json::Value;
 
-use crate::harness::{keel, keel_json_lines};
+use std::process::Command;
+
+use crate::daemon::{Daemon, Site};
+use crate::harness::{keel, keel_bin, keel_json_lines, MockLlm};
 
 /// The cases of `fault` that ran in `wire` with or without a fallback, in
 /// the "every request fails" mode.
@@ -262,4 +265,90 @@ fn keel_bench_quick_reports_every_figure() {
             "{latency}"
         );
     }
+}
+
+/// `keel bench --addr`: the real binary measures a daemon somebody else
+/// started (against `keel mock-llm`, also a process of its own): it finds
+/// the daemon's process by its port for CPU and memory, scripts the named
+/// fake provider for the streaming cancel, loads evicted conversations
+/// cold, and says that restart to ready was not measured.
+#[test]
+fn keel_bench_measures_a_running_daemon_at_addr() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start_with(
+        &site,
+        vec![
+            ("KEEL_PROVIDER".to_owned(), "mock".to_owned()),
+            ("KEEL_MOCK_URL".to_owned(), mock.base_url().to_owned()),
+        ],
+    );
+    let output = Command::new(keel_bin())
+        .args(["bench", "--quick", "--json", "--addr", &daemon.url])
+        .args(["--mock-url", mock.base_url()])
+        .env("KEEL_TOKEN", &daemon.token)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "keel bench --addr failed: {:?}\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(report["addr"], daemon.url.as_str());
+    assert_eq!(report["pid"], daemon.pid(), "found by its port: {report:#}");
+    for run in report["turns"].as_array().unwrap() {
+        assert!(run["turns"].as_u64().unwrap() > 0, "{run:#}");
+        assert!(run["cpu_ms_per_turn"].as_f64().unwrap() > 0.0, "{run:#}");
+    }
+    assert!(report["rss_per_idle_conversation_bytes"].as_f64().is_some());
+    assert!(report["restart_to_ready_ms"].is_null(), "{report:#}");
+    for latency in [
+        "cold_load",
+        "cancel_stream",
+        "cancel_process_tree",
+        "fanout",
+    ] {
+        assert!(
+            report[latency]["samples"].as_u64().unwrap() > 0,
+            "{latency}: {report:#}"
+        );
+    }
+    // The conversations are the daemon's: it still lists them.
+    let stored = report["stored_conversations"].as_u64().unwrap();
+    assert!(stored > 200, "{report:#}");
+
+    // Without the fake provider's address, the streaming cancel is left
+    // out, and said to be.
+    let output = Command::new(keel_bin())
+        .args(["bench", "--quick", "--addr", &daemon.url])
+        .env("KEEL_TOKEN", &daemon.token)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}");
+    assert!(
+        text.contains("cancel to idle, streaming: not measured (no --mock-url)"),
+        "{text}"
+    );
+    assert!(text.contains(&format!("pid {}", daemon.pid())), "{text}");
+}
+
+/// `keel bench --addr` with nothing there says so and fails.
+#[test]
+fn keel_bench_at_an_address_nobody_answers_fails_clearly() {
+    let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let output = keel(&["bench", "--quick", "--addr", &format!("127.0.0.1:{port}")]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("no keel daemon answers at 127.0.0.1:{port}")),
+        "{stderr}"
+    );
 }
