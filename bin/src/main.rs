@@ -7,6 +7,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// mimalloc: under load, glibc's malloc and free took a quarter of the
+/// daemon's CPU (BENCHMARKS.md, "mimalloc instead of glibc's allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     match keel::cli::run(keel::cli::Cli::parse()) {
         Ok(exit) => exit.into(),
