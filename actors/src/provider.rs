@@ -275,11 +275,11 @@ impl ProviderClient {
         let target = self.target(provider)?;
         let (body, decoder): (_, Box<dyn StreamDecoder>) = match target.format {
             Format::Anthropic => (
-                anthropic::encode_request(request),
+                anthropic::encode_request_bytes(request),
                 Box::new(anthropic::Decoder::new(request.model)),
             ),
             Format::OpenAi => (
-                openai::encode_request(request),
+                openai::encode_request_bytes(request),
                 Box::new(openai::Decoder::new(request.model)),
             ),
         };
@@ -291,7 +291,7 @@ impl ProviderClient {
             .http
             .post(&target.url)
             .headers(target.headers)
-            .json(&body)
+            .body(body)
             .send();
         let response = match tokio::time::timeout(timeouts.first_byte, send).await {
             Err(_) => {

@@ -49,6 +49,9 @@ pub struct PromptRequest<'a> {
 pub enum EncodeError {
     /// A message references an image whose bytes were not supplied.
     MissingImage { hash: String },
+    /// The body could not be written as JSON (a tool input or schema that
+    /// JSON cannot hold; not expected of values read as JSON).
+    Json { reason: String },
 }
 
 impl std::fmt::Display for EncodeError {
@@ -57,6 +60,7 @@ impl std::fmt::Display for EncodeError {
             EncodeError::MissingImage { hash } => {
                 write!(f, "image {hash} is referenced but its bytes are missing")
             }
+            EncodeError::Json { reason } => write!(f, "the body is not JSON: {reason}"),
         }
     }
 }

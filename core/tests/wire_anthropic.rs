@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use keel_core::message::{ContentBlock, ImageRef, Message, Role, ToolCall, ToolResult};
-use keel_core::wire::anthropic::{encode_request, Decoder};
+use keel_core::wire::anthropic::{encode_request, encode_request_bytes, Decoder};
 use keel_core::wire::{EncodeError, ImageData, PromptRequest, SseEvent, StreamDecoder, ToolSpec};
 use keel_core::{AssistantResponse, LlmFailure, StreamDelta, ToolCallId};
 use serde::Serialize;
@@ -353,6 +353,11 @@ fn encode_a_text_conversation() {
     ];
     let images = BTreeMap::new();
     let body = encode_request(&request(&messages, &[], &images, None)).unwrap();
+    let sent: Value = serde_json::from_slice(
+        &encode_request_bytes(&request(&messages, &[], &images, None)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(sent, body, "the bytes sent are the body");
     assert_eq!(
         body,
         json!({
@@ -411,6 +416,11 @@ fn encode_images_as_base64_sources() {
         },
     );
     let body = encode_request(&request(&messages, &[], &images, None)).unwrap();
+    let sent: Value = serde_json::from_slice(
+        &encode_request_bytes(&request(&messages, &[], &images, None)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(sent, body, "the bytes sent are the body");
     assert_eq!(
         body["messages"],
         json!([{"role": "user", "content": [
@@ -476,6 +486,11 @@ fn encode_tool_use_and_tool_results() {
     ];
     let images = BTreeMap::new();
     let body = encode_request(&request(&messages, &[], &images, None)).unwrap();
+    let sent: Value = serde_json::from_slice(
+        &encode_request_bytes(&request(&messages, &[], &images, None)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(sent, body, "the bytes sent are the body");
     assert_eq!(
         body["messages"],
         json!([
@@ -575,6 +590,11 @@ fn a_decoded_response_encodes_back_as_the_next_request_expects() {
     ];
     let images = BTreeMap::new();
     let body = encode_request(&request(&messages, &[], &images, None)).unwrap();
+    let sent: Value = serde_json::from_slice(
+        &encode_request_bytes(&request(&messages, &[], &images, None)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(sent, body, "the bytes sent are the body");
     assert_eq!(
         body["messages"][1]["content"][0],
         json!({

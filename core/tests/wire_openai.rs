@@ -14,7 +14,7 @@ use keel_core::ids::ToolCallId;
 use keel_core::message::{
     AssistantBlock, ContentBlock, ImageRef, Message, Role, StopReason, ToolCall, ToolResult, Usage,
 };
-use keel_core::wire::openai::{encode_request, Decoder};
+use keel_core::wire::openai::{encode_request, encode_request_bytes, Decoder};
 use keel_core::wire::{EncodeError, ImageData, PromptRequest, SseEvent, StreamDecoder, ToolSpec};
 use keel_core::{AssistantResponse, LlmFailure, ProviderKind, StreamDelta};
 use serde_json::{json, Value};
@@ -599,6 +599,11 @@ fn no_system_and_no_tools_leave_both_out() {
     let messages = [user(vec![text_block("hi"), text_block("again")])];
     let images = BTreeMap::new();
     let body = encode_request(&request("llama3.1:8b", None, &messages, &[], &images)).unwrap();
+    let sent: Value = serde_json::from_slice(
+        &encode_request_bytes(&request("llama3.1:8b", None, &messages, &[], &images)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(sent, body, "the bytes sent are the body");
     assert_eq!(
         body["messages"],
         json!([{ "role": "user", "content": "hi\n\nagain" }])
@@ -614,6 +619,11 @@ fn images_become_data_url_parts() {
     ])];
     let images = images();
     let body = encode_request(&request("gpt-4o", None, &messages, &[], &images)).unwrap();
+    let sent: Value = serde_json::from_slice(
+        &encode_request_bytes(&request("gpt-4o", None, &messages, &[], &images)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(sent, body, "the bytes sent are the body");
     assert_eq!(
         body["messages"],
         json!([{
@@ -664,6 +674,11 @@ fn tool_calls_and_results_keep_the_order_the_api_requires() {
     ];
     let images = images();
     let body = encode_request(&request("gpt-4o", None, &messages, &[], &images)).unwrap();
+    let sent: Value = serde_json::from_slice(
+        &encode_request_bytes(&request("gpt-4o", None, &messages, &[], &images)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(sent, body, "the bytes sent are the body");
     assert_eq!(
         body["messages"],
         json!([
@@ -706,6 +721,11 @@ fn openai_reasoning_models_get_max_completion_tokens() {
     let messages = [user(vec![text_block("hi")])];
     let images = BTreeMap::new();
     let body = encode_request(&request("o3-mini", None, &messages, &[], &images)).unwrap();
+    let sent: Value = serde_json::from_slice(
+        &encode_request_bytes(&request("o3-mini", None, &messages, &[], &images)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(sent, body, "the bytes sent are the body");
     assert_eq!(body["max_completion_tokens"], json!(4096));
     assert!(body.get("max_tokens").is_none());
 }
@@ -726,6 +746,11 @@ fn a_decoded_response_encodes_back_as_history() {
     ];
     let images = BTreeMap::new();
     let body = encode_request(&request("gpt-4o-mini", None, &messages, &[], &images)).unwrap();
+    let sent: Value = serde_json::from_slice(
+        &encode_request_bytes(&request("gpt-4o-mini", None, &messages, &[], &images)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(sent, body, "the bytes sent are the body");
     let calls = body["messages"][1]["tool_calls"].as_array().unwrap();
     assert_eq!(calls.len(), 2);
     assert_eq!(calls[0]["id"], "call_weather01");

@@ -12,7 +12,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::{Map, Value};
 
 use super::{classify, EncodeError, ImageData, PromptRequest, SseEvent, StreamDecoder};
 use crate::config::ProviderKind;
@@ -29,42 +30,111 @@ use crate::message::{AssistantBlock, ContentBlock, Message, Role, StopReason, To
 /// message, `tool_result` blocks are moved ahead of the other blocks, as the
 /// API requires; their order among themselves is kept.
 pub fn encode_request(request: &PromptRequest) -> Result<Value, EncodeError> {
-    let mut messages = Vec::with_capacity(request.messages.len());
-    for message in request.messages {
-        if let Some(encoded) = encode_message(message, request.images)? {
-            messages.push(encoded);
-        }
-    }
+    serde_json::to_value(Body::of(request)?).map_err(|error| EncodeError::Json {
+        reason: error.to_string(),
+    })
+}
 
-    let mut body = Map::new();
-    body.insert("model".to_owned(), Value::from(request.model));
-    body.insert("max_tokens".to_owned(), Value::from(request.max_tokens));
-    if let Some(system) = request.system.filter(|system| !system.is_empty()) {
-        body.insert("system".to_owned(), Value::from(system));
-    }
-    body.insert("messages".to_owned(), Value::Array(messages));
-    if !request.tools.is_empty() {
+/// The same body as [`encode_request`], as the JSON bytes that are sent:
+/// serialised straight from the request's messages, with no JSON tree in
+/// between (a request carries the whole history, every turn).
+pub fn encode_request_bytes(request: &PromptRequest) -> Result<Vec<u8>, EncodeError> {
+    serde_json::to_vec(&Body::of(request)?).map_err(|error| EncodeError::Json {
+        reason: error.to_string(),
+    })
+}
+
+/// The request body, borrowing everything from the [`PromptRequest`].
+#[derive(Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    max_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system: Option<&'a str>,
+    messages: Vec<WireMessage<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<WireTool<'a>>,
+    stream: bool,
+}
+
+#[derive(Serialize)]
+struct WireMessage<'a> {
+    role: &'static str,
+    content: Vec<WireBlock<'a>>,
+}
+
+#[derive(Serialize)]
+struct WireTool<'a> {
+    name: &'a str,
+    description: &'a str,
+    input_schema: &'a Value,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireBlock<'a> {
+    Text {
+        text: &'a str,
+    },
+    Thinking {
+        thinking: &'a str,
+        signature: &'a str,
+    },
+    Image {
+        source: ImageSource<'a>,
+    },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: &'a Value,
+    },
+    ToolResult {
+        tool_use_id: &'a str,
+        content: &'a str,
+        is_error: bool,
+    },
+}
+
+#[derive(Serialize)]
+struct ImageSource<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    media_type: &'a str,
+    data: &'a str,
+}
+
+impl<'a> Body<'a> {
+    fn of(request: &PromptRequest<'a>) -> Result<Body<'a>, EncodeError> {
+        let mut messages = Vec::with_capacity(request.messages.len());
+        for message in request.messages {
+            if let Some(encoded) = encode_message(message, request.images)? {
+                messages.push(encoded);
+            }
+        }
         let tools = request
             .tools
             .iter()
-            .map(|tool| {
-                json!({
-                    "name": tool.name,
-                    "description": tool.description,
-                    "input_schema": tool.input_schema,
-                })
+            .map(|tool| WireTool {
+                name: &tool.name,
+                description: &tool.description,
+                input_schema: &tool.input_schema,
             })
             .collect();
-        body.insert("tools".to_owned(), Value::Array(tools));
+        Ok(Body {
+            model: request.model,
+            max_tokens: request.max_tokens,
+            system: request.system.filter(|system| !system.is_empty()),
+            messages,
+            tools,
+            stream: true,
+        })
     }
-    body.insert("stream".to_owned(), Value::Bool(true));
-    Ok(Value::Object(body))
 }
 
-fn encode_message(
-    message: &Message,
-    images: &BTreeMap<String, ImageData>,
-) -> Result<Option<Value>, EncodeError> {
+fn encode_message<'a>(
+    message: &'a Message,
+    images: &'a BTreeMap<String, ImageData>,
+) -> Result<Option<WireMessage<'a>>, EncodeError> {
     let mut content = Vec::with_capacity(message.content.len());
     for block in &message.content {
         if let Some(encoded) = encode_block(block, images)? {
@@ -76,31 +146,31 @@ fn encode_message(
     }
     let role = match message.role {
         Role::User => {
-            let (mut results, rest): (Vec<Value>, Vec<Value>) = content
+            // Tool results first, each group in its own order.
+            let (mut results, rest): (Vec<WireBlock>, Vec<WireBlock>) = content
                 .into_iter()
-                .partition(|block| block["type"] == "tool_result");
+                .partition(|block| matches!(block, WireBlock::ToolResult { .. }));
             results.extend(rest);
             content = results;
             "user"
         }
         Role::Assistant => "assistant",
     };
-    Ok(Some(json!({ "role": role, "content": content })))
+    Ok(Some(WireMessage { role, content }))
 }
 
-fn encode_block(
-    block: &ContentBlock,
-    images: &BTreeMap<String, ImageData>,
-) -> Result<Option<Value>, EncodeError> {
+fn encode_block<'a>(
+    block: &'a ContentBlock,
+    images: &'a BTreeMap<String, ImageData>,
+) -> Result<Option<WireBlock<'a>>, EncodeError> {
     let encoded = match block {
         ContentBlock::Text { text } if text.trim().is_empty() => return Ok(None),
-        ContentBlock::Text { text } => json!({ "type": "text", "text": text }),
+        ContentBlock::Text { text } => WireBlock::Text { text },
         ContentBlock::Thinking { text, signature } => match signature {
-            Some(signature) if !signature.is_empty() => json!({
-                "type": "thinking",
-                "thinking": text,
-                "signature": signature,
-            }),
+            Some(signature) if !signature.is_empty() => WireBlock::Thinking {
+                thinking: text,
+                signature,
+            },
             _ => return Ok(None),
         },
         ContentBlock::Image { image } => {
@@ -109,27 +179,24 @@ fn encode_block(
                 .ok_or_else(|| EncodeError::MissingImage {
                     hash: image.hash.clone(),
                 })?;
-            json!({
-                "type": "image",
-                "source": {
-                    "type": "base64",
-                    "media_type": data.media_type,
-                    "data": data.base64,
+            WireBlock::Image {
+                source: ImageSource {
+                    kind: "base64",
+                    media_type: &data.media_type,
+                    data: &data.base64,
                 },
-            })
+            }
         }
-        ContentBlock::ToolUse { call } => json!({
-            "type": "tool_use",
-            "id": call.id.as_str(),
-            "name": call.name,
-            "input": call.input,
-        }),
-        ContentBlock::ToolResult { result } => json!({
-            "type": "tool_result",
-            "tool_use_id": result.tool_call_id.as_str(),
-            "content": result.content,
-            "is_error": result.is_error,
-        }),
+        ContentBlock::ToolUse { call } => WireBlock::ToolUse {
+            id: call.id.as_str(),
+            name: &call.name,
+            input: &call.input,
+        },
+        ContentBlock::ToolResult { result } => WireBlock::ToolResult {
+            tool_use_id: result.tool_call_id.as_str(),
+            content: &result.content,
+            is_error: result.is_error,
+        },
     };
     Ok(Some(encoded))
 }
@@ -575,6 +642,7 @@ mod tests {
     use super::*;
     use crate::message::{ImageRef, ToolResult};
     use crate::wire::ToolSpec;
+    use serde_json::json;
 
     fn feed_all(decoder: &mut Decoder, events: &[(&str, &str)]) -> Vec<StreamDelta> {
         let mut deltas = Vec::new();

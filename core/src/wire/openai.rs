@@ -15,9 +15,11 @@
 //! some omit `[DONE]`, Ollama numbers every call of a parallel batch `index 0`
 //! and tells them apart by `id`, some resend the name or send integer ids.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::{json, Value};
 
 use super::{classify, EncodeError, ImageData, PromptRequest, SseEvent, StreamDecoder};
 use crate::config::ProviderKind;
@@ -48,47 +50,156 @@ const TOOL_ERROR_PREFIX: &str = "Error: ";
 /// and images. Thinking blocks are dropped: Chat Completions has no way to
 /// send reasoning back.
 pub fn encode_request(request: &PromptRequest<'_>) -> Result<Value, EncodeError> {
-    let mut messages = Vec::with_capacity(request.messages.len() + 1);
-    if let Some(system) = request.system.filter(|system| !system.is_empty()) {
-        messages.push(json!({ "role": "system", "content": system }));
-    }
-    for message in request.messages {
-        match message.role {
-            Role::User => encode_user(message, request.images, &mut messages)?,
-            Role::Assistant => messages.push(encode_assistant(message)),
-        }
-    }
+    serde_json::to_value(Body::of(request)?).map_err(|error| EncodeError::Json {
+        reason: error.to_string(),
+    })
+}
 
-    let mut body = Map::new();
-    body.insert("model".to_owned(), json!(request.model));
-    body.insert(
-        max_tokens_field(request.model).to_owned(),
-        json!(request.max_tokens),
-    );
-    body.insert("stream".to_owned(), json!(true));
-    body.insert(
-        "stream_options".to_owned(),
-        json!({ "include_usage": true }),
-    );
-    body.insert("messages".to_owned(), Value::Array(messages));
-    if !request.tools.is_empty() {
+/// The same body as [`encode_request`], as the JSON bytes that are sent.
+///
+/// Serialised straight from the request's messages, with no JSON tree in
+/// between: a request carries the whole history, every turn.
+pub fn encode_request_bytes(request: &PromptRequest<'_>) -> Result<Vec<u8>, EncodeError> {
+    serde_json::to_vec(&Body::of(request)?).map_err(|error| EncodeError::Json {
+        reason: error.to_string(),
+    })
+}
+
+/// The request body, borrowing from the [`PromptRequest`] where it can.
+#[derive(Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_completion_tokens: Option<u32>,
+    stream: bool,
+    stream_options: StreamOptions,
+    messages: Vec<WireMessage<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<WireTool<'a>>,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "role", rename_all = "snake_case")]
+enum WireMessage<'a> {
+    System {
+        content: &'a str,
+    },
+    User {
+        content: UserContent<'a>,
+    },
+    Tool {
+        tool_call_id: &'a str,
+        content: Cow<'a, str>,
+    },
+    Assistant {
+        /// `null` only next to tool calls.
+        content: Option<Cow<'a, str>>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<WireCall<'a>>,
+    },
+}
+
+/// A user message's content: one string, or parts when it holds an image.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum UserContent<'a> {
+    Text(Cow<'a, str>),
+    Parts(Vec<WirePart<'a>>),
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WirePart<'a> {
+    Text { text: &'a str },
+    ImageUrl { image_url: ImageUrl },
+}
+
+#[derive(Serialize)]
+struct ImageUrl {
+    url: String,
+}
+
+#[derive(Serialize)]
+struct WireCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: WireFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct WireFunction<'a> {
+    name: &'a str,
+    /// A JSON document in a string, as the API wants it.
+    arguments: String,
+}
+
+#[derive(Serialize)]
+struct WireTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: WireToolFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct WireToolFunction<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
+impl<'a> Body<'a> {
+    fn of(request: &PromptRequest<'a>) -> Result<Body<'a>, EncodeError> {
+        let mut messages = Vec::with_capacity(request.messages.len() + 1);
+        if let Some(system) = request.system.filter(|system| !system.is_empty()) {
+            messages.push(WireMessage::System { content: system });
+        }
+        for message in request.messages {
+            match message.role {
+                Role::User => encode_user(message, request.images, &mut messages)?,
+                Role::Assistant => messages.push(encode_assistant(message)),
+            }
+        }
+        let completion = max_tokens_field(request.model) == "max_completion_tokens";
         let tools = request
             .tools
             .iter()
-            .map(|tool| {
-                json!({
-                    "type": "function",
-                    "function": {
-                        "name": tool.name,
-                        "description": tool.description,
-                        "parameters": tool.input_schema,
-                    },
-                })
+            .map(|tool| WireTool {
+                kind: "function",
+                function: WireToolFunction {
+                    name: &tool.name,
+                    description: &tool.description,
+                    parameters: &tool.input_schema,
+                },
             })
             .collect();
-        body.insert("tools".to_owned(), Value::Array(tools));
+        Ok(Body {
+            model: request.model,
+            max_tokens: (!completion).then_some(request.max_tokens),
+            max_completion_tokens: completion.then_some(request.max_tokens),
+            stream: true,
+            stream_options: StreamOptions {
+                include_usage: true,
+            },
+            messages,
+            tools,
+        })
     }
-    Ok(Value::Object(body))
+}
+
+/// `texts` as one string: borrowed when there is just one.
+fn joined<'a>(texts: &[&'a str]) -> Cow<'a, str> {
+    match texts {
+        [one] => Cow::Borrowed(one),
+        _ => Cow::Owned(texts.join(TEXT_SEPARATOR)),
+    }
 }
 
 /// The name of the output cap for `model`.
@@ -116,33 +227,28 @@ fn max_tokens_field(model: &str) -> &'static str {
     }
 }
 
-/// A part of a user message other than a tool result.
-enum UserPart<'a> {
-    Text(&'a str),
-    Image(String),
-}
-
-fn encode_user(
-    message: &Message,
-    images: &BTreeMap<String, ImageData>,
-    out: &mut Vec<Value>,
+fn encode_user<'a>(
+    message: &'a Message,
+    images: &'a BTreeMap<String, ImageData>,
+    out: &mut Vec<WireMessage<'a>>,
 ) -> Result<(), EncodeError> {
     let mut parts = Vec::new();
     for block in &message.content {
         match block {
             ContentBlock::ToolResult { result } => out.push(encode_tool_result(result)),
             ContentBlock::Text { text } if text.is_empty() => {}
-            ContentBlock::Text { text } => parts.push(UserPart::Text(text)),
+            ContentBlock::Text { text } => parts.push(WirePart::Text { text }),
             ContentBlock::Image { image } => {
                 let data = images
                     .get(&image.hash)
                     .ok_or_else(|| EncodeError::MissingImage {
                         hash: image.hash.clone(),
                     })?;
-                parts.push(UserPart::Image(format!(
-                    "data:{};base64,{}",
-                    data.media_type, data.base64
-                )));
+                parts.push(WirePart::ImageUrl {
+                    image_url: ImageUrl {
+                        url: format!("data:{};base64,{}", data.media_type, data.base64),
+                    },
+                });
             }
             // Reasoning is never sent back, and a user message holds no tool
             // calls; neither has a place in a `user` message.
@@ -152,77 +258,68 @@ fn encode_user(
     if parts.is_empty() {
         return Ok(());
     }
-    let has_image = parts.iter().any(|part| matches!(part, UserPart::Image(_)));
+    let has_image = parts
+        .iter()
+        .any(|part| matches!(part, WirePart::ImageUrl { .. }));
     let content = if has_image {
         // Content parts only when needed: some servers' chat templates take
         // nothing but a string, and Ollama splits parts into messages.
-        let parts = parts
-            .into_iter()
-            .map(|part| match part {
-                UserPart::Text(text) => json!({ "type": "text", "text": text }),
-                UserPart::Image(url) => json!({ "type": "image_url", "image_url": { "url": url } }),
-            })
-            .collect();
-        Value::Array(parts)
+        UserContent::Parts(parts)
     } else {
         let texts: Vec<&str> = parts
             .iter()
             .filter_map(|part| match part {
-                UserPart::Text(text) => Some(*text),
-                UserPart::Image(_) => None,
+                WirePart::Text { text } => Some(*text),
+                WirePart::ImageUrl { .. } => None,
             })
             .collect();
-        Value::String(texts.join(TEXT_SEPARATOR))
+        UserContent::Text(joined(&texts))
     };
-    out.push(json!({ "role": "user", "content": content }));
+    out.push(WireMessage::User { content });
     Ok(())
 }
 
-fn encode_tool_result(result: &ToolResult) -> Value {
+fn encode_tool_result(result: &ToolResult) -> WireMessage<'_> {
     let content = if result.is_error {
-        format!("{TOOL_ERROR_PREFIX}{}", result.content)
+        Cow::Owned(format!("{TOOL_ERROR_PREFIX}{}", result.content))
     } else {
-        result.content.clone()
+        Cow::Borrowed(result.content.as_str())
     };
-    json!({
-        "role": "tool",
-        "tool_call_id": result.tool_call_id.as_str(),
-        "content": content,
-    })
+    WireMessage::Tool {
+        tool_call_id: result.tool_call_id.as_str(),
+        content,
+    }
 }
 
-fn encode_assistant(message: &Message) -> Value {
+fn encode_assistant(message: &Message) -> WireMessage<'_> {
     let mut texts = Vec::new();
     let mut tool_calls = Vec::new();
     for block in &message.content {
         match block {
             ContentBlock::Text { text } if text.is_empty() => {}
             ContentBlock::Text { text } => texts.push(text.as_str()),
-            ContentBlock::ToolUse { call } => tool_calls.push(json!({
-                "id": call.id.as_str(),
-                "type": "function",
-                "function": {
-                    "name": call.name,
-                    // A JSON document in a string, as the API wants it.
-                    "arguments": call.input.to_string(),
+            ContentBlock::ToolUse { call } => tool_calls.push(WireCall {
+                id: call.id.as_str(),
+                kind: "function",
+                function: WireFunction {
+                    name: &call.name,
+                    arguments: call.input.to_string(),
                 },
-            })),
+            }),
             ContentBlock::Thinking { .. }
             | ContentBlock::Image { .. }
             | ContentBlock::ToolResult { .. } => {}
         }
     }
     let content = match (texts.is_empty(), tool_calls.is_empty()) {
-        (false, _) => Value::String(texts.join(TEXT_SEPARATOR)),
-        // `content` may be null only next to tool calls.
-        (true, false) => Value::Null,
-        (true, true) => Value::String(String::new()),
+        (false, _) => Some(joined(&texts)),
+        (true, false) => None,
+        (true, true) => Some(Cow::Borrowed("")),
     };
-    let mut encoded = json!({ "role": "assistant", "content": content });
-    if !tool_calls.is_empty() {
-        encoded["tool_calls"] = Value::Array(tool_calls);
+    WireMessage::Assistant {
+        content,
+        tool_calls,
     }
-    encoded
 }
 
 // ---------------------------------------------------------------------------
