@@ -117,12 +117,14 @@ pub struct Report {
     /// this many live; `None` when the process is unknown.
     pub rss_per_idle_conversation_bytes: Option<f64>,
     pub live_conversations: usize,
-    /// From start to `/healthz` answering, with every conversation stored;
-    /// `None` at `--addr` (the bench restarts only a daemon it started).
+    /// From start to `/healthz` answering, with the text runs'
+    /// conversations stored (`stored_conversations`); `None` at `--addr`
+    /// (the bench restarts only a daemon it started).
     pub restart_to_ready_ms: Option<f64>,
+    /// Conversations stored at the restart (at `--addr`: at the end).
     pub stored_conversations: usize,
-    /// `GET /v1/conversations/{id}` of a conversation nobody woke since
-    /// the restart (at `--addr`: since it was evicted).
+    /// `GET /v1/conversations/{id}` of a conversation just evicted (its
+    /// actor stopped, so the load reads the store).
     pub cold_load: Latency,
     /// `POST …/cancel` of a streaming turn until it rests (the request's
     /// answer says the state it came to rest in); `None` at `--addr`
@@ -321,6 +323,7 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
     let cwd = workdir.display().to_string();
     let mut turns = Vec::new();
     let mut all_ids = Vec::new();
+    let mut restart = None;
     for (kind, runs) in [("text", &sizes.text), ("tool", &sizes.tool)] {
         for &(conversations, each) in runs {
             let (run, ids) =
@@ -334,6 +337,21 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
             ))?;
             turns.push(run);
             all_ids.extend(ids);
+        }
+        if kind == "text" {
+            // Restart with the text runs' conversations stored (10,000 and
+            // a few in the full run), a daemon of our own only.
+            if let Some(daemon) = target.own.as_mut() {
+                let stored = client.list(true).await?.conversations.len();
+                daemon.stop()?;
+                daemon.spawn()?;
+                let ready = daemon.ready(&client).await?;
+                progress(format!(
+                    "restart to ready with {stored} stored: {:.1} ms",
+                    ms(ready)
+                ))?;
+                restart = Some((ms(ready), stored));
+            }
         }
     }
 
@@ -374,27 +392,15 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
         fanout.p50_ms, fanout.p99_ms
     ))?;
 
-    let stored = client.list(true).await?.conversations.len();
-    let cold_ids: Vec<&String> = all_ids.iter().rev().take(sizes.cold_loads).collect();
-    let restart_to_ready = match target.own.as_mut() {
-        Some(daemon) => {
-            daemon.stop()?;
-            daemon.spawn()?;
-            let ready = daemon.ready(&client).await?;
-            progress(format!(
-                "restart to ready with {stored} stored: {:.1} ms",
-                ms(ready)
-            ))?;
-            Some(ms(ready))
-        }
-        // Not restarted: the conversations to load are evicted instead.
-        None => {
-            for id in &cold_ids {
-                client.evict(id).await?;
-            }
-            None
-        }
+    let stored = match restart {
+        Some((_, stored)) => stored,
+        None => client.list(true).await?.conversations.len(),
     };
+    // Cold: evicted, so the load reads the store.
+    let cold_ids: Vec<&String> = all_ids.iter().rev().take(sizes.cold_loads).collect();
+    for id in &cold_ids {
+        client.evict(id).await?;
+    }
     let mut cold = Vec::new();
     for id in cold_ids {
         let started = Instant::now();
@@ -410,7 +416,7 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
         turns,
         rss_per_idle_conversation_bytes: per_conversation,
         live_conversations: live,
-        restart_to_ready_ms: restart_to_ready,
+        restart_to_ready_ms: restart.map(|(ready, _)| ready),
         stored_conversations: stored,
         cold_load: latency(cold),
         cancel_stream,
