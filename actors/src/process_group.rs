@@ -9,20 +9,21 @@
 //! the whole group with `killpg`, on [`ProcessGroup::kill`] or on drop.
 //! Cancelling a tool call drops its future, so drop is the path that matters.
 //!
-//! Drop does not run when the runtime itself is killed (`SIGKILL`, OOM, power
-//! cut), so each group is also written to a [`ProcessLedger`]: one small file
-//! per group, fsynced before the tool does any work and removed when the group
-//! is killed. At boot, [`ProcessLedger::reap_survivors`] kills what is left.
+//! Drop does not run when the runtime itself is killed (`SIGKILL`, OOM), so
+//! each group is also written to a [`ProcessLedger`]: a line in an
+//! append-only file before the tool does any work, and another when the
+//! group is killed. At boot, [`ProcessLedger::reap_survivors`] kills what is left.
 //! A pid can be reused once its process is gone, so the ledger keeps the
 //! group leader's start time (and the boot id) and never kills a process
 //! whose start does not match.
 //!
 //! This is Linux-only: start times come from `/proc/<pid>/stat`.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
@@ -47,7 +48,7 @@ pub struct ProcessGroup {
 impl ProcessGroup {
     /// Take ownership of the group led by a child spawned with
     /// `process_group(0)`, so `pgid` is the child's pid. With a ledger, the
-    /// group is recorded (and fsynced) before this returns; if that fails the
+    /// group is recorded before this returns; if that fails the
     /// group is killed and the error returned, since a group the ledger does
     /// not know about could outlive a crash unnoticed.
     ///
@@ -117,18 +118,54 @@ fn signal_group(pgid: u32, signal: impl Into<Option<Signal>>) -> nix::Result<()>
     killpg(Pid::from_raw(pgid), signal)
 }
 
-/// The durable list of running tool process groups: a directory with one file
-/// per group, named after its pgid.
+/// The list of running tool process groups, kept on disk so that it outlives
+/// the runtime: an append-only file (`groups.jsonl` in the ledger's
+/// directory) with a line when a group starts and a line when it is killed.
 ///
-/// A record is a JSON object `{"v":1,"pgid":N,"start_time":T,"boot_id":B,"label":L}`:
+/// A start line is `{"v":1,"pgid":N,"start_time":T,"boot_id":B,"label":L}`:
 /// `start_time` is field 22 of `/proc/<pgid>/stat` (the leader's start, in
 /// clock ticks since boot), `boot_id` is `/proc/sys/kernel/random/boot_id`
 /// (start times restart at every boot), `label` says whose group it is (the
-/// tool call id).
+/// tool call id). An end line is `{"v":1,"end":N,"start_time":T}`.
+///
+/// **Nothing is fsynced, on purpose.** The ledger answers one question:
+/// which tool processes outlived the runtime that started them. A write
+/// that returned is in the kernel's page cache, which survives the death of
+/// the process that wrote it (`SIGKILL`, OOM, a panic); only a kernel crash
+/// or a power cut loses it, and those kill every tool process too, so there
+/// is nothing left to find. (The boot id makes records from before a reboot
+/// harmless.) One `write` per start and per end is the whole cost; the file
+/// is emptied whenever no group runs and it has grown past
+/// [`COMPACT_AT`] bytes, and at boot once its survivors are reaped.
+///
+/// Earlier versions kept one file per group, named after its pgid; those
+/// are still read (and reaped) at boot.
 #[derive(Debug)]
 pub struct ProcessLedger {
     dir: PathBuf,
+    /// This boot's id, read once.
+    boot_id: String,
+    log: Mutex<Log>,
 }
+
+#[derive(Debug)]
+struct Log {
+    /// Opened with `O_APPEND`: every line lands at the end, even after the
+    /// file is emptied.
+    file: fs::File,
+    /// The groups recorded and not yet killed: pgid to the leader's start
+    /// time. A pgid names one group at a time: it is recorded while its
+    /// leader is alive and unreaped, so no other process can hold the pid.
+    live: HashMap<u32, u64>,
+    /// Bytes appended since the file was last emptied.
+    written: u64,
+}
+
+/// Past this many bytes, the file is emptied the next time no group runs.
+pub const COMPACT_AT: u64 = 64 * 1024;
+
+/// The ledger file in the ledger's directory.
+const LOG_FILE: &str = "groups.jsonl";
 
 /// What [`ProcessLedger::reap_survivors`] did with one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,11 +183,26 @@ pub struct Reaped {
 const RECORD_VERSION: u64 = 1;
 
 impl ProcessLedger {
-    /// The ledger kept in `dir`, created if missing.
+    /// The ledger kept in `dir`, created if missing. Opening reads nothing
+    /// and changes nothing: what a crashed run left is for
+    /// [`ProcessLedger::reap_survivors`].
     pub fn open(dir: &Path) -> io::Result<ProcessLedger> {
         fs::create_dir_all(dir)?;
+        let path = dir.join(LOG_FILE);
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .read(true)
+            .open(&path)?;
+        let written = file.metadata()?.len();
         Ok(ProcessLedger {
             dir: dir.to_path_buf(),
+            boot_id: boot_id(),
+            log: Mutex::new(Log {
+                file,
+                live: HashMap::new(),
+                written,
+            }),
         })
     }
 
@@ -158,8 +210,14 @@ impl ProcessLedger {
         &self.dir
     }
 
-    /// Record group `pgid` (led by the live process `pgid`) under `label`,
-    /// durably: the file and the directory entry are fsynced.
+    /// The ledger file.
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(LOG_FILE)
+    }
+
+    /// Record group `pgid` (led by the live process `pgid`) under `label`.
+    /// Once this returns, a runtime started after this one dies finds the
+    /// group (see the type's documentation for why no fsync is needed).
     pub fn record(&self, pgid: u32, label: &str) -> io::Result<()> {
         let start_time = start_time(pgid)?.ok_or_else(|| {
             io::Error::new(
@@ -167,28 +225,49 @@ impl ProcessLedger {
                 format!("process {pgid} is gone before it could be recorded"),
             )
         })?;
-        let record = serde_json::json!({
+        let mut line = serde_json::json!({
             "v": RECORD_VERSION,
             "pgid": pgid,
             "start_time": start_time,
-            "boot_id": boot_id(),
+            "boot_id": self.boot_id,
             "label": label,
-        });
-        let path = self.dir.join(pgid.to_string());
-        let mut file = fs::File::create(&path)?;
-        file.write_all(record.to_string().as_bytes())?;
-        file.sync_all()?;
-        // The new directory entry is durable only once the directory is synced.
-        fs::File::open(&self.dir)?.sync_all()
+        })
+        .to_string();
+        line.push('\n');
+        let mut log = self.lock();
+        log.append(line.as_bytes())?;
+        log.live.insert(pgid, start_time);
+        Ok(())
     }
 
-    /// Forget group `pgid`. A missing record is fine: it was never written or
-    /// was already removed.
+    /// Forget group `pgid`. A group that is not recorded is fine: it was
+    /// never recorded or was already forgotten.
     pub fn remove(&self, pgid: u32) -> io::Result<()> {
-        match fs::remove_file(self.dir.join(pgid.to_string())) {
-            Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
-            _ => Ok(()),
+        let mut log = self.lock();
+        let Some(start_time) = log.live.remove(&pgid) else {
+            return Ok(());
+        };
+        if log.live.is_empty() && log.written >= COMPACT_AT {
+            // Nothing runs, so no line in the file is still needed.
+            log.file.set_len(0)?;
+            log.written = 0;
+            return Ok(());
         }
+        let line =
+            format!("{{\"v\":{RECORD_VERSION},\"end\":{pgid},\"start_time\":{start_time}}}\n");
+        log.append(line.as_bytes())
+    }
+
+    /// The groups the file records as running (started and not ended), in
+    /// pgid order, read from disk: what a runtime starting now would reap.
+    pub fn recorded(&self) -> io::Result<Vec<(u32, String)>> {
+        let bytes = fs::read(self.path())?;
+        let mut recorded: Vec<(u32, String)> = replay(&bytes)
+            .into_values()
+            .map(|record| (record.pgid, record.label))
+            .collect();
+        recorded.sort();
+        Ok(recorded)
     }
 
     /// At boot, before any tool runs: kill every recorded group that is still
@@ -197,10 +276,24 @@ impl ProcessLedger {
     /// has since given to an unrelated process is never touched. Records are
     /// reported in pgid order.
     ///
-    /// Fails only if the directory cannot be read; a record that cannot be
-    /// parsed or deleted is reported as not killed.
+    /// Fails only if the ledger cannot be read or emptied; a record of the
+    /// older one-file-per-group layout that cannot be parsed is reported as
+    /// not killed, and a torn line of the file (a crash mid-write: its group
+    /// never ran a command, since the record comes first) is skipped.
     pub fn reap_survivors(&self) -> io::Result<Vec<Reaped>> {
+        let mut log = self.lock();
         let mut reaped = Vec::new();
+        for record in replay(&fs::read(self.path())?).into_values() {
+            reaped.push(Reaped {
+                pgid: record.pgid,
+                killed: reap(&record),
+                label: record.label,
+            });
+        }
+        log.file.set_len(0)?;
+        log.written = 0;
+        log.live.clear();
+        drop(log);
         for entry in fs::read_dir(&self.dir)? {
             let path = entry?.path();
             let Some(pgid) = path
@@ -208,7 +301,8 @@ impl ProcessLedger {
                 .and_then(|name| name.to_str())
                 .and_then(|name| name.parse::<u32>().ok())
             else {
-                // Not a record of ours (an editor's backup, say): leave it.
+                // The ledger file, or not a record of ours (an editor's
+                // backup, say): leave it.
                 continue;
             };
             let outcome = match fs::read(&path).ok().and_then(|bytes| parse_record(&bytes)) {
@@ -231,6 +325,56 @@ impl ProcessLedger {
         reaped.sort_by_key(|outcome| outcome.pgid);
         Ok(reaped)
     }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Log> {
+        // The lock guards a file handle and a map that every step leaves
+        // consistent, so a panic elsewhere while it was held changes nothing.
+        self.log
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Log {
+    /// One `write` of a whole line (a short write, which regular files do
+    /// not do in practice, would be finished by `write_all`).
+    fn append(&mut self, line: &[u8]) -> io::Result<()> {
+        self.file.write_all(line)?;
+        self.written += line.len() as u64;
+        Ok(())
+    }
+}
+
+/// The groups a ledger file records as running: every start line whose
+/// group has no end line after it, by pgid. Lines that do not parse are
+/// skipped.
+fn replay(bytes: &[u8]) -> HashMap<u32, Record> {
+    let mut running: HashMap<u32, Record> = HashMap::new();
+    for line in bytes.split(|byte| *byte == b'\n') {
+        if let Some(record) = parse_record(line) {
+            running.insert(record.pgid, record);
+        } else if let Some((pgid, start_time)) = parse_end(line) {
+            if running
+                .get(&pgid)
+                .is_some_and(|record| record.start_time == start_time)
+            {
+                running.remove(&pgid);
+            }
+        }
+    }
+    running
+}
+
+/// An end line: the pgid and start time of the group it ends.
+fn parse_end(bytes: &[u8]) -> Option<(u32, u64)> {
+    let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    if value.get("v")?.as_u64()? != RECORD_VERSION {
+        return None;
+    }
+    Some((
+        u32::try_from(value.get("end")?.as_u64()?).ok()?,
+        value.get("start_time")?.as_u64()?,
+    ))
 }
 
 /// Wait until no process of the groups `pgids` runs any more: each member

@@ -110,13 +110,14 @@ async fn assert_group_gone(pgid: u32) {
     }
 }
 
+/// The groups the ledger's file records as running, read from disk.
 fn ledger_records(ledger: &ProcessLedger) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(ledger.dir())
+    ledger
+        .recorded()
         .unwrap()
-        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
+        .into_iter()
+        .map(|(pgid, _)| pgid.to_string())
+        .collect()
 }
 
 #[tokio::test]
@@ -347,12 +348,10 @@ async fn the_ledger_holds_a_record_exactly_while_the_group_runs() {
     };
     let pgid = pgid_of(&chunk);
 
-    assert_eq!(ledger_records(&ledger), [pgid.to_string()]);
-    let record: Value =
-        serde_json::from_slice(&std::fs::read(ledger.dir().join(pgid.to_string())).unwrap())
-            .unwrap();
-    assert_eq!(record["pgid"], pgid);
-    assert_eq!(record["label"], "toolu_test");
+    assert_eq!(
+        ledger.recorded().unwrap(),
+        [(pgid, "toolu_test".to_owned())]
+    );
 
     std::fs::write(dir.path().join("go"), "").unwrap();
     let outcome = tokio::time::timeout(PATIENCE, run).await.unwrap();
@@ -403,10 +402,9 @@ fn reap_survivors_spares_a_pid_whose_start_time_does_not_match() {
     let mut stranger = spawn_group_leader();
     // As if the recorded group died and the kernel gave its pid to `stranger`.
     ledger.record(stranger.id(), "toolu_old").unwrap();
-    let path = dir.path().join(stranger.id().to_string());
-    let mut record: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let mut record: Value = serde_json::from_slice(&std::fs::read(ledger.path()).unwrap()).unwrap();
     record["start_time"] = json!(record["start_time"].as_u64().unwrap() - 1);
-    std::fs::write(&path, record.to_string()).unwrap();
+    std::fs::write(ledger.path(), format!("{record}\n")).unwrap();
 
     let reaped = ledger.reap_survivors().unwrap();
 
@@ -428,7 +426,7 @@ fn reap_survivors_spares_a_pid_whose_start_time_does_not_match() {
 }
 
 #[test]
-fn reap_survivors_deletes_an_unreadable_record_without_killing() {
+fn reap_survivors_deletes_an_unreadable_record_of_the_older_layout_without_killing() {
     let dir = tempfile::tempdir().unwrap();
     let ledger = ProcessLedger::open(dir.path()).unwrap();
     std::fs::write(dir.path().join("4242"), "{\"v\":1,\"pgid\":42").unwrap();
@@ -441,7 +439,114 @@ fn reap_survivors_deletes_an_unreadable_record_without_killing() {
             killed: false,
         }]
     );
-    assert!(ledger_records(&ledger).is_empty());
+    assert!(!dir.path().join("4242").exists());
+}
+
+#[test]
+fn reap_survivors_kills_a_group_recorded_in_the_older_one_file_layout() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut leader = spawn_group_leader();
+    // What an earlier version wrote: one file per group, named after it.
+    let scratch = tempfile::tempdir().unwrap();
+    let recorder = ProcessLedger::open(scratch.path()).unwrap();
+    recorder.record(leader.id(), "toolu_old_layout").unwrap();
+    let line = std::fs::read_to_string(recorder.path()).unwrap();
+    std::fs::write(dir.path().join(leader.id().to_string()), line.trim_end()).unwrap();
+
+    let reaped = ProcessLedger::open(dir.path())
+        .unwrap()
+        .reap_survivors()
+        .unwrap();
+
+    assert_eq!(
+        reaped,
+        [Reaped {
+            pgid: leader.id(),
+            label: "toolu_old_layout".to_owned(),
+            killed: true,
+        }]
+    );
+    assert_eq!(leader.wait().unwrap().signal(), Some(9));
+    assert!(!dir.path().join(leader.id().to_string()).exists());
+}
+
+#[test]
+fn reap_survivors_kills_only_groups_without_an_end_line_and_skips_a_torn_one() {
+    use std::io::Write;
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Arc::new(ProcessLedger::open(dir.path()).unwrap());
+    let mut ended = spawn_group_leader();
+    let mut running = spawn_group_leader();
+    ledger.record(ended.id(), "toolu_ended").unwrap();
+    ledger.record(running.id(), "toolu_running").unwrap();
+    // Forgotten without being killed: its end line must keep the reaper away.
+    ledger.remove(ended.id()).unwrap();
+    // A crash in the middle of writing a start line.
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(ledger.path())
+        .unwrap();
+    file.write_all(b"{\"v\":1,\"pgid\":99999,\"start_ti")
+        .unwrap();
+    drop(file);
+
+    let reaped = ProcessLedger::open(dir.path())
+        .unwrap()
+        .reap_survivors()
+        .unwrap();
+
+    assert_eq!(
+        reaped,
+        [Reaped {
+            pgid: running.id(),
+            label: "toolu_running".to_owned(),
+            killed: true,
+        }]
+    );
+    assert_eq!(running.wait().unwrap().signal(), Some(9));
+    assert!(
+        ended.try_wait().unwrap().is_none(),
+        "an ended group was reaped"
+    );
+    assert_eq!(std::fs::read(ledger.path()).unwrap(), b"");
+    ended.kill().unwrap();
+    ended.wait().unwrap();
+}
+
+#[test]
+fn the_ledger_file_is_emptied_once_nothing_runs_after_it_grew_past_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ProcessLedger::open(dir.path()).unwrap();
+    let mut long_lived = spawn_group_leader();
+    ledger.record(long_lived.id(), "toolu_long").unwrap();
+    // Our own process stands for short-lived groups: recording it needs
+    // only a live pid, and nothing here kills it.
+    let me = std::process::id();
+    let mut cycles = 0;
+    while std::fs::metadata(ledger.path()).unwrap().len() < keel_actors::process_group::COMPACT_AT {
+        ledger.record(me, "toolu_short").unwrap();
+        ledger.remove(me).unwrap();
+        cycles += 1;
+    }
+    assert!(cycles > 100, "{cycles} cycles");
+    // Past the bound, but a group still runs: its line must stay.
+    ledger.record(me, "toolu_short").unwrap();
+    ledger.remove(me).unwrap();
+    assert_eq!(ledger_records(&ledger), [long_lived.id().to_string()]);
+    assert!(
+        std::fs::metadata(ledger.path()).unwrap().len() >= keel_actors::process_group::COMPACT_AT
+    );
+
+    ledger.remove(long_lived.id()).unwrap();
+
+    assert_eq!(std::fs::read(ledger.path()).unwrap(), b"");
+    // Appends go on from the start of the emptied file.
+    ledger.record(me, "toolu_after").unwrap();
+    assert_eq!(ledger.recorded().unwrap(), [(me, "toolu_after".to_owned())]);
+    long_lived.kill().unwrap();
+    long_lived.wait().unwrap();
 }
 
 #[test]
