@@ -734,20 +734,24 @@ async fn cancels(
         let mut events = open(client, &id).await?;
         let (text, busy) = match stream_of {
             None => (
-                "run: sleep 30 & sleep 30 & (sleep 30; true) & wait",
+                "run: sleep 30 & sleep 30 & (sleep 30; true) & wait".to_owned(),
                 ApiState::ExecutingTools,
             ),
             Some(mock_url) => {
+                // Only this conversation's request takes the entry: a cancel
+                // that lands before the request reaches the provider leaves
+                // it queued, and it must not answer a later request.
+                let text = format!("hold the stream of {id}");
                 http.post(format!("{mock_url}/_mock/script"))
-                    .json(&json!([{"text": "held", "hang_after_events": 1}]))
+                    .json(&json!([{"when": text, "text": "held", "hang_after_events": 1}]))
                     .send()
                     .await
                     .and_then(reqwest::Response::error_for_status)
                     .with_context(|| format!("scripting the fake provider at {mock_url}"))?;
-                ("hello", ApiState::Streaming)
+                (text, ApiState::Streaming)
             }
         };
-        client.send_text(&id, text).await?;
+        client.send_text(&id, &text).await?;
         tokio::time::timeout(TURN_LIMIT, async {
             loop {
                 if let Frame::Live(ApiLiveEvent::StateChanged { state }) = events.next().await? {
