@@ -267,7 +267,7 @@ impl Target {
             .with_context(|| format!("no keel daemon answers at {addr}"))?;
         let pid_at = options
             .pid
-            .or_else(|| port_of(addr).and_then(lab::listener_pid));
+            .or_else(|| lab::port_of(addr).and_then(lab::listener_pid));
         Ok(Target {
             own: None,
             client,
@@ -283,16 +283,6 @@ impl Target {
             None => self.pid_at,
         }
     }
-}
-
-/// The port of `HOST:PORT` or an `http://` URL.
-fn port_of(addr: &str) -> Option<u16> {
-    let url = if addr.contains("://") {
-        addr.to_owned()
-    } else {
-        format!("http://{addr}")
-    };
-    reqwest::Url::parse(&url).ok()?.port_or_known_default()
 }
 
 async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow::Result<Report> {

@@ -319,6 +319,21 @@ pub enum DrillCommand {
         /// The report as one JSON object.
         #[arg(long)]
         json: bool,
+        /// Drill the daemon running on this machine at HOST:PORT instead of
+        /// one of the drill's own: it is killed with SIGKILL and must come
+        /// back (a supervisor, or --restart). Its token comes from
+        /// KEEL_TOKEN or KEEL_DATA_DIR, as for the client commands; it must
+        /// offer the fake provider as `mock` (KEEL_MOCK_URL).
+        #[arg(long, value_name = "HOST:PORT")]
+        addr: Option<String>,
+        /// The fake provider the daemon at --addr uses (`keel mock-llm`), so
+        /// the drill can queue provider faults there; without it, none are.
+        #[arg(long, value_name = "URL", requires = "addr")]
+        mock_url: Option<String>,
+        /// A shell command (`sh -c`) that starts the daemon at --addr again,
+        /// run after every kill; leave it out when a supervisor restarts it.
+        #[arg(long, value_name = "CMD", requires = "addr")]
+        restart: Option<String>,
     },
     /// Every fault of the fake provider (error statuses, retry-after, a cut
     /// or stalled stream, malformed SSE, an error event, a slow drip, a
@@ -388,6 +403,9 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
             seed,
             at,
             json,
+            addr,
+            mock_url,
+            restart,
         }) => {
             let stdout = io::stdout().lock();
             let report = drill::crash::run(
@@ -398,6 +416,9 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
                     seed,
                     at,
                     json,
+                    addr,
+                    mock_url,
+                    restart,
                 },
             )?;
             Ok(if report.violations.is_empty() {

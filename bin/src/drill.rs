@@ -6,7 +6,9 @@
 //!   against the end state it must reach (docs/drills.md).
 //! - `keel drill crash` (`crash`): SIGKILL a daemon at random moments (or
 //!   aimed at a state) while conversations work, restart it, and check
-//!   after every restart that nothing was lost, doubled or left stuck.
+//!   after every restart that nothing was lost, doubled or left stuck;
+//!   `running` is its side for a daemon it did not start (`--addr`).
 
 pub mod crash;
 pub mod faults;
+pub mod running;

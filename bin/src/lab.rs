@@ -268,6 +268,69 @@ fn clock_ticks() -> Option<u64> {
         .and_then(|ticks| u64::try_from(ticks).ok())
 }
 
+/// Processes (not zombies) whose environment holds `marker` (`NAME=value`)
+/// and a numeric `tag` variable: `(pid, the tag's value, command line)`.
+/// A drill marks the processes of its daemons and their tools this way.
+pub fn processes_with_env(marker: &str, tag: &str) -> Vec<(u32, u32, String)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let tag_prefix = format!("{tag}=");
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        let vars: Vec<&[u8]> = environ.split(|byte| *byte == 0).collect();
+        if !vars.contains(&marker.as_bytes()) {
+            continue;
+        }
+        let Some(value) = vars.iter().find_map(|var| {
+            std::str::from_utf8(var)
+                .ok()?
+                .strip_prefix(&tag_prefix)?
+                .parse::<u32>()
+                .ok()
+        }) else {
+            continue;
+        };
+        if !is_running(pid) {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|bytes| String::from_utf8_lossy(&bytes).replace('\0', " "))
+            .unwrap_or_default();
+        found.push((pid, value, cmdline.trim().to_owned()));
+    }
+    found
+}
+
+/// Whether process `pid` exists and is not a zombie.
+pub fn is_running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rfind(')')
+            .and_then(|end| stat[end + 1..].split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
+/// The port of `HOST:PORT` or an `http://` URL.
+pub fn port_of(addr: &str) -> Option<u16> {
+    let url = if addr.contains("://") {
+        addr.to_owned()
+    } else {
+        format!("http://{addr}")
+    };
+    reqwest::Url::parse(&url).ok()?.port_or_known_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,5 +374,13 @@ mod tests {
         assert!(cpu_time(pid).is_some_and(|cpu| cpu > Duration::ZERO));
         assert!(rss_bytes(pid).is_some_and(|rss| rss > 1024 * 1024));
         assert_eq!(cpu_time(u32::MAX), None);
+    }
+
+    #[test]
+    fn ports_come_from_addresses_and_urls() {
+        assert_eq!(port_of("127.0.0.1:7777"), Some(7777));
+        assert_eq!(port_of("http://localhost:8080"), Some(8080));
+        assert_eq!(port_of("http://localhost"), Some(80));
+        assert_eq!(port_of("not an address"), None);
     }
 }

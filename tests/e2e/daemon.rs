@@ -113,7 +113,7 @@ impl Site {
     }
 
     /// Where the daemon runs: empty, so no stray `./keel.toml` is read.
-    fn run_dir(&self) -> PathBuf {
+    pub fn run_dir(&self) -> PathBuf {
         self.dir.path().join("run")
     }
 }

@@ -352,3 +352,85 @@ fn keel_bench_at_an_address_nobody_answers_fails_clearly() {
         "{stderr}"
     );
 }
+
+/// `keel drill crash --addr`: a daemon somebody else started (here, the
+/// test), killed and brought back by `--restart` on its own data dir and
+/// port, with the drill's checks passing, and left running at the end.
+#[test]
+fn keel_drill_crash_drills_a_running_daemon_at_addr() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start_with(
+        &site,
+        vec![
+            ("KEEL_PROVIDER".to_owned(), "mock".to_owned()),
+            ("KEEL_MOCK_URL".to_owned(), mock.base_url().to_owned()),
+        ],
+    );
+    let addr = daemon.url.trim_start_matches("http://").to_owned();
+    let restart = format!(
+        "cd '{}' && KEEL_DATA_DIR='{}' KEEL_ADDR={addr} KEEL_PROVIDER=mock KEEL_MOCK_URL={} exec '{}' serve",
+        site.run_dir().display(),
+        site.data_dir().display(),
+        mock.base_url(),
+        keel_bin().display()
+    );
+    let output = Command::new(keel_bin())
+        .args([
+            "drill",
+            "crash",
+            "--json",
+            "--kills",
+            "4",
+            "--conversations",
+            "3",
+        ])
+        .args([
+            "--seed",
+            "11",
+            "--addr",
+            &addr,
+            "--mock-url",
+            mock.base_url(),
+        ])
+        .args(["--restart", &restart])
+        .env("KEEL_TOKEN", &daemon.token)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|error| {
+        panic!(
+            "no report ({error}): {:?}\n{stdout}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    // The last life is the drill's restart command's, left running: stop it
+    // whatever the verdict (found by its port if the report does not say).
+    let last = report["daemon_pid"]
+        .as_u64()
+        .and_then(|pid| u32::try_from(pid).ok());
+    let running = keel::lab::port_of(&addr).and_then(keel::lab::listener_pid);
+    for pid in [last, running].into_iter().flatten() {
+        if pid != daemon.pid() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+    }
+    assert!(output.status.success(), "{report:#}");
+    assert_eq!(report["violations"], serde_json::json!([]), "{report:#}");
+    assert_eq!(report["addr"], addr.as_str());
+    assert_eq!(report["kills"], 4);
+    assert_eq!(report["faults_queued"], true);
+    assert!(report["turns"].as_u64().unwrap() > 0, "{report:#}");
+    assert!(report["checks_passed"].as_u64().unwrap() > 4, "{report:#}");
+    let last = last.expect("the report names the daemon's last pid");
+    assert_ne!(last, daemon.pid(), "the first life was killed");
+    assert_eq!(
+        running,
+        Some(last),
+        "the report names the daemon now listening"
+    );
+}

@@ -45,12 +45,13 @@ use anyhow::{anyhow, Context as _};
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use super::running::{self, RunningDaemon, RUN_ENV};
 use crate::api::types::{
-    ApiContent, ApiDecisionKind, ApiEvent, ApiEventKind, ApiLiveEvent, ApiRetry, ApiState,
-    ApiToolPolicy, CreateConversation,
+    ApiContent, ApiDecisionKind, ApiEvent, ApiEventKind, ApiLiveEvent, ApiProvider, ApiRetry,
+    ApiState, ApiToolPolicy, CreateConversation,
 };
 use crate::client::{Client, Error as ClientError, Frame};
-use crate::lab::{ChildDaemon, LIFE_ENV};
+use crate::lab::{self, ChildDaemon, LIFE_ENV};
 use crate::serve;
 
 /// Where a kill is aimed.
@@ -115,6 +116,12 @@ pub struct Options {
     pub seed: Option<u64>,
     pub at: Boundary,
     pub json: bool,
+    /// A running daemon to drill instead of one of the drill's own.
+    pub addr: Option<String>,
+    /// The fake provider the daemon at `addr` uses, for queueing faults.
+    pub mock_url: Option<String>,
+    /// Run with `sh -c` after every kill of the daemon at `addr`.
+    pub restart: Option<String>,
 }
 
 /// How long a kill aimed at a state waits for some conversation to be in
@@ -125,8 +132,6 @@ const AIM_PATIENCE: Duration = Duration::from_secs(5);
 const TURN_PATIENCE: Duration = Duration::from_secs(60);
 /// How long every conversation gets to come to rest at the end.
 const SETTLE_PATIENCE: Duration = Duration::from_secs(60);
-/// Marks the processes of this drill's daemons and their tools.
-const RUN_ENV: &str = "KEEL_DRILL_RUN";
 /// Starts the nonce a side effect writes beside its `tool_call_id`.
 const NONCE: &str = "nonce-";
 
@@ -144,6 +149,14 @@ pub struct Violation {
 #[derive(Debug, Serialize)]
 pub struct Report {
     pub seed: u64,
+    /// The daemon drilled, when it was not the drill's own.
+    pub addr: Option<String>,
+    /// Whether provider faults were queued (always, but at `--addr` only
+    /// with `--mock-url`).
+    pub faults_queued: bool,
+    /// The pid of the daemon at `addr` when the drill ended (its last
+    /// life, left running).
+    pub daemon_pid: Option<u32>,
     pub at: Boundary,
     pub conversations: usize,
     pub kills: usize,
@@ -169,6 +182,11 @@ pub fn run(mut out: impl Write, options: Options) -> anyhow::Result<Report> {
     if options.conversations == 0 {
         return Err(anyhow!("--conversations must be at least 1"));
     }
+    if options.addr.is_some() && options.mock_url.is_none() && options.at == Boundary::RetryWait {
+        return Err(anyhow!(
+            "--at retry-wait at --addr needs --mock-url: retries come from faults the drill queues at the fake provider"
+        ));
+    }
     let seed = options.seed.unwrap_or_else(|| fastrand::u64(..));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -189,6 +207,17 @@ fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
         "keel drill crash: seed {}, {} conversations, {} kills (at {:?}) in {:.1} s",
         report.seed, report.conversations, report.kills, report.at, report.seconds
     )?;
+    if let Some(addr) = &report.addr {
+        let faults = if report.faults_queued {
+            "provider faults queued"
+        } else {
+            "no provider faults queued (no --mock-url)"
+        };
+        let now = report
+            .daemon_pid
+            .map_or_else(String::new, |pid| format!(", now pid {pid}"));
+        writeln!(out, "  the daemon at {addr}{now}; {faults}")?;
+    }
     writeln!(
         out,
         "  recoveries {}, turns {}, tool calls {}, sub-agents {}, approvals {}, checks passed {}",
@@ -312,53 +341,78 @@ impl Shared {
 /// Processes of this run started by a life before `life` that still run:
 /// `(pid, life, command line)`.
 fn survivors(run_id: &str, life: u32) -> Vec<(u32, u32, String)> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let run = format!("{RUN_ENV}={run_id}");
-    let life_prefix = format!("{LIFE_ENV}=");
-    let mut found = Vec::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|name| name.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
-            continue;
-        };
-        let vars: Vec<&[u8]> = environ.split(|byte| *byte == 0).collect();
-        if !vars.contains(&run.as_bytes()) {
-            continue;
-        }
-        let Some(of_life) = vars.iter().find_map(|var| {
-            std::str::from_utf8(var)
-                .ok()?
-                .strip_prefix(&life_prefix)?
-                .parse::<u32>()
-                .ok()
-        }) else {
-            continue;
-        };
-        if of_life >= life || is_zombie(pid) {
-            continue;
-        }
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|bytes| String::from_utf8_lossy(&bytes).replace('\0', " "))
-            .unwrap_or_default();
-        found.push((pid, of_life, cmdline.trim().to_owned()));
-    }
-    found
+    lab::processes_with_env(&format!("{RUN_ENV}={run_id}"), LIFE_ENV)
+        .into_iter()
+        .filter(|(_, of_life, _)| *of_life < life)
+        .collect()
 }
 
-fn is_zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rfind(')')
-            .and_then(|end| stat[end + 1..].split_whitespace().next())
-            == Some("Z")
-    })
+/// The daemon whose lives the drill ends: a child of its own, or the one
+/// at `--addr`, brought back by somebody else.
+enum Lives {
+    Own(ChildDaemon),
+    Running(RunningDaemon),
+}
+
+impl Lives {
+    fn life(&self) -> u32 {
+        match self {
+            Lives::Own(lab) => lab.life(),
+            Lives::Running(daemon) => daemon.life(),
+        }
+    }
+
+    async fn kill(&mut self) -> anyhow::Result<()> {
+        match self {
+            Lives::Own(lab) => lab.kill(),
+            Lives::Running(daemon) => daemon.kill().await,
+        }
+    }
+
+    /// Start (or wait for) the next life until it answers.
+    async fn next_life(&mut self, client: &Client) -> anyhow::Result<()> {
+        match self {
+            Lives::Own(lab) => {
+                lab.spawn()?;
+                lab.ready(client).await.map(drop)
+            }
+            Lives::Running(daemon) => daemon.next_life(client).await.map(drop),
+        }
+    }
+
+    /// Processes of an earlier life that still run, described.
+    fn survivors(&self, run_id: &str) -> Vec<String> {
+        match self {
+            Lives::Own(lab) => survivors(run_id, lab.life())
+                .into_iter()
+                .map(|(pid, life, cmdline)| {
+                    format!("pid {pid} of life {life} still runs: {cmdline}")
+                })
+                .collect(),
+            Lives::Running(daemon) => running::survivors(run_id, daemon.killed())
+                .into_iter()
+                .map(|(pid, of, cmdline)| {
+                    format!("pid {pid}, started by the killed daemon {of}, still runs: {cmdline}")
+                })
+                .collect(),
+        }
+    }
+
+    /// The drill is over: its own daemon stops (gracefully) and nothing
+    /// of any of its lives may run; the one at `--addr` keeps running, and
+    /// nothing of the daemons killed may.
+    fn finish(&mut self, run_id: &str) -> anyhow::Result<Vec<String>> {
+        if let Lives::Own(lab) = self {
+            lab.stop()?;
+            return Ok(survivors(run_id, lab.life() + 1)
+                .into_iter()
+                .map(|(pid, life, cmdline)| {
+                    format!("pid {pid} of life {life} still runs: {cmdline}")
+                })
+                .collect());
+        }
+        Ok(self.survivors(run_id))
+    }
 }
 
 // --- the drill ------------------------------------------------------------
@@ -399,13 +453,25 @@ async fn drill_in(
     std::fs::create_dir_all(&workdir).context("creating the conversations' directory")?;
     let run_id = format!("{}-{seed:x}", std::process::id());
     let effects = workdir.join("effects.log");
-    let mock_url = serve::start_builtin_mock().await?;
-    let mut lab = ChildDaemon::new(&dir, &mock_url, &format!("drill-{seed:x}"))?;
-    lab.env(RUN_ENV, &run_id);
-    let client = lab.client();
+    let (mut lives, client, mock_url) = match &options.addr {
+        None => {
+            let mock_url = serve::start_builtin_mock().await?;
+            let mut lab = ChildDaemon::new(&dir, &mock_url, &format!("drill-{seed:x}"))?;
+            lab.env(RUN_ENV, &run_id);
+            let client = lab.client();
+            lab.spawn()?;
+            lab.ready(&client).await?;
+            (Lives::Own(lab), client, Some(mock_url))
+        }
+        Some(addr) => {
+            let client = Client::from_env_at(addr);
+            let daemon = RunningDaemon::find(addr, options.restart.clone(), &dir, &client).await?;
+            (Lives::Running(daemon), client, options.mock_url.clone())
+        }
+    };
+    // The commands a daemon of somebody else's runs mark themselves.
+    let mark = matches!(lives, Lives::Running(_)).then(|| run_id.clone());
     let http = reqwest::Client::new();
-    lab.spawn()?;
-    lab.ready(&client).await?;
 
     let shared = Shared {
         book: Arc::new(Mutex::new(Book::default())),
@@ -423,6 +489,7 @@ async fn drill_in(
             id: id.clone(),
             rng: fastrand::Rng::with_seed(seed.wrapping_add(index as u64 + 1)),
             effects: effects.clone(),
+            mark: mark.clone(),
             nonce: 0,
             index,
             gated: is_gated(index),
@@ -451,15 +518,15 @@ async fn drill_in(
     let mut kills_by_state: BTreeMap<String, usize> = BTreeMap::new();
     let mut missed_aims = 0;
     for kill in 1..=options.kills {
-        if rng.u8(..) < 80 {
+        if let Some(mock_url) = mock_url.as_ref().filter(|_| rng.u8(..) < 80) {
             let faults: Vec<Value> = (0..rng.u32(1..3))
                 .map(|_| {
                     let status = [500, 503, 529][rng.usize(..3)];
                     json!({ "status": status })
                 })
                 .collect();
-            // The fake provider is in this process; a failure here is a
-            // bug of the drill, not of keel.
+            // The fake provider is in this process (or was named with
+            // --mock-url); a failure here is the drill's, not keel's.
             http.post(format!("{mock_url}/_mock/script"))
                 .json(&faults)
                 .send()
@@ -491,24 +558,21 @@ async fn drill_in(
         for state in states {
             *kills_by_state.entry(state).or_default() += 1;
         }
-        let killed_life = lab.life();
-        lab.kill()?;
+        let killed_life = lives.life();
+        lives.kill().await?;
         shared.book().kills = kill;
-        lab.spawn()?;
-        lab.ready(&client).await?;
+        lives.next_life(&client).await?;
         // Boot reaped what the killed life left: nothing of it runs.
-        let left = survivors(&run_id, lab.life());
+        let left = lives.survivors(&run_id);
         if left.is_empty() {
             shared.passed(1);
         }
-        for (pid, life, cmdline) in left {
+        for survivor in left {
             shared.violation(
                 "no tool process outlives its daemon",
                 None,
                 None,
-                format!(
-                    "pid {pid} of life {life} (killed life {killed_life}) still runs: {cmdline}"
-                ),
+                format!("{survivor} (killed life {killed_life})"),
             );
         }
         // A finished sub-agent's log is whole once checked to its end: it
@@ -558,14 +622,12 @@ async fn drill_in(
         check_log(&client, &shared, id, true).await;
     }
     let tool_calls = check_effects(&client, &shared, &all, &effects).await;
-    lab.stop()?;
-    let left = survivors(&run_id, lab.life() + 1);
-    for (pid, life, cmdline) in left {
+    for survivor in lives.finish(&run_id)? {
         shared.violation(
             "no tool process outlives its daemon",
             None,
             None,
-            format!("pid {pid} of life {life} still runs after the last stop: {cmdline}"),
+            format!("{survivor} after the last stop"),
         );
     }
 
@@ -573,6 +635,12 @@ async fn drill_in(
     Ok(Report {
         kept: None,
         seed,
+        addr: options.addr.clone(),
+        faults_queued: mock_url.is_some(),
+        daemon_pid: match &lives {
+            Lives::Own(_) => None,
+            Lives::Running(daemon) => Some(daemon.pid()),
+        },
         at: options.at,
         conversations: options.conversations,
         kills: options.kills,
@@ -612,8 +680,11 @@ async fn create(client: &Client, index: usize, workdir: &Path) -> anyhow::Result
     if is_gated(index) {
         tools.insert("bash".to_owned(), ApiToolPolicy::Approve);
     }
+    // The fake provider, named: a daemon at `--addr` configured with a
+    // real provider refuses instead of being billed.
     let request = CreateConversation {
         cwd: Some(workdir.display().to_string()),
+        provider: Some(ApiProvider::Mock),
         tools,
         retry: Some(ApiRetry {
             max_retries: Some(3),
@@ -671,6 +742,9 @@ struct Worker {
     id: String,
     rng: fastrand::Rng,
     effects: PathBuf,
+    /// The run id its commands mark themselves with, at `--addr`
+    /// (`running::mark_command`).
+    mark: Option<String>,
     nonce: u64,
     index: usize,
     /// Its `bash` calls wait for an approval.
@@ -756,21 +830,33 @@ impl Worker {
         // that answers, one that runs a side effect of its own.
         if !self.gated && self.rng.u8(..) < self.spawn_per_256 {
             let nonce = format!("{NONCE}{}-{}", self.index, self.nonce);
-            return format!(
-                "spawn: hello from a sub-agent of worker {} | run: echo \"$KEEL_TOOL_CALL_ID {nonce}\" >> {}; sleep 0.05",
-                self.index,
+            let command = self.command(&format!(
+                "echo \"$KEEL_TOOL_CALL_ID {nonce}\" >> {}; sleep 0.05",
                 self.effects.display()
+            ));
+            return format!(
+                "spawn: hello from a sub-agent of worker {} | run: {command}",
+                self.index
             );
         }
         if self.rng.bool() {
             let nonce = format!("{NONCE}{}-{}", self.index, self.nonce);
             let pause = self.rng.u32(5..30);
-            format!(
-                "run: echo \"$KEEL_TOOL_CALL_ID {nonce}\" >> {}; sleep 0.{pause:02}",
+            let command = self.command(&format!(
+                "echo \"$KEEL_TOOL_CALL_ID {nonce}\" >> {}; sleep 0.{pause:02}",
                 self.effects.display()
-            )
+            ));
+            format!("run: {command}")
         } else {
             format!("hello {} from worker {}", self.nonce, self.index)
+        }
+    }
+
+    /// `command` as the daemon should run it: marked at `--addr`.
+    fn command(&self, command: &str) -> String {
+        match &self.mark {
+            Some(run) => running::mark_command(command, run),
+            None => command.to_owned(),
         }
     }
 
