@@ -289,6 +289,9 @@ mod tests {
         assert!(spawn(json!({"tasks": [{"task": "a", "cwd": 3}]}))
             .unwrap_err()
             .contains("cwd"));
+        // An empty path names no directory: refused, not taken as "here".
+        let empty = spawn(json!({"tasks": [{"task": "a", "cwd": ""}]})).unwrap_err();
+        assert!(empty.contains("is not a directory path"), "{empty}");
         for outside in ["/etc", "../sibling", "sub/../../up"] {
             let refused = spawn(json!({"tasks": [{"task": "a", "cwd": outside}]})).unwrap_err();
             assert!(refused.contains("inside yours"), "{outside}: {refused}");
@@ -299,6 +302,16 @@ mod tests {
             input: json!({"tasks": [{"task": "a", "cwd": "/etc"}]}),
         };
         assert!(spawn_tasks(&call, 2, true).is_ok(), "allowed to leave");
+    }
+
+    #[test]
+    fn the_built_ins_are_known_by_name_and_nothing_else_is() {
+        for name in [ASK_USER, SUBMIT_RESULT, SPAWN_AGENTS] {
+            assert!(is_builtin(name), "{name}");
+        }
+        for name in ["bash", "read_file", "", "ask_user ", "Spawn_agents"] {
+            assert!(!is_builtin(name), "{name:?}");
+        }
     }
 
     #[test]

@@ -190,6 +190,31 @@ mod tests {
     }
 
     #[test]
+    fn an_id_at_the_length_limit_is_accepted_and_read_back_as_given() {
+        let longest = "x".repeat(MAX_ID_LEN);
+        let id = ConversationId::new(longest.clone()).unwrap();
+        assert_eq!(id.as_str(), longest);
+        assert_eq!(ConversationId::new("c-1.a_b").unwrap().as_str(), "c-1.a_b");
+    }
+
+    #[test]
+    fn id_errors_say_what_is_wrong() {
+        assert_eq!(IdError::Empty.to_string(), "id is empty");
+        assert_eq!(
+            IdError::TooLong { len: 300 }.to_string(),
+            format!("id is 300 characters long; the limit is {MAX_ID_LEN}")
+        );
+        assert_eq!(
+            IdError::BadChar { ch: '/' }.to_string(),
+            "id contains '/'; only ASCII letters, digits, '-', '_' and '.' are allowed"
+        );
+        assert_eq!(
+            IdError::BadEventId.to_string(),
+            "event id must look like \"conversation:seq\""
+        );
+    }
+
+    #[test]
     fn conversation_id_deserialization_validates() {
         let parsed: Result<ConversationId, _> = serde_json::from_str("\"a b\"");
         assert!(parsed.is_err());

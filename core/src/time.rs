@@ -36,3 +36,13 @@ impl fmt::Display for Timestamp {
         write!(f, "{}ms", self.0)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timestamp_shows_as_its_milliseconds() {
+        assert_eq!(Timestamp(1_700_000_000_123).to_string(), "1700000000123ms");
+    }
+}

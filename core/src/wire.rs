@@ -89,3 +89,26 @@ pub trait StreamDecoder: Send {
     /// The stream ended. A stream cut before its end is a retryable failure.
     fn finish(self: Box<Self>) -> Result<AssistantResponse, LlmFailure>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encode_errors_say_what_is_wrong() {
+        let missing = EncodeError::MissingImage {
+            hash: "ab12".to_owned(),
+        };
+        assert_eq!(
+            missing.to_string(),
+            "image ab12 is referenced but its bytes are missing"
+        );
+        let json = EncodeError::Json {
+            reason: "key must be a string".to_owned(),
+        };
+        assert_eq!(
+            json.to_string(),
+            "the body is not JSON: key must be a string"
+        );
+    }
+}
