@@ -612,6 +612,43 @@ fn no_system_and_no_tools_leave_both_out() {
 }
 
 #[test]
+fn empty_text_blocks_are_left_out_of_a_user_message() {
+    let messages = [
+        user(vec![text_block(""), text_block("hi"), text_block("")]),
+        user(vec![text_block(""), image_block(PNG_HASH)]),
+        user(vec![text_block("")]),
+    ];
+    let images = images();
+    let body = encode_request(&request("gpt-4o", None, &messages, &[], &images)).unwrap();
+    assert_eq!(
+        body["messages"],
+        json!([
+            { "role": "user", "content": "hi" },
+            {
+                "role": "user",
+                "content": [
+                    { "type": "image_url", "image_url": { "url": "data:image/png;base64,iVBORw0KGgo=" } },
+                ],
+            },
+        ])
+    );
+}
+
+#[test]
+fn empty_text_blocks_are_left_out_of_an_assistant_message() {
+    let messages = [
+        user(vec![text_block("go")]),
+        assistant(vec![text_block(""), call_block("call_4", "run", json!({}))]),
+        user(vec![result_block("call_4", "done", false)]),
+        assistant(vec![text_block(""), text_block("ok"), text_block("")]),
+    ];
+    let images = BTreeMap::new();
+    let body = encode_request(&request("gpt-4o", None, &messages, &[], &images)).unwrap();
+    assert_eq!(body["messages"][1]["content"], Value::Null, "{body:#}");
+    assert_eq!(body["messages"][3]["content"], "ok", "{body:#}");
+}
+
+#[test]
 fn images_become_data_url_parts() {
     let messages = [user(vec![
         text_block("What is this?"),

@@ -729,6 +729,67 @@ mod tests {
     }
 
     #[test]
+    fn a_tool_input_given_whole_at_its_start_is_kept() {
+        let mut decoder = Decoder::new("m");
+        let start = r#"{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_2","name":"read_file","input":{"path":"a.txt"}}}"#;
+        feed_all(
+            &mut decoder,
+            &[
+                START,
+                ("content_block_start", start),
+                ("content_block_stop", &block_stop(0)),
+                STOP,
+            ],
+        );
+        let response = finish(decoder).unwrap();
+        assert_eq!(
+            response.blocks[0].tool_call().unwrap().input,
+            json!({"path": "a.txt"})
+        );
+    }
+
+    #[test]
+    fn thinking_is_kept_when_it_has_text_or_a_signature_and_dropped_when_empty() {
+        let mut decoder = Decoder::new("m");
+        let thinking = |index: u32, text: &str, signature: &str| {
+            json!({
+                "type": "content_block_start",
+                "index": index,
+                "content_block": {"type": "thinking", "thinking": text, "signature": signature},
+            })
+            .to_string()
+        };
+        let (plan, signed, empty) = (
+            thinking(0, "plan", ""),
+            thinking(1, "", "sig"),
+            thinking(2, "", ""),
+        );
+        feed_all(
+            &mut decoder,
+            &[
+                START,
+                ("content_block_start", &plan),
+                ("content_block_start", &signed),
+                ("content_block_start", &empty),
+                STOP,
+            ],
+        );
+        assert_eq!(
+            finish(decoder).unwrap().blocks,
+            [
+                AssistantBlock::Thinking {
+                    text: "plan".to_owned(),
+                    signature: None,
+                },
+                AssistantBlock::Thinking {
+                    text: String::new(),
+                    signature: Some("sig".to_owned()),
+                },
+            ]
+        );
+    }
+
+    #[test]
     fn unparsable_tool_input_is_a_retryable_failure_naming_the_tool() {
         let mut decoder = Decoder::new("m");
         let start = tool_start(0, "toolu_9", "write_file");

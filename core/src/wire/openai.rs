@@ -1082,6 +1082,100 @@ mod tests {
     }
 
     #[test]
+    fn the_made_up_ids_hash_is_fnv_1a() {
+        // Test vectors of FNV-1a, 64 bits: the ids must stay the same
+        // across versions, so the hash may not drift.
+        let hash = |bytes: &[u8]| {
+            let mut hash = Fnv1a::new();
+            hash.write(bytes);
+            hash.finish()
+        };
+        assert_eq!(hash(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(hash(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(hash(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn an_empty_id_is_no_id_and_the_call_gets_a_made_up_one() {
+        let mut decoder = Decoder::new("m");
+        let deltas = feed_all(
+            &mut decoder,
+            &[tool_chunk(
+                json!([{ "id": "", "index": 0, "function": { "name": "t", "arguments": "{}" } }]),
+            )],
+        );
+        let StreamDelta::ToolUseStarted { id, .. } = &deltas[0] else {
+            panic!("expected the call to start: {deltas:?}");
+        };
+        assert!(id.as_str().starts_with("call_"), "{id}");
+    }
+
+    #[test]
+    fn a_name_resent_with_the_same_id_after_whole_arguments_is_the_same_call() {
+        let mut decoder = Decoder::new("m");
+        feed_all(
+            &mut decoder,
+            &[
+                tool_chunk(
+                    json!([{ "id": "c", "index": 0, "function": { "name": "run", "arguments": "{\"a\":1}" } }]),
+                ),
+                tool_chunk(json!([{ "id": "c", "index": 0, "function": { "name": "run" } }])),
+            ],
+        );
+        done(&mut decoder);
+        let response = Box::new(decoder).finish().unwrap();
+        assert_eq!(
+            calls(&response),
+            vec![("c".into(), "run".into(), json!({ "a": 1 }))]
+        );
+    }
+
+    #[test]
+    fn a_fresh_id_after_arguments_that_only_look_finished_does_not_split_the_call() {
+        // `{"a":{"b":1}` ends with `}` but is not yet a JSON object.
+        let mut decoder = Decoder::new("m");
+        feed_all(
+            &mut decoder,
+            &[
+                tool_chunk(
+                    json!([{ "id": "x1", "index": 0, "function": { "name": "run", "arguments": "{\"a\":{\"b\":1}" } }]),
+                ),
+                tool_chunk(
+                    json!([{ "id": "x2", "index": 0, "function": { "name": "run", "arguments": "}" } }]),
+                ),
+            ],
+        );
+        done(&mut decoder);
+        let response = Box::new(decoder).finish().unwrap();
+        assert_eq!(
+            calls(&response),
+            vec![("x1".into(), "run".into(), json!({ "a": { "b": 1 } }))]
+        );
+    }
+
+    #[test]
+    fn content_sent_as_typed_parts_is_text() {
+        let mut decoder = Decoder::new("m");
+        let chunk = json!({ "choices": [{ "index": 0, "delta": { "content": [
+            { "type": "text", "text": "Bonjour" },
+            { "type": "reference", "text": "not said" },
+            { "type": "text", "text": " !" },
+        ] } }] });
+        let deltas = feed_all(&mut decoder, &[chunk, finish_chunk("stop")]);
+        assert_eq!(
+            deltas,
+            vec![
+                StreamDelta::Text {
+                    text: "Bonjour".to_owned()
+                },
+                StreamDelta::Text {
+                    text: " !".to_owned()
+                },
+            ]
+        );
+    }
+
+    #[test]
     fn made_up_ids_differ_between_responses() {
         let made_up = |response_id: &str| {
             let mut decoder = Decoder::new("m");
