@@ -513,11 +513,21 @@ fn run_client(command: Command) -> anyhow::Result<Exit> {
 /// alone (its transport cause would only distract), anything else with
 /// its causes on one line.
 pub fn describe_error(error: &anyhow::Error) -> String {
-    match error.downcast_ref::<crate::client::Error>() {
-        Some(client_error) if client_error.code().is_some() => client_error.to_string(),
-        Some(crate::client::Error::NoDaemon { .. }) => error.to_string(),
-        _ => format!("{error:#}"),
+    // A client error's message says what to do; what lies under it (the
+    // transport's error) is noise, but what a command said above it (the
+    // drill that stopped, and where it kept its directory) is not.
+    let mut said = Vec::new();
+    for cause in error.chain() {
+        said.push(cause.to_string());
+        if let Some(client_error) = cause.downcast_ref::<crate::client::Error>() {
+            if client_error.code().is_some()
+                || matches!(client_error, crate::client::Error::NoDaemon { .. })
+            {
+                return said.join(": ");
+            }
+        }
     }
+    format!("{error:#}")
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
@@ -536,6 +546,31 @@ mod tests {
     #[test]
     fn the_command_line_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_client_error_is_told_with_what_was_said_above_it_and_nothing_under_it() {
+        let no_daemon = || {
+            let client = crate::client::Client::new("127.0.0.1:1", None);
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(client.health())
+                .unwrap_err()
+        };
+        let bare = anyhow::Error::new(no_daemon());
+        assert_eq!(
+            describe_error(&bare),
+            "no daemon at 127.0.0.1:1: start one with `keel serve`"
+        );
+        let wrapped = anyhow::Error::new(no_daemon()).context("the drill stopped (seed 7)");
+        assert_eq!(
+            describe_error(&wrapped),
+            "the drill stopped (seed 7): no daemon at 127.0.0.1:1: start one with `keel serve`"
+        );
+        let other = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(describe_error(&other), "outer: inner");
     }
 
     #[test]

@@ -353,6 +353,28 @@ fn keel_bench_at_an_address_nobody_answers_fails_clearly() {
     );
 }
 
+#[test]
+fn keel_drill_crash_at_an_address_nobody_answers_fails_clearly() {
+    let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let output = keel(&["drill", "crash", "--kills", "1", "--addr", &addr]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("no daemon at {addr}: start one with `keel serve`")),
+        "{stderr}"
+    );
+    // Retries come only from faults queued at the fake provider.
+    let output = keel(&["drill", "crash", "--addr", &addr, "--at", "retry-wait"]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("needs --mock-url"), "{stderr}");
+}
+
 /// `keel drill crash --addr`: a daemon somebody else started (here, the
 /// test), killed and brought back by `--restart` on its own data dir and
 /// port, with the drill's checks passing, and left running at the end.

@@ -52,10 +52,8 @@ impl RunningDaemon {
         dir: &Path,
         client: &Client,
     ) -> anyhow::Result<RunningDaemon> {
-        client
-            .health()
-            .await
-            .with_context(|| format!("no keel daemon answers at {addr}"))?;
+        // Nobody there: the client's error says so, and what to do.
+        client.health().await?;
         let port = lab::port_of(addr).ok_or_else(|| anyhow!("{addr} names no TCP port"))?;
         let pid = lab::listener_pid(port).ok_or_else(|| {
             anyhow!(
