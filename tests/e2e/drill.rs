@@ -368,6 +368,8 @@ fn keel_drill_crash_at_an_address_nobody_answers_fails_clearly() {
         stderr.contains(&format!("no daemon at {addr}: start one with `keel serve`")),
         "{stderr}"
     );
+    // Nothing was written, so no directory is kept and none is named.
+    assert!(!stderr.contains("kept in"), "{stderr}");
     // Retries come only from faults queued at the fake provider.
     let output = keel(&["drill", "crash", "--addr", &addr, "--at", "retry-wait"]);
     assert_eq!(output.status.code(), Some(1));

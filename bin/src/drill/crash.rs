@@ -432,6 +432,11 @@ async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
             }
             Ok(report)
         }
+        // A drill that stopped before anything was written (no daemon at
+        // `--addr`, say) has nothing to keep.
+        Err(error) if !holds_a_file(temp.path()) => {
+            Err(error.context(format!("the drill stopped (seed {seed})")))
+        }
         Err(error) => {
             let kept = temp.keep();
             Err(error.context(format!(
@@ -440,6 +445,20 @@ async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
             )))
         }
     }
+}
+
+/// Whether `dir` or a directory under it holds a file.
+fn holds_a_file(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.flatten().any(|entry| {
+            let path = entry.path();
+            if path.is_dir() {
+                holds_a_file(&path)
+            } else {
+                true
+            }
+        })
+    })
 }
 
 async fn drill_in(
@@ -1283,6 +1302,15 @@ async fn check_effects(client: &Client, shared: &Shared, ids: &[String], effects
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_directory_with_a_file_somewhere_under_it_is_worth_keeping() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        std::fs::create_dir_all(dir.path().join("work/deeper")).expect("directories");
+        assert!(!holds_a_file(dir.path()));
+        std::fs::write(dir.path().join("work/deeper/effects.log"), "x").expect("a file");
+        assert!(holds_a_file(dir.path()));
+    }
 
     #[test]
     fn a_process_of_an_earlier_life_is_found_and_one_of_this_life_is_not() {
