@@ -217,6 +217,9 @@ pub enum Command {
     Approve {
         id: String,
         call_id: String,
+        /// Who decided, recorded in the log with the decision.
+        #[arg(long, value_name = "NAME")]
+        by: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -224,6 +227,9 @@ pub enum Command {
     Deny {
         id: String,
         call_id: String,
+        /// Who decided, recorded in the log with the decision.
+        #[arg(long, value_name = "NAME")]
+        by: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -232,6 +238,9 @@ pub enum Command {
         id: String,
         call_id: String,
         text: String,
+        /// Who answered, recorded in the log with the answer.
+        #[arg(long, value_name = "NAME")]
+        by: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -475,28 +484,33 @@ fn run_client(command: Command) -> anyhow::Result<Exit> {
             } => commands::log(&client, &id, from, follow, json).await,
             Command::Inspect { id, json } => commands::inspect(&client, &id, json).await,
             Command::Cancel { id, json } => commands::cancel(&client, &id, json).await,
-            Command::Approve { id, call_id, json } => {
-                commands::resolve(&client, &id, &call_id, ApiDecisionKind::Approve, None, json)
-                    .await
+            Command::Approve {
+                id,
+                call_id,
+                by,
+                json,
+            } => {
+                let decision = ApiDecisionKind::Approve;
+                commands::resolve(&client, &id, &call_id, decision, None, by, json).await
             }
-            Command::Deny { id, call_id, json } => {
-                commands::resolve(&client, &id, &call_id, ApiDecisionKind::Deny, None, json).await
+            Command::Deny {
+                id,
+                call_id,
+                by,
+                json,
+            } => {
+                let decision = ApiDecisionKind::Deny;
+                commands::resolve(&client, &id, &call_id, decision, None, by, json).await
             }
             Command::Answer {
                 id,
                 call_id,
                 text,
+                by,
                 json,
             } => {
-                commands::resolve(
-                    &client,
-                    &id,
-                    &call_id,
-                    ApiDecisionKind::Answer,
-                    Some(text),
-                    json,
-                )
-                .await
+                let decision = ApiDecisionKind::Answer;
+                commands::resolve(&client, &id, &call_id, decision, Some(text), by, json).await
             }
             Command::Evict { id, json } => commands::evict(&client, &id, json).await,
             Command::Ps { json } => commands::ps(&client, json).await,

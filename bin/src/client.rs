@@ -225,19 +225,21 @@ impl Client {
         .await
     }
 
-    /// [`Client::resolve`] from its parts.
+    /// [`Client::resolve`] from its parts; `by` names who decided, for
+    /// the log.
     pub async fn decide(
         &self,
         id: &str,
         tool_call_id: &str,
         decision: ApiDecisionKind,
         text: Option<String>,
+        by: Option<String>,
     ) -> Result<ResolveAccepted, Error> {
         let request = ResolveRequest {
             tool_call_id: tool_call_id.to_owned(),
             decision,
             text,
-            by: None,
+            by,
         };
         self.resolve(id, &request).await
     }

@@ -207,7 +207,7 @@ impl Session {
             };
             if let Err(error) = self
                 .client
-                .decide(&self.id, &call.tool_call_id, decision, text)
+                .decide(&self.id, &call.tool_call_id, decision, text, None)
                 .await
             {
                 eprintln!("{}", self.paint.red(&format!("error: {error}")));

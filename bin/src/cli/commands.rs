@@ -387,9 +387,10 @@ pub async fn resolve(
     call: &str,
     decision: ApiDecisionKind,
     text: Option<String>,
+    by: Option<String>,
     json: bool,
 ) -> anyhow::Result<Exit> {
-    let resolved = client.decide(id, call, decision, text).await?;
+    let resolved = client.decide(id, call, decision, text, by).await?;
     if json {
         output::json_line(&resolved)?;
     } else {

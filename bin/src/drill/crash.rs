@@ -1001,7 +1001,7 @@ impl Worker {
         }
         match self
             .client
-            .decide(&self.id, call, ApiDecisionKind::Approve, None)
+            .decide(&self.id, call, ApiDecisionKind::Approve, None, None)
             .await
         {
             Ok(_) => self.shared.book().approvals += 1,
@@ -1212,7 +1212,13 @@ async fn settle(client: &Client, shared: &Shared, ids: &[String]) {
                 Ok(detail) => {
                     for call in &detail.pending {
                         if client
-                            .decide(&id, &call.tool_call_id, ApiDecisionKind::Approve, None)
+                            .decide(
+                                &id,
+                                &call.tool_call_id,
+                                ApiDecisionKind::Approve,
+                                None,
+                                None,
+                            )
                             .await
                             .is_ok()
                         {

@@ -129,7 +129,7 @@ async fn client_every_route_answers_in_the_api_types() {
     };
     let call = pending[0].tool_call_id.clone();
     let resolved = client
-        .decide(&id, &call, ApiDecisionKind::Approve, None)
+        .decide(&id, &call, ApiDecisionKind::Approve, None, None)
         .await
         .unwrap();
     assert_eq!(resolved.decision, ApiDecisionKind::Approve);
@@ -137,7 +137,9 @@ async fn client_every_route_answers_in_the_api_types() {
         matches!(kind, ApiEventKind::TurnCompleted { turn: 2, .. })
     })
     .await;
-    let again = client.decide(&id, &call, ApiDecisionKind::Deny, None).await;
+    let again = client
+        .decide(&id, &call, ApiDecisionKind::Deny, None, None)
+        .await;
     assert_eq!(again.unwrap_err().code(), Some("already_resolved"));
 
     let actors = client.actors().await.unwrap();

@@ -201,10 +201,17 @@ async fn cli_send_stops_at_a_pending_call_and_approve_runs_it() {
         .as_str()
         .unwrap()
         .to_owned();
-    let denied = rig.json(&["deny", &id, &call]);
+    let denied = rig.json(&["deny", &id, &call, "--by", "ada@ops"]);
     assert_eq!(denied, json!({"tool_call_id": call, "decision": "deny"}));
-    rig.daemon.wait_turn_done(&id, 2).await;
+    let log = rig.daemon.wait_turn_done(&id, 2).await;
     assert!(!rig.site.cwd().join("denied.txt").exists());
+    // Who decided is in the log with the decision.
+    let resolved: Vec<&Value> = log
+        .iter()
+        .filter(|event| event["type"] == "resolved" && event["tool_call_id"] == call.as_str())
+        .collect();
+    assert_eq!(resolved.len(), 1, "{log:#?}");
+    assert_eq!(resolved[0]["by"], "ada@ops");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
