@@ -84,6 +84,11 @@ impl ChildDaemon {
             .env("KEEL_MOCK_URL", &self.mock_url)
             .env("KEEL_SHUTDOWN_GRACE_MS", "2000")
             .env(LIFE_ENV, self.life.to_string())
+            // Not to outlive this process, however it ends.
+            .env(
+                crate::serve::EXIT_WITH_PARENT_ENV,
+                std::process::id().to_string(),
+            )
             .env_remove("KEEL_CONFIG")
             .env_remove("KEEL_STORE")
             .env_remove("ANTHROPIC_API_KEY")

@@ -48,7 +48,13 @@ pub struct Options {
     pub config: Option<PathBuf>,
 }
 
+/// Set by the drills and `keel bench` (`lab`) for the daemons they start:
+/// the pid of the starting process, which this daemon must not outlive.
+/// A drill killed by the OOM killer cannot stop its daemon itself.
+pub const EXIT_WITH_PARENT_ENV: &str = "KEEL_EXIT_WITH_PARENT";
+
 pub fn run(options: Options) -> anyhow::Result<()> {
+    exit_with_parent()?;
     let config = load_config(&options)?;
     let format = match config.log_format.as_deref() {
         Some("json") => LogFormat::Json,
@@ -61,6 +67,29 @@ pub fn run(options: Options) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(serve(config))
+}
+
+/// With [`EXIT_WITH_PARENT_ENV`] set: be sent SIGKILL when the thread that
+/// started this process ends (the kernel's parent-death signal; `lab`
+/// starts its daemons from the thread that lives as long as its process),
+/// and stop at once if that already happened.
+fn exit_with_parent() -> anyhow::Result<()> {
+    let Some(value) = std::env::var_os(EXIT_WITH_PARENT_ENV) else {
+        return Ok(());
+    };
+    let parent: i32 = value
+        .to_str()
+        .and_then(|text| text.parse().ok())
+        .with_context(|| format!("{EXIT_WITH_PARENT_ENV} must be a pid, not {value:?}"))?;
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .context("asking to die with the process that started this daemon")?;
+    // Set only now: a parent that died before would go unnoticed.
+    let now = nix::unistd::getppid().as_raw();
+    anyhow::ensure!(
+        now == parent,
+        "the process that started this daemon ({parent}) is gone"
+    );
+    Ok(())
 }
 
 /// How many tasks a worker runs from its own queue before it takes one

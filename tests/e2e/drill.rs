@@ -458,3 +458,51 @@ fn keel_drill_crash_drills_a_running_daemon_at_addr() {
         "the report names the daemon now listening"
     );
 }
+
+/// The daemon `keel bench` (or a drill) starts dies with it, even when it
+/// is killed and cannot stop the daemon itself (the OOM killer, say).
+#[test]
+fn a_daemon_started_by_keel_bench_dies_with_it() {
+    let mut bench = Command::new(keel_bin())
+        .args(["bench", "--quick", "--json"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let patience = std::time::Duration::from_secs(30);
+    let daemon = loop {
+        if let Some(pid) = serve_child_of(bench.id()) {
+            break pid;
+        }
+        assert!(started.elapsed() < patience, "keel bench started no daemon");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    bench.kill().unwrap();
+    bench.wait().unwrap();
+    let killed = std::time::Instant::now();
+    while keel::lab::is_running(daemon) {
+        assert!(
+            killed.elapsed() < patience,
+            "the daemon {daemon} outlived the killed keel bench"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// A `keel serve` whose parent is `parent`, from `/proc`.
+fn serve_child_of(parent: u32) -> Option<u32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|field| field.parse::<u32>().ok());
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            ppid == Some(parent) && cmdline.split(|byte| *byte == 0).any(|arg| arg == b"serve")
+        })
+}
