@@ -359,6 +359,12 @@ async fn the_ledger_holds_a_record_exactly_while_the_group_runs() {
     assert!(ledger_records(&ledger).is_empty());
 }
 
+/// What a restarted runtime's boot does: a new ledger over the same
+/// directory reaps what the last one left.
+fn reap_after_restart(dir: &std::path::Path) -> Vec<Reaped> {
+    ProcessLedger::open(dir).unwrap().reap_survivors().unwrap()
+}
+
 /// A `sleep 30` leading its own group, as a tool would have started it.
 fn spawn_group_leader() -> std::process::Child {
     use std::os::unix::process::CommandExt;
@@ -377,11 +383,7 @@ fn reap_survivors_kills_a_recorded_group_that_is_still_running() {
     let mut leader = spawn_group_leader();
     ledger.record(leader.id(), "toolu_survivor").unwrap();
 
-    // A new ledger over the same directory: what a restarted runtime sees.
-    let reaped = ProcessLedger::open(dir.path())
-        .unwrap()
-        .reap_survivors()
-        .unwrap();
+    let reaped = reap_after_restart(dir.path());
 
     assert_eq!(
         reaped,
@@ -454,10 +456,7 @@ fn reap_survivors_kills_a_group_recorded_in_the_older_one_file_layout() {
     let line = std::fs::read_to_string(recorder.path()).unwrap();
     std::fs::write(dir.path().join(leader.id().to_string()), line.trim_end()).unwrap();
 
-    let reaped = ProcessLedger::open(dir.path())
-        .unwrap()
-        .reap_survivors()
-        .unwrap();
+    let reaped = reap_after_restart(dir.path());
 
     assert_eq!(
         reaped,
@@ -492,10 +491,7 @@ fn reap_survivors_kills_only_groups_without_an_end_line_and_skips_a_torn_one() {
         .unwrap();
     drop(file);
 
-    let reaped = ProcessLedger::open(dir.path())
-        .unwrap()
-        .reap_survivors()
-        .unwrap();
+    let reaped = reap_after_restart(dir.path());
 
     assert_eq!(
         reaped,

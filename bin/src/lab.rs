@@ -213,20 +213,22 @@ pub fn listener_pid(port: u16) -> Option<u32> {
         .filter_map(|table| std::fs::read_to_string(table).ok())
         .find_map(|table| listening_inode(&table, port))?;
     let socket = format!("socket:[{inode}]");
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .find_map(|entry| {
-            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let holds = std::fs::read_dir(entry.path().join("fd"))
-                .ok()?
-                .flatten()
-                .any(|fd| {
-                    std::fs::read_link(fd.path())
-                        .is_ok_and(|link| link.as_os_str() == socket.as_str())
-                });
-            holds.then_some(pid)
+    pids().find(|pid| {
+        std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+            fds.flatten().any(|fd| {
+                std::fs::read_link(fd.path()).is_ok_and(|link| link.as_os_str() == socket.as_str())
+            })
         })
+    })
+}
+
+/// The pids of every process on this machine, from `/proc`.
+pub fn pids() -> impl Iterator<Item = u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
 }
 
 /// The inode of the socket listening on `port` in a `/proc/net/tcp` table:
@@ -277,19 +279,9 @@ fn clock_ticks() -> Option<u64> {
 /// and a numeric `tag` variable: `(pid, the tag's value, command line)`.
 /// A drill marks the processes of its daemons and their tools this way.
 pub fn processes_with_env(marker: &str, tag: &str) -> Vec<(u32, u32, String)> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
     let tag_prefix = format!("{tag}=");
     let mut found = Vec::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|name| name.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for pid in pids() {
         let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
             continue;
         };

@@ -20,6 +20,7 @@ use serde_json::Value;
 
 use std::process::Command;
 
+use crate::cli::free_port;
 use crate::daemon::{Daemon, Site};
 use crate::harness::{keel, keel_bin, keel_json_lines, MockLlm};
 
@@ -276,13 +277,7 @@ fn keel_bench_quick_reports_every_figure() {
 fn keel_bench_measures_a_running_daemon_at_addr() {
     let mock = MockLlm::start();
     let site = Site::new();
-    let daemon = Daemon::start_with(
-        &site,
-        vec![
-            ("KEEL_PROVIDER".to_owned(), "mock".to_owned()),
-            ("KEEL_MOCK_URL".to_owned(), mock.base_url().to_owned()),
-        ],
-    );
+    let daemon = daemon_on(&site, &mock);
     let output = Command::new(keel_bin())
         .args(["bench", "--quick", "--json", "--addr", &daemon.url])
         .args(["--mock-url", mock.base_url()])
@@ -339,11 +334,7 @@ fn keel_bench_measures_a_running_daemon_at_addr() {
 /// `keel bench --addr` with nothing there says so and fails.
 #[test]
 fn keel_bench_at_an_address_nobody_answers_fails_clearly() {
-    let port = std::net::TcpListener::bind(("127.0.0.1", 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let output = keel(&["bench", "--quick", "--addr", &format!("127.0.0.1:{port}")]);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -355,11 +346,7 @@ fn keel_bench_at_an_address_nobody_answers_fails_clearly() {
 
 #[test]
 fn keel_drill_crash_at_an_address_nobody_answers_fails_clearly() {
-    let port = std::net::TcpListener::bind(("127.0.0.1", 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let output = keel(&["drill", "crash", "--kills", "1", "--addr", &addr]);
     assert_eq!(output.status.code(), Some(1));
@@ -384,13 +371,7 @@ fn keel_drill_crash_at_an_address_nobody_answers_fails_clearly() {
 fn keel_drill_crash_drills_a_running_daemon_at_addr() {
     let mock = MockLlm::start();
     let site = Site::new();
-    let daemon = Daemon::start_with(
-        &site,
-        vec![
-            ("KEEL_PROVIDER".to_owned(), "mock".to_owned()),
-            ("KEEL_MOCK_URL".to_owned(), mock.base_url().to_owned()),
-        ],
-    );
+    let daemon = daemon_on(&site, &mock);
     let addr = daemon.url.trim_start_matches("http://").to_owned();
     let restart = format!(
         "cd '{}' && KEEL_DATA_DIR='{}' KEEL_ADDR={addr} KEEL_PROVIDER=mock KEEL_MOCK_URL={} exec '{}' serve",
@@ -492,17 +473,24 @@ fn a_daemon_started_by_keel_bench_dies_with_it() {
 
 /// A `keel serve` whose parent is `parent`, from `/proc`.
 fn serve_child_of(parent: u32) -> Option<u32> {
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .find(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let ppid = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                .and_then(|field| field.parse::<u32>().ok());
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            ppid == Some(parent) && cmdline.split(|byte| *byte == 0).any(|arg| arg == b"serve")
-        })
+    keel::lab::pids().find(|pid| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|field| field.parse::<u32>().ok());
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        ppid == Some(parent) && cmdline.split(|byte| *byte == 0).any(|arg| arg == b"serve")
+    })
+}
+
+/// `keel serve` on `site`, its provider the fake one at `mock`.
+fn daemon_on(site: &Site, mock: &MockLlm) -> Daemon {
+    Daemon::start_with(
+        site,
+        vec![
+            ("KEEL_PROVIDER".to_owned(), "mock".to_owned()),
+            ("KEEL_MOCK_URL".to_owned(), mock.base_url().to_owned()),
+        ],
+    )
 }

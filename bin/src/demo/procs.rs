@@ -8,6 +8,8 @@
 
 use std::time::Duration;
 
+use crate::lab::{self, is_running};
+
 /// The pids of `pids` that are running, and every running process of
 /// process group `pgid`.
 pub fn running(pids: &[u32], pgid: u32) -> Vec<u32> {
@@ -16,19 +18,10 @@ pub fn running(pids: &[u32], pgid: u32) -> Vec<u32> {
         .copied()
         .filter(|&pid| is_running(pid))
         .collect();
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|name| name.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            if let Some(stat) = stat(pid) {
-                if stat.pgrp == pgid && stat.state != 'Z' && !alive.contains(&pid) {
-                    alive.push(pid);
-                }
+    for pid in lab::pids() {
+        if let Some(stat) = stat(pid) {
+            if stat.pgrp == pgid && stat.state != 'Z' && !alive.contains(&pid) {
+                alive.push(pid);
             }
         }
     }
@@ -48,10 +41,6 @@ pub async fn wait_gone(pids: &[u32], pgid: u32, within: Duration) -> Vec<u32> {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-}
-
-fn is_running(pid: u32) -> bool {
-    stat(pid).is_some_and(|stat| stat.state != 'Z')
 }
 
 struct Stat {

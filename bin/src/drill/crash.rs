@@ -347,6 +347,14 @@ fn survivors(run_id: &str, life: u32) -> Vec<(u32, u32, String)> {
         .collect()
 }
 
+/// [`survivors`], each said as a violation says it.
+fn described_survivors(run_id: &str, life: u32) -> Vec<String> {
+    survivors(run_id, life)
+        .into_iter()
+        .map(|(pid, life, cmdline)| format!("pid {pid} of life {life} still runs: {cmdline}"))
+        .collect()
+}
+
 /// The daemon whose lives the drill ends: a child of its own, or the one
 /// at `--addr`, brought back by somebody else.
 enum Lives {
@@ -383,12 +391,7 @@ impl Lives {
     /// Processes of an earlier life that still run, described.
     fn survivors(&self, run_id: &str) -> Vec<String> {
         match self {
-            Lives::Own(lab) => survivors(run_id, lab.life())
-                .into_iter()
-                .map(|(pid, life, cmdline)| {
-                    format!("pid {pid} of life {life} still runs: {cmdline}")
-                })
-                .collect(),
+            Lives::Own(lab) => described_survivors(run_id, lab.life()),
             Lives::Running(daemon) => running::survivors(run_id, daemon.killed())
                 .into_iter()
                 .map(|(pid, of, cmdline)| {
@@ -404,12 +407,7 @@ impl Lives {
     fn finish(&mut self, run_id: &str) -> anyhow::Result<Vec<String>> {
         if let Lives::Own(lab) = self {
             lab.stop()?;
-            return Ok(survivors(run_id, lab.life() + 1)
-                .into_iter()
-                .map(|(pid, life, cmdline)| {
-                    format!("pid {pid} of life {life} still runs: {cmdline}")
-                })
-                .collect());
+            return Ok(described_survivors(run_id, lab.life() + 1));
         }
         Ok(self.survivors(run_id))
     }
