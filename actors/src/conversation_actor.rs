@@ -167,6 +167,8 @@ pub(crate) enum ConversationMsg {
     TimerFired {
         timer: Timer,
     },
+    /// The held live updates are due (`Publisher::finish_message`).
+    FlushLive,
 }
 
 /// How the actor comes up.
@@ -230,6 +232,8 @@ pub(crate) struct ConversationState {
     pub(crate) spawn: Option<SpawnWork>,
     pub(crate) timers: HashMap<Timer, AbortOnDrop>,
     pub(crate) publisher: Publisher,
+    /// The flush the publisher's held live updates are owed.
+    pub(crate) live_flush: Option<AbortOnDrop>,
     /// `post_start` still has to feed `Input::Started` (a rebuilt
     /// conversation recovers what its log left in flight).
     pub(crate) recover_on_start: bool,
@@ -279,7 +283,8 @@ impl ConversationState {
             tool: None,
             spawn: None,
             timers: HashMap::new(),
-            publisher: Publisher::default(),
+            publisher: Publisher::new(shared.settings.live_interval),
+            live_flush: None,
             recover_on_start: false,
             last_touched: Instant::now(),
             hibernated: false,
@@ -306,6 +311,23 @@ impl ConversationState {
             seen.state = Some(now_in);
             seen.handling_since = None;
         });
+    }
+
+    /// Done with a message: let the publisher send what this message held
+    /// back, or arm the flush it owes (one at a time; a flush that comes
+    /// early sends early, which is only less batching).
+    fn finish_publishing(&mut self, myself: &ActorRef<ConversationMsg>) {
+        match self.publisher.finish_message() {
+            None => self.live_flush = None,
+            Some(_) if self.live_flush.is_some() => {}
+            Some(deadline) => {
+                let target = self.mailbox(myself);
+                self.live_flush = Some(AbortOnDrop(tokio::spawn(async move {
+                    tokio::time::sleep_until(deadline).await;
+                    let _ = target.cast(ConversationMsg::FlushLive);
+                })));
+            }
+        }
     }
 
     /// This actor's mailbox, for its workers, timers and subscriptions to
@@ -420,6 +442,7 @@ impl Actor for ConversationActor {
             effects::step(&myself, state, Input::Started).await?;
         }
         rest_at_once(state).await?;
+        state.finish_publishing(&myself);
         state.seen_at_rest();
         Ok(())
     }
@@ -429,6 +452,7 @@ impl Actor for ConversationActor {
         _myself: ActorRef<ConversationMsg>,
         state: &mut ConversationState,
     ) -> Result<(), ActorProcessingErr> {
+        state.publisher.flush();
         tracing::debug!(parent: &state.span, "conversation actor stopped");
         door::forget_control(&state.shared, &state.id, &state.control);
         Ok(())
@@ -451,6 +475,7 @@ impl Actor for ConversationActor {
                 | ConversationMsg::Unsubscribed
                 | ConversationMsg::Stats { .. }
                 | ConversationMsg::ChildState { .. }
+                | ConversationMsg::FlushLive
         ) {
             hydrate(state).await?;
         }
@@ -466,6 +491,7 @@ impl Actor for ConversationActor {
                 | ConversationMsg::Inspect { .. }
                 | ConversationMsg::Stats { .. }
                 | ConversationMsg::Unsubscribed
+                | ConversationMsg::FlushLive
         ) {
             state.last_touched = Instant::now();
         }
@@ -640,9 +666,14 @@ impl Actor for ConversationActor {
                 state.timers.remove(&timer);
                 effects::step(&myself, state, Input::TimerFired { timer }).await?;
             }
+            ConversationMsg::FlushLive => {
+                state.live_flush = None;
+                state.publisher.flush();
+            }
         }
         settle_drain(&myself, state).await?;
         rest_at_once(state).await?;
+        state.finish_publishing(&myself);
         state.seen_at_rest();
         Ok(())
     }
@@ -707,6 +738,7 @@ impl Actor for ConversationActor {
         }
         settle_drain(&myself, state).await?;
         rest_at_once(state).await?;
+        state.finish_publishing(&myself);
         Ok(())
     }
 }
@@ -834,6 +866,7 @@ fn hibernate(state: &mut ConversationState) {
     if let Some(conversation) = &state.conversation {
         state.rest_state = conversation.state_name();
     }
+    state.publisher.flush();
     state.publisher.release_if_unwatched();
     state.timers.shrink_to_fit();
     state.conversation = None;

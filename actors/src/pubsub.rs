@@ -23,9 +23,11 @@
 use std::any::Any;
 use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use serde::Serialize;
 use tokio::sync::broadcast;
+use tokio::time::Instant;
 
 use keel_core::event::{Event, PendingCall};
 use keel_core::ids::{ConversationId, Seq};
@@ -334,14 +336,48 @@ impl Drop for Subscription {
     }
 }
 
-/// The actor's side: a sender that exists only while someone listens.
-#[derive(Debug, Default)]
+/// The actor's side: a sender that exists only while someone listens,
+/// and the live-only updates it holds back to send with the next wave.
+///
+/// Every send wakes every subscriber, and each woken stream is a write to
+/// its client, so the publisher sends in waves
+/// (docs/requirements.md, "Live updates go out in waves"): a canonical
+/// event is never held, and takes the held live updates along, in order,
+/// ahead of it; a live-only update goes out at once when nothing was sent
+/// for `interval` (a first token after a quiet wait is not delayed), and
+/// otherwise is held until the actor's current message is done if that
+/// message sent something, or until `interval` after the last send. The
+/// actor calls [`Publisher::finish_message`] after each message and arms a
+/// flush at the deadline it returns. A zero interval sends everything at
+/// once.
+#[derive(Debug)]
 pub(crate) struct Publisher {
     sender: Option<broadcast::Sender<Arc<Published>>>,
+    interval: Duration,
+    /// Live-only updates waiting for the next wave, oldest first.
+    held: Vec<Update>,
+    /// When the channel last sent.
+    last_sent: Option<Instant>,
+    /// Something was sent while handling the actor's current message:
+    /// more updates of the same message join that wave.
+    sent_in_message: bool,
 }
 
 impl Publisher {
+    pub(crate) fn new(interval: Duration) -> Publisher {
+        Publisher {
+            sender: None,
+            interval,
+            held: Vec::new(),
+            last_sent: None,
+            sent_in_message: false,
+        }
+    }
+
+    /// A receiver of everything published from now on. Updates held
+    /// before go out first, to the subscribers they were published to.
     pub(crate) fn subscribe(&mut self) -> broadcast::Receiver<Arc<Published>> {
+        self.flush();
         match &self.sender {
             Some(sender) => sender.subscribe(),
             None => {
@@ -353,12 +389,65 @@ impl Publisher {
     }
 
     pub(crate) fn publish(&mut self, update: Update) {
-        if let Some(sender) = &self.sender {
-            if sender.send(Arc::new(Published::new(update))).is_err() {
-                // Every receiver is gone: free the buffer.
-                self.sender = None;
-            }
+        if self.sender.is_none() {
+            return;
         }
+        let now = Instant::now();
+        let holds = matches!(update, Update::Live { .. })
+            && !self.sent_in_message
+            && self
+                .last_sent
+                .is_some_and(|last| now < last + self.interval);
+        if holds {
+            self.held.push(update);
+            return;
+        }
+        self.flush();
+        self.send(update, now);
+    }
+
+    /// Send every held update now.
+    pub(crate) fn flush(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        for update in std::mem::take(&mut self.held) {
+            self.send(update, now);
+        }
+    }
+
+    /// The actor is done with a message. Updates held while it sent
+    /// something go out now, with that wave; otherwise the held ones are
+    /// owed a flush at the returned deadline (`None`: nothing is held).
+    pub(crate) fn finish_message(&mut self) -> Option<Instant> {
+        if std::mem::take(&mut self.sent_in_message) {
+            self.flush();
+            self.sent_in_message = false;
+            return None;
+        }
+        if self.held.is_empty() {
+            return None;
+        }
+        Some(
+            self.last_sent
+                .map_or_else(Instant::now, |last| last + self.interval),
+        )
+    }
+
+    fn send(&mut self, update: Update, now: Instant) {
+        let Some(sender) = &self.sender else {
+            self.held.clear();
+            return;
+        };
+        if sender.send(Arc::new(Published::new(update))).is_err() {
+            // Every receiver is gone: free the buffer.
+            self.sender = None;
+            self.held.clear();
+            return;
+        }
+        self.last_sent = Some(now);
+        self.sent_in_message = true;
     }
 
     /// Drop the channel if nobody listens (idle eviction's first tier).
@@ -369,6 +458,7 @@ impl Publisher {
             .is_some_and(|sender| sender.receiver_count() == 0)
         {
             self.sender = None;
+            self.held = Vec::new();
         }
     }
 
@@ -404,6 +494,163 @@ mod tests {
         let second = published.rendered(render);
         assert!(Arc::ptr_eq(&first, &second));
         assert_eq!(renders.load(Ordering::Relaxed), 1);
+    }
+
+    fn state(state: StateName) -> Update {
+        Update::Live {
+            event: LiveEvent::StateChanged { state },
+        }
+    }
+
+    fn canonical(seq: Seq) -> Update {
+        Update::Event {
+            event: Arc::new(Event {
+                seq,
+                at: keel_core::time::Timestamp::from_millis(0),
+                parent: None,
+                triggers_turn: false,
+                kind: keel_core::event::EventKind::TurnStarted { turn: 1 },
+            }),
+        }
+    }
+
+    /// Everything the receiver has been sent so far.
+    fn drain(receiver: &mut broadcast::Receiver<Arc<Published>>) -> Vec<Update> {
+        let mut got = Vec::new();
+        while let Ok(published) = receiver.try_recv() {
+            got.push(published.update().clone());
+        }
+        got
+    }
+
+    const INTERVAL: Duration = Duration::from_millis(16);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_live_update_after_a_quiet_interval_goes_out_at_once() {
+        let mut publisher = Publisher::new(INTERVAL);
+        let mut receiver = publisher.subscribe();
+        publisher.publish(state(StateName::Streaming));
+        assert_eq!(drain(&mut receiver), vec![state(StateName::Streaming)]);
+        assert_eq!(publisher.finish_message(), None);
+        tokio::time::advance(INTERVAL).await;
+        publisher.publish(state(StateName::Idle));
+        assert_eq!(drain(&mut receiver), vec![state(StateName::Idle)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn live_updates_soon_after_a_wave_wait_for_the_deadline() {
+        let mut publisher = Publisher::new(INTERVAL);
+        let mut receiver = publisher.subscribe();
+        publisher.publish(canonical(3));
+        assert_eq!(publisher.finish_message(), None);
+        let sent_at = Instant::now();
+        drain(&mut receiver);
+
+        tokio::time::advance(Duration::from_millis(2)).await;
+        publisher.publish(state(StateName::Streaming));
+        assert_eq!(publisher.finish_message(), Some(sent_at + INTERVAL));
+        tokio::time::advance(Duration::from_millis(2)).await;
+        publisher.publish(state(StateName::ExecutingTools));
+        assert_eq!(
+            publisher.finish_message(),
+            Some(sent_at + INTERVAL),
+            "the deadline is the wave's, not the newest update's"
+        );
+        assert!(drain(&mut receiver).is_empty(), "held");
+
+        publisher.flush();
+        assert_eq!(
+            drain(&mut receiver),
+            vec![
+                state(StateName::Streaming),
+                state(StateName::ExecutingTools)
+            ]
+        );
+        assert_eq!(publisher.finish_message(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_canonical_event_is_never_held_and_takes_the_held_along_in_order() {
+        let mut publisher = Publisher::new(INTERVAL);
+        let mut receiver = publisher.subscribe();
+        publisher.publish(canonical(3));
+        publisher.finish_message();
+        drain(&mut receiver);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        publisher.publish(state(StateName::Streaming));
+        publisher.finish_message();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        publisher.publish(canonical(4));
+        assert_eq!(
+            drain(&mut receiver),
+            vec![state(StateName::Streaming), canonical(4)]
+        );
+        // Later updates of the same message join its wave.
+        publisher.publish(state(StateName::Idle));
+        assert_eq!(drain(&mut receiver), vec![state(StateName::Idle)]);
+        assert_eq!(publisher.finish_message(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_update_sends_the_held_ones_first() {
+        let mut publisher = Publisher::new(INTERVAL);
+        let mut receiver = publisher.subscribe();
+        publisher.publish(canonical(3));
+        publisher.finish_message();
+        drain(&mut receiver);
+        publisher.publish(state(StateName::Streaming));
+        publisher.finish_message();
+        // The flush was owed and has not come yet (a busy actor).
+        tokio::time::advance(INTERVAL * 2).await;
+        publisher.publish(state(StateName::Idle));
+        assert_eq!(
+            drain(&mut receiver),
+            vec![state(StateName::Streaming), state(StateName::Idle)]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_subscriber_gets_nothing_held_from_before_it() {
+        let mut publisher = Publisher::new(INTERVAL);
+        let mut first = publisher.subscribe();
+        publisher.publish(canonical(3));
+        publisher.finish_message();
+        publisher.publish(state(StateName::Streaming));
+        publisher.finish_message();
+        let mut second = publisher.subscribe();
+        assert_eq!(
+            drain(&mut first),
+            vec![canonical(3), state(StateName::Streaming)]
+        );
+        assert!(drain(&mut second).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_zero_interval_holds_nothing() {
+        let mut publisher = Publisher::new(Duration::ZERO);
+        let mut receiver = publisher.subscribe();
+        publisher.publish(canonical(3));
+        publisher.finish_message();
+        publisher.publish(state(StateName::Streaming));
+        assert_eq!(
+            drain(&mut receiver),
+            vec![canonical(3), state(StateName::Streaming)]
+        );
+        assert_eq!(publisher.finish_message(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_held_for_nobody() {
+        let mut publisher = Publisher::new(INTERVAL);
+        publisher.publish(canonical(3));
+        publisher.publish(state(StateName::Streaming));
+        assert_eq!(publisher.finish_message(), None);
+        let receiver = publisher.subscribe();
+        drop(receiver);
+        publisher.publish(canonical(4));
+        publisher.publish(state(StateName::Idle));
+        assert_eq!(publisher.finish_message(), None, "the last receiver left");
+        assert_eq!(publisher.subscribers(), 0);
     }
 
     #[test]

@@ -55,7 +55,17 @@ pub struct Settings {
     /// How long a graceful [`Runtime::shutdown`] lets turns in flight run
     /// to their end before it interrupts them.
     pub shutdown_grace: Duration,
+    /// Live-only updates (deltas, tool output, state changes) go out to
+    /// subscribers in waves at most this often; a canonical event is never
+    /// held and takes the held ones along (docs/requirements.md, "Live
+    /// updates go out in waves"). Zero sends each update at once.
+    pub live_interval: Duration,
 }
+
+/// The default of [`Settings::live_interval`]: one frame of a 60 Hz
+/// display, shorter than a person notices and long enough that a fast
+/// model's tokens, and the message that ends them, share a wave.
+pub const DEFAULT_LIVE_INTERVAL: Duration = Duration::from_millis(16);
 
 impl Default for Settings {
     fn default() -> Self {
@@ -67,6 +77,7 @@ impl Default for Settings {
             max_restarts: 3,
             restart_window: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(10),
+            live_interval: DEFAULT_LIVE_INTERVAL,
         }
     }
 }

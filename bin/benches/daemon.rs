@@ -47,9 +47,10 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use keel::lab::{TallyFollower, TurnTally};
 use keel_actors::core::event::EventKind;
 use keel_actors::core::{ConversationConfig, ModelRef, ProviderKind};
 use keel_actors::provider::ProviderConfig;
@@ -205,12 +206,11 @@ async fn fanout(mock_url: &str, subscribers: usize, messages: usize) -> Fanout {
     let streams = open_many(daemon.addr, vec![id.clone(); subscribers]).await;
     let open_time = started.elapsed();
 
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+    let done = TurnTally::new(subscribers);
     let mut followers = JoinSet::new();
     for (_, sse, _) in streams {
-        followers.spawn(follow(sse, messages, done_tx.clone()));
+        followers.spawn(follow(sse, messages, done.follower()));
     }
-    drop(done_tx);
     let mut sent = Vec::new();
     let cpu_before = daemon.cpu_seconds();
     let client_cpu_before = self_cpu_seconds();
@@ -219,9 +219,9 @@ async fn fanout(mock_url: &str, subscribers: usize, messages: usize) -> Fanout {
         let seq = api.send(&id, &format!("message {message}")).await;
         let accepted = Instant::now();
         sent.push((seq, posted, accepted));
-        for _ in 0..subscribers {
-            done_rx.recv().await.expect("a subscriber stopped");
-        }
+        done.wait_for(message + 1)
+            .await
+            .expect("a subscriber stopped");
     }
     let cpu = daemon.cpu_seconds() - cpu_before;
     let client_cpu = self_cpu_seconds() - client_cpu_before;
@@ -278,7 +278,7 @@ async fn fanout(mock_url: &str, subscribers: usize, messages: usize) -> Fanout {
 }
 
 /// Read one subscriber's stream until it has seen `turns` turns end.
-async fn follow(mut sse: Sse, turns: usize, done: mpsc::UnboundedSender<()>) -> (Vec<Seen>, usize) {
+async fn follow(mut sse: Sse, turns: usize, done: TallyFollower) -> (Vec<Seen>, usize) {
     let mut seen = Vec::with_capacity(turns * 8);
     let mut lagged = 0;
     let mut completed = 0;
@@ -294,7 +294,7 @@ async fn follow(mut sse: Sse, turns: usize, done: mpsc::UnboundedSender<()>) -> 
                     });
                     if kind == Kind::TurnCompleted {
                         completed += 1;
-                        let _ = done.send(());
+                        done.turn_completed();
                     }
                 }
                 Frame::Live { lagged: true } => lagged += 1,
@@ -302,6 +302,7 @@ async fn follow(mut sse: Sse, turns: usize, done: mpsc::UnboundedSender<()>) -> 
             }
         }
     }
+    done.finish();
     (seen, lagged)
 }
 
@@ -1202,8 +1203,10 @@ fn after<'a>(haystack: &'a [u8], needle: &[u8]) -> Option<&'a [u8]> {
     find(haystack, needle).map(|at| &haystack[at + needle.len()..])
 }
 
+/// The first `needle` in `haystack`. The needles here are short and
+/// searched once each, so this jumps between their first byte's places
+/// (`memchr`) rather than building a substring searcher per call.
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack
-        .windows(needle.len())
-        .position(|window| window == needle)
+    let (&first, _) = needle.split_first()?;
+    memchr::memchr_iter(first, haystack).find(|&at| haystack[at..].starts_with(needle))
 }

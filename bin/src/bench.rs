@@ -26,7 +26,7 @@ use tokio::task::JoinSet;
 
 use crate::api::types::{ApiEventKind, ApiLiveEvent, ApiProvider, ApiState, CreateConversation};
 use crate::client::{Client, Events, Frame};
-use crate::lab::{self, ChildDaemon};
+use crate::lab::{self, ChildDaemon, TurnTally};
 use crate::serve;
 
 #[derive(Debug, Clone, Default)]
@@ -436,10 +436,10 @@ async fn fanout(
     for _ in 0..subscribers {
         streams.push(open(client, &id).await?);
     }
-    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
+    let tally = TurnTally::new(subscribers);
     let mut readers = JoinSet::new();
     for mut events in streams {
-        let done = done_tx.clone();
+        let done = tally.follower();
         readers.spawn(async move {
             // (seq, read at) of every user_message frame.
             let mut reads = Vec::with_capacity(messages);
@@ -452,28 +452,25 @@ async fn fanout(
                         ApiEventKind::UserMessage { .. } => reads.push((event.seq, at)),
                         ApiEventKind::TurnCompleted { .. } => {
                             completed += 1;
-                            let _ = done.send(());
+                            done.turn_completed();
                         }
                         _ => {}
                     }
                 }
             }
+            done.finish();
             Ok::<_, anyhow::Error>(reads)
         });
     }
-    drop(done_tx);
     let mut sent = Vec::with_capacity(messages);
     for message in 0..messages {
         let accepted = client.send_text(&id, &format!("fan-out {message}")).await?;
         sent.push((accepted.seq, Instant::now()));
-        for _ in 0..subscribers {
-            tokio::time::timeout(TURN_LIMIT, done_rx.recv())
-                .await
-                .map_err(|_| {
-                    anyhow!("a turn did not reach every subscriber within {TURN_LIMIT:?}")
-                })?
-                .ok_or_else(|| anyhow!("a subscriber stopped reading"))?;
-        }
+        tokio::time::timeout(TURN_LIMIT, tally.wait_for(message + 1))
+            .await
+            .map_err(|_| {
+                anyhow!("a turn did not reach every subscriber within {TURN_LIMIT:?}")
+            })??;
     }
     let mut all_reads = Vec::with_capacity(subscribers);
     while let Some(joined) = readers.join_next().await {

@@ -208,6 +208,7 @@ pub async fn start(mut config: Config, metrics: Option<MetricsRender>) -> anyhow
         process_dir: Some(data_dir.join("processes")),
         settings: Settings {
             shutdown_grace: config.shutdown_grace,
+            live_interval: config.live_interval,
             ..Settings::default()
         },
     })

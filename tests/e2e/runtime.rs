@@ -15,13 +15,15 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use keel_actors::core::config::{ConversationConfig, ModelRef, ProviderKind, ToolPolicy};
 use keel_actors::core::event::{Decision, EventKind};
 use keel_actors::core::retry::RetryPolicy;
 use keel_actors::core::working::WorkingSet;
-use keel_actors::core::{BusyPolicy, Event, LiveEvent, RecoveryPolicy, Rejection, StateName};
+use keel_actors::core::{
+    BusyPolicy, Event, LiveEvent, RecoveryPolicy, Rejection, StateName, StreamDelta,
+};
 use keel_actors::provider::Timeouts;
 use keel_actors::store::{self, BackendKind, EventLog};
 use keel_actors::{
@@ -544,6 +546,69 @@ async fn runtime_queue_policy_runs_the_queued_message_after_the_turn() {
     );
     let records = rig.mock.wait_ended(2).await;
     assert!(records[1].to_string().contains("queued second"));
+    runtime.shutdown().await;
+}
+
+/// Live updates go out in waves (docs/requirements.md, "Live updates go
+/// out in waves"): deltas that come soon after the user message's wave are
+/// held to the live interval, and go out when it ends even though nothing
+/// canonical follows (the stream hangs after its deltas).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_held_deltas_go_out_when_the_live_interval_ends() {
+    const INTERVAL: Duration = Duration::from_millis(300);
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([{
+            "endpoint": "anthropic",
+            "text": "alpha beta gamma",
+            "drip_ms": 5,
+            // message_start, content_block_start, ping, then three deltas.
+            "hang_after_events": 6,
+        }]))
+        .await;
+    let mut runtime_config = rig.runtime_config(rig.store(BackendKind::Memory));
+    runtime_config.settings.live_interval = INTERVAL;
+    let runtime = rig.open(runtime_config).await;
+    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+    let mut watch = watch(&conversation).await;
+
+    let sent = Instant::now();
+    conversation.send("hello?", Vec::new()).await.unwrap();
+    let mut text = String::new();
+    let mut first_delta = None;
+    let waited = tokio::time::timeout(PATIENCE, async {
+        while text != "alpha beta gamma" {
+            match watch.next().await {
+                Received::Update(Update::Live {
+                    event:
+                        LiveEvent::Delta {
+                            delta: StreamDelta::Text { text: piece },
+                            ..
+                        },
+                }) => {
+                    first_delta.get_or_insert_with(Instant::now);
+                    text.push_str(&piece);
+                }
+                Received::Update(Update::Event { event }) => {
+                    assert!(
+                        !matches!(event.kind, EventKind::AssistantMessage { .. }),
+                        "the stream hangs: no answer is recorded"
+                    );
+                }
+                Received::Closed => panic!("the conversation stopped"),
+                _ => {}
+            }
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "the held deltas never went out: {text:?}");
+    let held = first_delta.map(|at| at - sent);
+    assert!(
+        held.is_some_and(|held| held >= INTERVAL),
+        "the first delta came {held:?} after the message, within the live interval"
+    );
+    assert_eq!(watch.state, StateName::Streaming);
+    assert_eq!(conversation.cancel().await.unwrap(), StateName::Idle);
     runtime.shutdown().await;
 }
 

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use keel_actors::core::config::{ModelRef, ProviderKind};
 use keel_actors::provider::ProviderConfig;
 use keel_actors::store::BackendKind;
+use keel_actors::DEFAULT_LIVE_INTERVAL;
 
 /// The default address: loopback only, so a first run exposes nothing.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:7777";
@@ -60,6 +61,9 @@ pub struct Config {
     /// `KEEL_SHUTDOWN_GRACE_MS`: how long a graceful stop lets turns in
     /// flight finish before it interrupts them.
     pub shutdown_grace: Duration,
+    /// `KEEL_LIVE_INTERVAL_MS`: how often at most live-only updates go out
+    /// to a conversation's watchers (`Settings::live_interval`).
+    pub live_interval: Duration,
     /// Where the file came from, if one was read.
     pub file: Option<PathBuf>,
 }
@@ -81,6 +85,7 @@ struct File {
     log_format: Option<String>,
     mock_url: Option<String>,
     shutdown_grace_ms: Option<u64>,
+    live_interval_ms: Option<u64>,
     #[serde(default)]
     anthropic: Endpoint,
     #[serde(default)]
@@ -119,6 +124,10 @@ impl File {
             (
                 "KEEL_SHUTDOWN_GRACE_MS",
                 self.shutdown_grace_ms.map(|ms| ms.to_string()),
+            ),
+            (
+                "KEEL_LIVE_INTERVAL_MS",
+                self.live_interval_ms.map(|ms| ms.to_string()),
             ),
             ("ANTHROPIC_API_KEY", self.anthropic.api_key),
             ("ANTHROPIC_BASE_URL", self.anthropic.base_url),
@@ -222,15 +231,10 @@ impl Config {
                 ));
             }
         }
-        let shutdown_grace = match lookup("KEEL_SHUTDOWN_GRACE_MS") {
-            None => DEFAULT_SHUTDOWN_GRACE,
-            Some(raw) => Duration::from_millis(raw.parse::<u64>().map_err(|_| {
-                invalid(
-                    "KEEL_SHUTDOWN_GRACE_MS",
-                    format!("{raw:?} is not a whole number of milliseconds"),
-                )
-            })?),
-        };
+        let shutdown_grace =
+            millis(&lookup, "KEEL_SHUTDOWN_GRACE_MS")?.unwrap_or(DEFAULT_SHUTDOWN_GRACE);
+        let live_interval =
+            millis(&lookup, "KEEL_LIVE_INTERVAL_MS")?.unwrap_or(DEFAULT_LIVE_INTERVAL);
         let mut providers = ProviderConfig::from_lookup(lookup).map_err(|error| match error {
             keel_actors::Error::Config { name, reason } => invalid(name, reason),
             other => invalid("provider", other.to_string()),
@@ -250,9 +254,27 @@ impl Config {
             builtin_mock,
             log_format,
             shutdown_grace,
+            live_interval,
             file: file.map(|(path, _)| path.to_owned()),
         })
     }
+}
+
+/// A setting given in whole milliseconds, if set.
+fn millis(
+    lookup: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+) -> Result<Option<Duration>, ConfigError> {
+    let Some(raw) = lookup(name) else {
+        return Ok(None);
+    };
+    let ms = raw.parse::<u64>().map_err(|_| {
+        invalid(
+            name,
+            format!("{raw:?} is not a whole number of milliseconds"),
+        )
+    })?;
+    Ok(Some(Duration::from_millis(ms)))
 }
 
 /// Which provider and model new conversations use: `KEEL_PROVIDER` if set,
@@ -392,6 +414,10 @@ mod tests {
                 "KEEL_SHUTDOWN_GRACE_MS",
             ),
             (&[("KEEL_IDLE_TIMEOUT_MS", "soon")], "KEEL_IDLE_TIMEOUT_MS"),
+            (
+                &[("KEEL_LIVE_INTERVAL_MS", "16ms")],
+                "KEEL_LIVE_INTERVAL_MS",
+            ),
         ];
         for (pairs, setting) in cases {
             let error = load(pairs, None).unwrap_err();
@@ -416,6 +442,18 @@ mod tests {
         assert!(error.reason.contains("adress"), "{error}");
         let error = load(&[], Some("addr = [")).unwrap_err();
         assert_eq!(error.setting, "keel.toml");
+    }
+
+    #[test]
+    fn the_live_interval_defaults_and_is_set_from_the_environment_or_the_file() {
+        assert_eq!(
+            load(&[], None).unwrap().live_interval,
+            DEFAULT_LIVE_INTERVAL
+        );
+        let config = load(&[("KEEL_LIVE_INTERVAL_MS", "0")], None).unwrap();
+        assert_eq!(config.live_interval, Duration::ZERO);
+        let config = load(&[], Some("live_interval_ms = 40\n")).unwrap();
+        assert_eq!(config.live_interval, Duration::from_millis(40));
     }
 
     #[test]
