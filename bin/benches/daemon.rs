@@ -50,7 +50,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use keel::lab::{TallyFollower, TurnTally};
+use keel::lab::{find, FrameScanner, Scanned, ScannedKind, TallyFollower, TurnTally};
 use keel_actors::core::event::EventKind;
 use keel_actors::core::{ConversationConfig, ModelRef, ProviderKind};
 use keel_actors::provider::ProviderConfig;
@@ -286,18 +286,18 @@ async fn follow(mut sse: Sse, turns: usize, done: TallyFollower) -> (Vec<Seen>, 
         let at = sse.fill().await.expect("a stream ended");
         while let Some(frame) = sse.next_frame() {
             match frame {
-                Frame::Canonical { seq, kind } => {
+                Scanned::Canonical { seq, kind } => {
                     seen.push(Seen {
                         seq,
-                        user_message: kind == Kind::UserMessage,
+                        user_message: kind == ScannedKind::UserMessage,
                         at,
                     });
-                    if kind == Kind::TurnCompleted {
+                    if kind == ScannedKind::TurnCompleted {
                         completed += 1;
                         done.turn_completed();
                     }
                 }
-                Frame::Live { lagged: true } => lagged += 1,
+                Scanned::Live { lagged: true } => lagged += 1,
                 _ => {}
             }
         }
@@ -1039,24 +1039,8 @@ struct Sse {
     /// Bytes read and not yet taken out of their chunks.
     raw: Vec<u8>,
     /// The body taken out of its chunks, not yet split into frames.
-    body: Vec<u8>,
+    frames: FrameScanner,
     headers_done: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    UserMessage,
-    ToolResult,
-    TurnCompleted,
-    Other,
-}
-
-#[derive(Debug)]
-enum Frame {
-    Snapshot,
-    Canonical { seq: u64, kind: Kind },
-    Live { lagged: bool },
-    Other,
 }
 
 impl Sse {
@@ -1070,12 +1054,12 @@ impl Sse {
         let mut sse = Sse {
             stream,
             raw: Vec::new(),
-            body: Vec::new(),
+            frames: FrameScanner::default(),
             headers_done: false,
         };
         loop {
             match sse.next_frame() {
-                Some(Frame::Snapshot) => return sse,
+                Some(Scanned::Snapshot) => return sse,
                 Some(other) => panic!("a stream began with {other:?}"),
                 None => {
                     sse.fill()
@@ -1122,18 +1106,18 @@ impl Sse {
             if size == 0 || rest.len() < line + 2 + size + 2 {
                 break;
             }
-            self.body
-                .extend_from_slice(&rest[line + 2..line + 2 + size]);
+            self.frames.push(&rest[line + 2..line + 2 + size]);
             taken += line + 2 + size + 2;
         }
         self.raw.drain(..taken);
     }
 
     /// The next whole frame read, if any.
-    fn next_frame(&mut self) -> Option<Frame> {
-        let end = find(&self.body, b"\n\n")?;
-        let frame = parse_frame(&self.body[..end]);
-        self.body.drain(..end + 2);
+    fn next_frame(&mut self) -> Option<Scanned> {
+        let frame = self.frames.next_frame()?;
+        if let Scanned::Error(data) = &frame {
+            panic!("an error frame: {data}");
+        }
         Some(frame)
     }
 
@@ -1144,12 +1128,12 @@ impl Sse {
         loop {
             while let Some(frame) = self.next_frame() {
                 match frame {
-                    Frame::Canonical {
-                        kind: Kind::TurnCompleted,
+                    Scanned::Canonical {
+                        kind: ScannedKind::TurnCompleted,
                         ..
                     } => return tool_results,
-                    Frame::Canonical {
-                        kind: Kind::ToolResult,
+                    Scanned::Canonical {
+                        kind: ScannedKind::ToolResult,
                         ..
                     } => tool_results += 1,
                     _ => {}
@@ -1158,55 +1142,4 @@ impl Sse {
             self.fill().await.expect("a stream ended");
         }
     }
-}
-
-/// A frame's event name and, for a canonical one, its seq and type: the
-/// first `"seq":` and `"type":"` of its data are the event's own (they
-/// come before any nested object, and a quote inside a string is escaped).
-fn parse_frame(block: &[u8]) -> Frame {
-    let mut event: &[u8] = b"";
-    let mut data: &[u8] = b"";
-    for line in block.split(|&byte| byte == b'\n') {
-        if let Some(name) = line.strip_prefix(b"event: ") {
-            event = name;
-        } else if let Some(value) = line.strip_prefix(b"data: ") {
-            data = value;
-        }
-    }
-    match event {
-        b"snapshot" => Frame::Snapshot,
-        b"canonical" => {
-            let seq = after(data, b"\"seq\":")
-                .map(|rest| {
-                    rest.iter()
-                        .take_while(|byte| byte.is_ascii_digit())
-                        .fold(0u64, |seq, digit| seq * 10 + u64::from(digit - b'0'))
-                })
-                .expect("a canonical frame without a seq");
-            let kind = match after(data, b"\"type\":\"") {
-                Some(rest) if rest.starts_with(b"user_message\"") => Kind::UserMessage,
-                Some(rest) if rest.starts_with(b"tool_result\"") => Kind::ToolResult,
-                Some(rest) if rest.starts_with(b"turn_completed\"") => Kind::TurnCompleted,
-                _ => Kind::Other,
-            };
-            Frame::Canonical { seq, kind }
-        }
-        b"live" => Frame::Live {
-            lagged: find(data, b"\"type\":\"lagged\"").is_some(),
-        },
-        b"error" => panic!("an error frame: {}", String::from_utf8_lossy(data)),
-        _ => Frame::Other,
-    }
-}
-
-fn after<'a>(haystack: &'a [u8], needle: &[u8]) -> Option<&'a [u8]> {
-    find(haystack, needle).map(|at| &haystack[at + needle.len()..])
-}
-
-/// The first `needle` in `haystack`. The needles here are short and
-/// searched once each, so this jumps between their first byte's places
-/// (`memchr`) rather than building a substring searcher per call.
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    let (&first, _) = needle.split_first()?;
-    memchr::memchr_iter(first, haystack).find(|&at| haystack[at..].starts_with(needle))
 }

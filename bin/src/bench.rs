@@ -19,14 +19,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context as _};
+use futures_util::{Stream, StreamExt as _};
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::api::types::{ApiEventKind, ApiLiveEvent, ApiProvider, ApiState, CreateConversation};
-use crate::client::{Client, Events, Frame};
-use crate::lab::{self, ChildDaemon, TurnTally};
+use crate::client::{Client, Error as ClientError, Events, Frame};
+use crate::lab::{self, ChildDaemon, FrameScanner, Scanned, ScannedKind, TurnTally};
 use crate::serve;
 
 #[derive(Debug, Clone, Default)]
@@ -146,7 +147,12 @@ pub fn run(mut out: impl Write, options: Options) -> anyhow::Result<Report> {
     } else {
         Sizes::full()
     };
+    // The client stands for many clients, each reading its own socket: its
+    // runtime takes turns as the daemon's does (`global_queue_interval(1)`,
+    // see `serve`), so that a subscriber is not read late only because this
+    // one process overflowed its own run queue.
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .global_queue_interval(1)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
@@ -432,27 +438,37 @@ async fn fanout(
         .await?
         .pop()
         .ok_or_else(|| anyhow!("no conversation was created"))?;
+    // Each subscriber scans its stream's bytes rather than parsing every
+    // frame: the readers share the machine with the daemon they measure.
     let mut streams = Vec::with_capacity(subscribers);
     for _ in 0..subscribers {
-        streams.push(open(client, &id).await?);
+        streams.push(ScannedStream::open(client, &id).await?);
     }
     let tally = TurnTally::new(subscribers);
     let mut readers = JoinSet::new();
-    for mut events in streams {
+    for mut stream in streams {
         let done = tally.follower();
         readers.spawn(async move {
             // (seq, read at) of every user_message frame.
             let mut reads = Vec::with_capacity(messages);
             let mut completed = 0;
             while completed < messages {
-                let frame = events.next().await?;
-                let at = Instant::now();
-                if let Frame::Canonical(event) = frame {
-                    match event.kind {
-                        ApiEventKind::UserMessage { .. } => reads.push((event.seq, at)),
-                        ApiEventKind::TurnCompleted { .. } => {
+                let at = stream.fill().await?;
+                while let Some(frame) = stream.frames.next_frame() {
+                    match frame {
+                        Scanned::Canonical {
+                            seq,
+                            kind: ScannedKind::UserMessage,
+                        } => reads.push((seq, at)),
+                        Scanned::Canonical {
+                            kind: ScannedKind::TurnCompleted,
+                            ..
+                        } => {
                             completed += 1;
                             done.turn_completed();
+                        }
+                        Scanned::Error(data) => {
+                            return Err(anyhow!("the daemon ended a stream: {data}"))
                         }
                         _ => {}
                     }
@@ -544,6 +560,43 @@ async fn create_many(client: &Client, cwd: &str, count: usize) -> anyhow::Result
         ids.push(joined.context("a creating task failed")??);
     }
     Ok(ids)
+}
+
+/// One connection to an event stream, read as bytes and scanned.
+struct ScannedStream {
+    body: std::pin::Pin<Box<dyn Stream<Item = Result<bytes::Bytes, ClientError>> + Send>>,
+    frames: FrameScanner,
+}
+
+impl ScannedStream {
+    /// Connect and wait for the snapshot.
+    async fn open(client: &Client, id: &str) -> anyhow::Result<ScannedStream> {
+        let mut stream = ScannedStream {
+            body: Box::pin(client.event_bytes(id).await?),
+            frames: FrameScanner::default(),
+        };
+        loop {
+            match stream.frames.next_frame() {
+                Some(Scanned::Snapshot) => return Ok(stream),
+                Some(other) => return Err(anyhow!("a stream began with {other:?}")),
+                None => {
+                    stream.fill().await?;
+                }
+            }
+        }
+    }
+
+    /// Read the next bytes; when they came (taken before any scanning).
+    async fn fill(&mut self) -> anyhow::Result<Instant> {
+        let chunk = self
+            .body
+            .next()
+            .await
+            .ok_or_else(|| anyhow!("the daemon closed an event stream"))??;
+        let at = Instant::now();
+        self.frames.push(&chunk);
+        Ok(at)
+    }
 }
 
 /// Open `id`'s event stream and wait for its snapshot.

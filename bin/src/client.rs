@@ -280,6 +280,23 @@ impl Client {
         Events::new(self.clone(), id.to_owned(), from)
     }
 
+    /// One connection to a conversation's event stream as raw bytes (the
+    /// SSE body, de-chunked), for a reader that scans frames itself
+    /// (`keel bench`'s fan-out, see `lab::FrameScanner`). No reconnecting:
+    /// [`Client::events`] is the follower for everything else.
+    pub async fn event_bytes(
+        &self,
+        id: &str,
+    ) -> Result<impl futures_util::Stream<Item = Result<bytes::Bytes, Error>> + Send + 'static, Error>
+    {
+        let response = events::open(self, id, None, None).await?;
+        let client = self.clone();
+        Ok(futures_util::StreamExt::map(
+            response.bytes_stream(),
+            move |chunk| chunk.map_err(|error| client.transport(error)),
+        ))
+    }
+
     // --- plumbing ---------------------------------------------------------
 
     fn request(&self, method: Method, path: &str) -> RequestBuilder {

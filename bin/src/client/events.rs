@@ -259,6 +259,19 @@ async fn connect(
     last_seq: Option<u64>,
     from: Option<u64>,
 ) -> Result<Body, Error> {
+    let response = open(client, id, last_seq, from).await?;
+    let chunks = response.bytes_stream();
+    Ok(Box::pin(EventStream::new(chunks)) as Body)
+}
+
+/// One connection to a conversation's event stream, its status and
+/// content type checked, the body not read yet.
+pub(super) async fn open(
+    client: &Client,
+    id: &str,
+    last_seq: Option<u64>,
+    from: Option<u64>,
+) -> Result<reqwest::Response, Error> {
     let mut path = super::conversation_path(id, "/events");
     let mut request;
     match (last_seq, from) {
@@ -290,8 +303,7 @@ async fn connect(
             detail: format!("an event stream was expected, not {kind:?}"),
         });
     }
-    let chunks = response.bytes_stream();
-    Ok(Box::pin(EventStream::new(chunks)) as Body)
+    Ok(response)
 }
 
 #[cfg(test)]
