@@ -233,11 +233,8 @@ pub fn group_is_gone(pgid: i32) -> bool {
 /// The state letter of every process in group `pgid`, from /proc.
 pub fn group_member_states(pgid: i32) -> Vec<char> {
     let mut states = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return states;
-    };
-    for entry in entries.flatten() {
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+    for pid in keel::lab::pids() {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
             continue;
         };
         let Some((_, fields)) = stat.rsplit_once(')') else {

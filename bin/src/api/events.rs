@@ -108,7 +108,9 @@ pub async fn events(
         stop: Stop::new(state.stopping.clone()),
         done: false,
     };
-    let frames = stream::unfold(follow, |mut follow| async move {
+    // Boxed: the state moves into and out of each frame's future, and a
+    // pointer moves cheaper than the whole stream's state.
+    let frames = stream::unfold(Box::new(follow), |mut follow| async move {
         let frame = follow.next_frame().await?;
         Some((frame, follow))
     });

@@ -31,6 +31,8 @@ pub struct KeepAlive<S> {
     /// When the stream last sent something (a frame or a comment): the
     /// next comment is due an interval after it.
     last_sent: Instant,
+    /// Frames went out since `last_sent` was last set.
+    sent_unnoted: bool,
     /// The task the timer last registered, while it is still set: a
     /// wake-up for a frame need not poll the timer again (a call into
     /// tokio's timer per frame per stream) unless it has fired.
@@ -45,6 +47,7 @@ impl<S: Stream<Item = Bytes>> KeepAlive<S> {
             timer: Box::pin(tokio::time::sleep_until(now + interval)),
             interval,
             last_sent: now,
+            sent_unnoted: false,
             registered: None,
         }
     }
@@ -61,11 +64,16 @@ impl<S: Stream<Item = Bytes>> Stream for KeepAlive<S> {
         // and a pending frame is never dropped for a comment.
         match this.frames.as_mut().poll_next(cx) {
             Poll::Ready(Some(bytes)) => {
-                this.last_sent = Instant::now();
+                // The time is read once the burst is out (below), not per
+                // frame: a wave of several frames costs one clock read.
+                this.sent_unnoted = true;
                 return Poll::Ready(Some(Ok(bytes)));
             }
             Poll::Ready(None) => return Poll::Ready(None),
             Poll::Pending => {}
+        }
+        if std::mem::take(&mut this.sent_unnoted) {
+            this.last_sent = Instant::now();
         }
         if !this.timer.is_elapsed()
             && this
