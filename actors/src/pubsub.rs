@@ -39,7 +39,7 @@ use keel_store::EventLog;
 use crate::conversation_actor::ConversationMsg;
 use crate::mailbox::Mailbox;
 
-/// How many updates a subscriber may fall behind before it lags. Small:
+/// How many waves a subscriber may fall behind before it lags. Small:
 /// the buffer is allocated whole while anyone watches, and a subscriber
 /// that lags loses only live-only updates (it reads canonical ones from
 /// the log).
@@ -57,35 +57,47 @@ pub enum Update {
     Live { event: LiveEvent },
 }
 
-/// One update as the channel carries it: published once, shared by every
-/// subscriber of the conversation through an `Arc`, with a slot that an
-/// embedder fills once with what it derives from the update (see
-/// [`Published::rendered`]).
+/// What the channel carries: one wave of updates (one or more, in the
+/// order they were published), sent once and shared by every subscriber of
+/// the conversation through an `Arc`, with a slot that an embedder fills
+/// once with what it derives from the wave (see [`Published::rendered`]).
+/// A wave is what one step of the conversation published, with the
+/// live-only updates held for it (docs/requirements.md, "Live updates go
+/// out in waves"): every subscriber is woken once for it, not once per
+/// update.
 pub struct Published {
-    update: Update,
+    updates: Vec<Update>,
     /// What the first caller of [`Published::rendered`] derived from
-    /// `update`, for every later caller. Type-erased so that this crate does
-    /// not learn an embedder's formats (the daemon keeps its SSE frame here).
+    /// `updates`, for every later caller. Type-erased so that this crate
+    /// does not learn an embedder's formats (the daemon keeps its SSE
+    /// frames here).
     rendered: OnceLock<Box<dyn Any + Send + Sync>>,
 }
 
 impl Published {
+    /// One update on its own.
     pub fn new(update: Update) -> Published {
+        Published::wave(vec![update])
+    }
+
+    /// Updates that go out together, oldest first.
+    pub fn wave(updates: Vec<Update>) -> Published {
         Published {
-            update,
+            updates,
             rendered: OnceLock::new(),
         }
     }
 
-    pub fn update(&self) -> &Update {
-        &self.update
+    /// The updates, in the order they were published.
+    pub fn updates(&self) -> &[Update] {
+        &self.updates
     }
 
-    /// `render(update)`, computed once for every holder of this update:
+    /// `render(updates)`, computed once for every holder of this wave:
     /// the first caller renders and keeps the result, later callers (the
     /// other subscribers) get a clone of it. A `T` should be cheap to
     /// clone (`bytes::Bytes`, an `Arc`). Every subscriber gets the first
-    /// caller's result, so `render` may depend only on the update and on
+    /// caller's result, so `render` may depend only on the updates and on
     /// what is the same for every subscriber of the conversation (its id),
     /// never on one subscriber's own state.
     ///
@@ -99,21 +111,23 @@ impl Published {
     pub fn rendered<T, F>(&self, render: F) -> T
     where
         T: Any + Send + Sync + Clone,
-        F: Fn(&Update) -> T,
+        F: Fn(&[Update]) -> T,
     {
-        let kept = self.rendered.get_or_init(|| Box::new(render(&self.update)));
+        let kept = self
+            .rendered
+            .get_or_init(|| Box::new(render(&self.updates)));
         match kept.downcast_ref::<T>() {
             Some(value) => value.clone(),
-            None => render(&self.update),
+            None => render(&self.updates),
         }
     }
 
-    /// The update, moved out when this was its last holder (an event read
-    /// from the log for one subscriber), cloned otherwise.
-    fn into_update(published: Arc<Published>) -> Update {
+    /// The updates, moved out when this was their last holder (an event
+    /// read from the log for one subscriber), cloned otherwise.
+    fn into_updates(published: Arc<Published>) -> Vec<Update> {
         match Arc::try_unwrap(published) {
-            Ok(published) => published.update,
-            Err(shared) => shared.update.clone(),
+            Ok(published) => published.updates,
+            Err(shared) => shared.updates.clone(),
         }
     }
 
@@ -121,9 +135,30 @@ impl Published {
         Arc::new(Published::new(Update::Event { event }))
     }
 
+    /// The seq of the last canonical event in the wave; `None` when it
+    /// holds only live-only updates.
+    fn last_seq(&self) -> Option<Seq> {
+        self.updates.iter().rev().find_map(Update::seq)
+    }
+
+    /// Whether the wave's canonical events are exactly `next`, `next + 1`,
+    /// … (or there are none): a subscriber owed `next` takes it whole.
+    fn follows(&self, next: Seq) -> bool {
+        let mut expected = next;
+        for seq in self.updates.iter().filter_map(Update::seq) {
+            if seq != expected {
+                return false;
+            }
+            expected = seq + 1;
+        }
+        true
+    }
+}
+
+impl Update {
     /// The canonical event's seq; `None` for a live-only update.
     fn seq(&self) -> Option<Seq> {
-        match &self.update {
+        match self {
             Update::Event { event } => Some(event.seq),
             Update::Live { .. } => None,
         }
@@ -133,7 +168,7 @@ impl Published {
 impl std::fmt::Debug for Published {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Published")
-            .field("update", &self.update)
+            .field("updates", &self.updates)
             .field("rendered", &self.rendered.get().is_some())
             .finish()
     }
@@ -162,8 +197,8 @@ pub struct View {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Received<U = Update> {
     Update(U),
-    /// This subscriber fell `missed` updates behind and they are gone from
-    /// the channel. The live-only ones among them (deltas, tool output,
+    /// This subscriber fell `missed` waves (each one or more updates)
+    /// behind and they are gone from the channel. The live-only ones among them (deltas, tool output,
     /// state changes) are lost; the canonical events among them come next,
     /// read from the log.
     Lagged {
@@ -193,6 +228,12 @@ pub struct Subscription {
     /// (each this subscriber's own), or the channel's event that came after
     /// a gap (shared).
     backlog: VecDeque<Arc<Published>>,
+    /// The updates of a wave this subscriber could not take whole (some of
+    /// its events came from the log already, or a gap comes before them),
+    /// one by one, after the backlog.
+    split: VecDeque<Arc<Published>>,
+    /// The rest of the wave [`Subscription::next`] is handing out.
+    unread: VecDeque<Update>,
     /// Told when this subscription is dropped, so it can free its channel.
     actor: Mailbox,
 }
@@ -220,6 +261,8 @@ impl Subscription {
             receiver: Some(receiver),
             store,
             backlog: VecDeque::new(),
+            split: VecDeque::new(),
+            unread: VecDeque::new(),
             actor,
         }
     }
@@ -253,58 +296,88 @@ impl Subscription {
 
     /// The next thing this subscriber hears about, the update its own.
     pub async fn next(&mut self) -> Received {
-        match self.next_published().await {
-            Received::Update(published) => Received::Update(Published::into_update(published)),
-            Received::Lagged { missed } => Received::Lagged { missed },
-            Received::CatchUpFailed { error } => Received::CatchUpFailed { error },
-            Received::Closed => Received::Closed,
+        loop {
+            if let Some(update) = self.unread.pop_front() {
+                return Received::Update(update);
+            }
+            match self.next_published().await {
+                Received::Update(published) => {
+                    self.unread.extend(Published::into_updates(published));
+                }
+                Received::Lagged { missed } => return Received::Lagged { missed },
+                Received::CatchUpFailed { error } => return Received::CatchUpFailed { error },
+                Received::Closed => return Received::Closed,
+            }
         }
     }
 
-    /// The same as [`Subscription::next`], the update as the channel
-    /// shares it among the conversation's subscribers, so that what is
-    /// derived from it through [`Published::rendered`] is derived once.
-    /// (Events read from the log for this subscriber are its own.)
+    /// The same as [`Subscription::next`], a wave at a time, as the
+    /// channel shares it among the conversation's subscribers, so that
+    /// what is derived from it through [`Published::rendered`] is derived
+    /// once. (Events read from the log for this subscriber, and the parts
+    /// of a wave it could not take whole, are its own.)
     pub async fn next_published(&mut self) -> Received<Arc<Published>> {
         loop {
             if let Some(published) = self.backlog.pop_front() {
-                if let Some(seq) = published.seq() {
+                if let Some(seq) = published.last_seq() {
                     self.next_seq = seq + 1;
                 }
                 return Received::Update(published);
             }
-            let Some(receiver) = self.receiver.as_mut() else {
-                return Received::Closed;
-            };
-            match receiver.recv().await {
-                Ok(published) => match published.seq() {
-                    // Live-only.
-                    None => return Received::Update(published),
-                    // Already delivered from the log.
-                    Some(seq) if seq < self.next_seq => {}
-                    Some(seq) if seq > self.next_seq => {
-                        // A gap the channel never reported: fill it from the log.
-                        if let Err(error) = self.catch_up(Some(seq)).await {
-                            return Received::CatchUpFailed {
-                                error: error.to_string(),
-                            };
+            let published = match self.split.pop_front() {
+                Some(published) => published,
+                None => {
+                    let Some(receiver) = self.receiver.as_mut() else {
+                        return Received::Closed;
+                    };
+                    match receiver.recv().await {
+                        Ok(published) => {
+                            if published.follows(self.next_seq) {
+                                if let Some(seq) = published.last_seq() {
+                                    self.next_seq = seq + 1;
+                                }
+                                return Received::Update(published);
+                            }
+                            // Taken one update at a time, below.
+                            self.split.extend(
+                                published
+                                    .updates()
+                                    .iter()
+                                    .map(|update| Arc::new(Published::new(update.clone()))),
+                            );
+                            continue;
                         }
-                        self.backlog.push_back(published);
+                        Err(broadcast::error::RecvError::Lagged(missed)) => {
+                            if let Err(error) = self.catch_up(None).await {
+                                return Received::CatchUpFailed {
+                                    error: error.to_string(),
+                                };
+                            }
+                            return Received::Lagged { missed };
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return Received::Closed,
                     }
-                    Some(seq) => {
-                        self.next_seq = seq + 1;
-                        return Received::Update(published);
-                    }
-                },
-                Err(broadcast::error::RecvError::Lagged(missed)) => {
-                    if let Err(error) = self.catch_up(None).await {
+                }
+            };
+            // One update of a split wave.
+            match published.last_seq() {
+                // Live-only.
+                None => return Received::Update(published),
+                // Already delivered from the log.
+                Some(seq) if seq < self.next_seq => {}
+                Some(seq) if seq > self.next_seq => {
+                    // A gap the channel never reported: fill it from the log.
+                    if let Err(error) = self.catch_up(Some(seq)).await {
                         return Received::CatchUpFailed {
                             error: error.to_string(),
                         };
                     }
-                    return Received::Lagged { missed };
+                    self.backlog.push_back(published);
                 }
-                Err(broadcast::error::RecvError::Closed) => return Received::Closed,
+                Some(seq) => {
+                    self.next_seq = seq + 1;
+                    return Received::Update(published);
+                }
             }
         }
     }
@@ -337,29 +410,37 @@ impl Drop for Subscription {
 }
 
 /// The actor's side: a sender that exists only while someone listens,
-/// and the live-only updates it holds back to send with the next wave.
+/// the wave it is gathering, and the live-only updates it holds back for a
+/// later wave.
 ///
 /// Every send wakes every subscriber, and each woken stream is a write to
 /// its client, so the publisher sends in waves
-/// (docs/requirements.md, "Live updates go out in waves"): a canonical
-/// event is never held, and takes the held live updates along, in order,
-/// ahead of it; a live-only update goes out at once when nothing was sent
-/// for `interval` (a first token after a quiet wait is not delayed), and
-/// otherwise is held until the actor's current message is done if that
-/// message sent something, or until `interval` after the last send. The
-/// actor calls [`Publisher::finish_message`] after each message and arms a
-/// flush at the deadline it returns. A zero interval sends everything at
-/// once.
+/// (docs/requirements.md, "Live updates go out in waves"). What one step
+/// of the conversation publishes (the events it appended, the live updates
+/// it sent) is gathered and goes out as one [`Published`] when the step is
+/// done or before the actor waits on anything ([`Publisher::send_wave`]),
+/// so a canonical event is never held past its own step. A canonical event
+/// takes the held live updates along, ahead of it. A live-only update
+/// joins the wave when the actor's current message has sent or gathers
+/// something, or when nothing was sent for `interval` (a first token after
+/// a quiet wait is not delayed); otherwise it is held until `interval`
+/// after the last send. The actor calls [`Publisher::finish_message`]
+/// after each message and arms a flush at the deadline it returns. A zero
+/// interval holds nothing.
 #[derive(Debug)]
 pub(crate) struct Publisher {
     sender: Option<broadcast::Sender<Arc<Published>>>,
     interval: Duration,
-    /// Live-only updates waiting for the next wave, oldest first.
+    /// The wave being gathered, oldest first.
+    wave: Vec<Update>,
+    /// Live-only updates held for a later wave, oldest first. Only ever
+    /// non-empty while `wave` is empty (whatever joins a wave takes them
+    /// along first).
     held: Vec<Update>,
     /// When the channel last sent.
     last_sent: Option<Instant>,
     /// Something was sent while handling the actor's current message:
-    /// more updates of the same message join that wave.
+    /// more updates of the same message join a wave.
     sent_in_message: bool,
 }
 
@@ -368,14 +449,15 @@ impl Publisher {
         Publisher {
             sender: None,
             interval,
+            wave: Vec::new(),
             held: Vec::new(),
             last_sent: None,
             sent_in_message: false,
         }
     }
 
-    /// A receiver of everything published from now on. Updates held
-    /// before go out first, to the subscribers they were published to.
+    /// A receiver of everything published from now on. Updates gathered or
+    /// held before go out first, to the subscribers they were published to.
     pub(crate) fn subscribe(&mut self) -> broadcast::Receiver<Arc<Published>> {
         self.flush();
         match &self.sender {
@@ -392,40 +474,60 @@ impl Publisher {
         if self.sender.is_none() {
             return;
         }
-        let now = Instant::now();
-        let holds = matches!(update, Update::Live { .. })
-            && !self.sent_in_message
-            && self
-                .last_sent
-                .is_some_and(|last| now < last + self.interval);
-        if holds {
+        let joins = match update {
+            Update::Event { .. } => true,
+            Update::Live { .. } => {
+                !self.wave.is_empty()
+                    || self.sent_in_message
+                    || self
+                        .last_sent
+                        .is_none_or(|last| Instant::now() >= last + self.interval)
+            }
+        };
+        if joins {
+            self.wave.append(&mut self.held);
+            self.wave.push(update);
+        } else {
             self.held.push(update);
-            return;
         }
-        self.flush();
-        self.send(update, now);
     }
 
-    /// Send every held update now.
+    /// Send the wave gathered so far (nothing if there is none).
+    pub(crate) fn send_wave(&mut self) {
+        if self.wave.is_empty() {
+            return;
+        }
+        let wave = std::mem::take(&mut self.wave);
+        let Some(sender) = &self.sender else {
+            self.held.clear();
+            return;
+        };
+        if sender.send(Arc::new(Published::wave(wave))).is_err() {
+            // Every receiver is gone: free the buffer.
+            self.sender = None;
+            self.held.clear();
+            return;
+        }
+        self.last_sent = Some(Instant::now());
+        self.sent_in_message = true;
+    }
+
+    /// Send everything gathered or held now.
     pub(crate) fn flush(&mut self) {
-        if self.held.is_empty() {
-            return;
+        if !self.held.is_empty() {
+            let mut held = std::mem::take(&mut self.held);
+            held.append(&mut self.wave);
+            self.wave = held;
         }
-        let now = Instant::now();
-        for update in std::mem::take(&mut self.held) {
-            self.send(update, now);
-        }
+        self.send_wave();
     }
 
-    /// The actor is done with a message. Updates held while it sent
-    /// something go out now, with that wave; otherwise the held ones are
-    /// owed a flush at the returned deadline (`None`: nothing is held).
+    /// The actor is done with a message: the wave it gathered goes out,
+    /// and the held updates are owed a flush at the returned deadline
+    /// (`None`: nothing is held).
     pub(crate) fn finish_message(&mut self) -> Option<Instant> {
-        if std::mem::take(&mut self.sent_in_message) {
-            self.flush();
-            self.sent_in_message = false;
-            return None;
-        }
+        self.send_wave();
+        self.sent_in_message = false;
         if self.held.is_empty() {
             return None;
         }
@@ -433,21 +535,6 @@ impl Publisher {
             self.last_sent
                 .map_or_else(Instant::now, |last| last + self.interval),
         )
-    }
-
-    fn send(&mut self, update: Update, now: Instant) {
-        let Some(sender) = &self.sender else {
-            self.held.clear();
-            return;
-        };
-        if sender.send(Arc::new(Published::new(update))).is_err() {
-            // Every receiver is gone: free the buffer.
-            self.sender = None;
-            self.held.clear();
-            return;
-        }
-        self.last_sent = Some(now);
-        self.sent_in_message = true;
     }
 
     /// Drop the channel if nobody listens (idle eviction's first tier).
@@ -458,6 +545,7 @@ impl Publisher {
             .is_some_and(|sender| sender.receiver_count() == 0)
         {
             self.sender = None;
+            self.wave = Vec::new();
             self.held = Vec::new();
         }
     }
@@ -474,6 +562,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use keel_core::state::StateName;
+    use ractor::{Actor, ActorProcessingErr, ActorRef};
 
     use super::*;
 
@@ -486,10 +575,13 @@ mod tests {
     }
 
     #[test]
-    fn an_update_is_rendered_once_for_every_caller() {
-        let published = live();
+    fn a_wave_is_rendered_once_for_every_caller() {
+        let published = Published::wave(vec![canonical(3), state(StateName::Idle)]);
         let renders = AtomicUsize::new(0);
-        let render = |_: &Update| Arc::new(renders.fetch_add(1, Ordering::Relaxed));
+        let render = |updates: &[Update]| {
+            assert_eq!(updates.len(), 2);
+            Arc::new(renders.fetch_add(1, Ordering::Relaxed))
+        };
         let first = published.rendered(render);
         let second = published.rendered(render);
         assert!(Arc::ptr_eq(&first, &second));
@@ -502,39 +594,90 @@ mod tests {
         }
     }
 
-    fn canonical(seq: Seq) -> Update {
-        Update::Event {
-            event: Arc::new(Event {
-                seq,
-                at: keel_core::time::Timestamp::from_millis(0),
-                parent: None,
-                triggers_turn: false,
-                kind: keel_core::event::EventKind::TurnStarted { turn: 1 },
-            }),
+    fn event(seq: Seq) -> Event {
+        Event {
+            seq,
+            at: keel_core::time::Timestamp::from_millis(0),
+            parent: None,
+            triggers_turn: false,
+            kind: keel_core::event::EventKind::TurnStarted { turn: 1 },
         }
     }
 
-    /// Everything the receiver has been sent so far.
-    fn drain(receiver: &mut broadcast::Receiver<Arc<Published>>) -> Vec<Update> {
+    fn canonical(seq: Seq) -> Update {
+        Update::Event {
+            event: Arc::new(event(seq)),
+        }
+    }
+
+    /// Every wave the receiver has been sent so far.
+    fn drain(receiver: &mut broadcast::Receiver<Arc<Published>>) -> Vec<Vec<Update>> {
         let mut got = Vec::new();
         while let Ok(published) = receiver.try_recv() {
-            got.push(published.update().clone());
+            got.push(published.updates().to_vec());
         }
         got
     }
 
     const INTERVAL: Duration = Duration::from_millis(16);
 
+    #[test]
+    fn a_wave_follows_a_seq_when_its_events_start_there_without_a_gap() {
+        let wave = Published::wave(vec![
+            state(StateName::Streaming),
+            canonical(4),
+            canonical(5),
+        ]);
+        assert!(wave.follows(4));
+        assert!(!wave.follows(3), "a gap before 4");
+        assert!(!wave.follows(5), "4 was had already");
+        assert_eq!(wave.last_seq(), Some(5));
+        assert!(!Published::wave(vec![canonical(4), canonical(6)]).follows(4));
+        let live_only = Published::wave(vec![state(StateName::Idle)]);
+        assert!(live_only.follows(9));
+        assert_eq!(live_only.last_seq(), None);
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn a_live_update_after_a_quiet_interval_goes_out_at_once() {
+    async fn what_one_step_publishes_goes_out_as_one_wave() {
+        let mut publisher = Publisher::new(INTERVAL);
+        let mut receiver = publisher.subscribe();
+        publisher.publish(canonical(3));
+        publisher.publish(canonical(4));
+        publisher.publish(state(StateName::Streaming));
+        assert!(
+            drain(&mut receiver).is_empty(),
+            "gathered until the step ends"
+        );
+        publisher.send_wave();
+        assert_eq!(
+            drain(&mut receiver),
+            vec![vec![
+                canonical(3),
+                canonical(4),
+                state(StateName::Streaming)
+            ]]
+        );
+        // Later updates of the same message make a wave of their own.
+        publisher.publish(state(StateName::Idle));
+        assert_eq!(publisher.finish_message(), None);
+        assert_eq!(drain(&mut receiver), vec![vec![state(StateName::Idle)]]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_live_update_after_a_quiet_interval_goes_out_with_its_message() {
         let mut publisher = Publisher::new(INTERVAL);
         let mut receiver = publisher.subscribe();
         publisher.publish(state(StateName::Streaming));
-        assert_eq!(drain(&mut receiver), vec![state(StateName::Streaming)]);
         assert_eq!(publisher.finish_message(), None);
+        assert_eq!(
+            drain(&mut receiver),
+            vec![vec![state(StateName::Streaming)]]
+        );
         tokio::time::advance(INTERVAL).await;
         publisher.publish(state(StateName::Idle));
-        assert_eq!(drain(&mut receiver), vec![state(StateName::Idle)]);
+        assert_eq!(publisher.finish_message(), None);
+        assert_eq!(drain(&mut receiver), vec![vec![state(StateName::Idle)]]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -561,10 +704,10 @@ mod tests {
         publisher.flush();
         assert_eq!(
             drain(&mut receiver),
-            vec![
+            vec![vec![
                 state(StateName::Streaming),
                 state(StateName::ExecutingTools)
-            ]
+            ]]
         );
         assert_eq!(publisher.finish_message(), None);
     }
@@ -581,13 +724,16 @@ mod tests {
         publisher.finish_message();
         tokio::time::advance(Duration::from_millis(1)).await;
         publisher.publish(canonical(4));
+        publisher.publish(state(StateName::Idle));
+        publisher.send_wave();
         assert_eq!(
             drain(&mut receiver),
-            vec![state(StateName::Streaming), canonical(4)]
+            vec![vec![
+                state(StateName::Streaming),
+                canonical(4),
+                state(StateName::Idle)
+            ]]
         );
-        // Later updates of the same message join its wave.
-        publisher.publish(state(StateName::Idle));
-        assert_eq!(drain(&mut receiver), vec![state(StateName::Idle)]);
         assert_eq!(publisher.finish_message(), None);
     }
 
@@ -603,24 +749,29 @@ mod tests {
         // The flush was owed and has not come yet (a busy actor).
         tokio::time::advance(INTERVAL * 2).await;
         publisher.publish(state(StateName::Idle));
+        publisher.finish_message();
         assert_eq!(
             drain(&mut receiver),
-            vec![state(StateName::Streaming), state(StateName::Idle)]
+            vec![vec![state(StateName::Streaming), state(StateName::Idle)]]
         );
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_new_subscriber_gets_nothing_held_from_before_it() {
+    async fn a_new_subscriber_gets_nothing_gathered_or_held_from_before_it() {
         let mut publisher = Publisher::new(INTERVAL);
         let mut first = publisher.subscribe();
         publisher.publish(canonical(3));
         publisher.finish_message();
         publisher.publish(state(StateName::Streaming));
         publisher.finish_message();
+        publisher.publish(canonical(4));
         let mut second = publisher.subscribe();
         assert_eq!(
             drain(&mut first),
-            vec![canonical(3), state(StateName::Streaming)]
+            vec![
+                vec![canonical(3)],
+                vec![state(StateName::Streaming), canonical(4)]
+            ]
         );
         assert!(drain(&mut second).is_empty());
     }
@@ -632,11 +783,11 @@ mod tests {
         publisher.publish(canonical(3));
         publisher.finish_message();
         publisher.publish(state(StateName::Streaming));
+        assert_eq!(publisher.finish_message(), None);
         assert_eq!(
             drain(&mut receiver),
-            vec![canonical(3), state(StateName::Streaming)]
+            vec![vec![canonical(3)], vec![state(StateName::Streaming)]]
         );
-        assert_eq!(publisher.finish_message(), None);
     }
 
     #[tokio::test(start_paused = true)]
@@ -659,5 +810,127 @@ mod tests {
         assert_eq!(published.rendered(|_| 7_u32), 7);
         assert_eq!(published.rendered(|_| "other".to_owned()), "other");
         assert_eq!(published.rendered(|_| 8_u32), 7, "the first is kept");
+    }
+
+    /// Stands in for the conversation actor: a subscription tells its
+    /// actor when it is dropped, and nothing else.
+    struct Nobody;
+
+    impl Actor for Nobody {
+        type Msg = ConversationMsg;
+        type State = ();
+        type Arguments = ();
+
+        async fn pre_start(
+            &self,
+            _: ActorRef<ConversationMsg>,
+            (): (),
+        ) -> Result<(), ActorProcessingErr> {
+            Ok(())
+        }
+    }
+
+    fn view(id: &ConversationId, last_seq: Seq) -> View {
+        View {
+            id: id.clone(),
+            state: StateName::Idle,
+            last_seq,
+            cwd: String::new(),
+            usage: Usage::default(),
+            pending: Vec::new(),
+            recent_messages: Vec::new(),
+            omitted_messages: 0,
+        }
+    }
+
+    /// The canonical seqs and live updates of what a subscription yields.
+    fn seqs(published: &Arc<Published>) -> Vec<Option<Seq>> {
+        published.updates().iter().map(Update::seq).collect()
+    }
+
+    async fn next(subscription: &mut Subscription) -> Arc<Published> {
+        match subscription.next_published().await {
+            Received::Update(published) => published,
+            other => panic!("expected an update, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_wave_is_shared_whole_when_it_follows_and_split_when_it_overlaps_or_skips() {
+        let store: Arc<dyn EventLog> = Arc::new(keel_store::open_memory().unwrap());
+        let id = ConversationId::new("c-waves".to_owned()).unwrap();
+        let created = Event {
+            kind: keel_core::event::EventKind::Created {
+                conversation: id.clone(),
+                cwd: "/".to_owned(),
+                config: keel_core::ConversationConfig::default(),
+                parent_conversation: None,
+                user_initiated: true,
+            },
+            ..event(1)
+        };
+        let mut log = vec![created];
+        log.extend((2..=8).map(event));
+        store.append(&id, log).await.unwrap();
+        let (actor, handle) = Actor::spawn(None, Nobody, ()).await.unwrap();
+        let (sender, receiver) = broadcast::channel(CHANNEL_CAPACITY);
+        let mut subscription = Subscription::new(
+            view(&id, 2),
+            receiver,
+            store,
+            Mailbox::new(actor.clone(), None),
+        );
+
+        // Owed 3: a wave of 3 and 4 is taken whole, the same allocation.
+        let wave = Arc::new(Published::wave(vec![
+            canonical(3),
+            state(StateName::Streaming),
+            canonical(4),
+        ]));
+        sender.send(wave.clone()).unwrap();
+        assert!(Arc::ptr_eq(&next(&mut subscription).await, &wave));
+        assert_eq!(subscription.next_seq(), 5);
+
+        // A wave that repeats 4: 4 is left out, the rest comes one by one.
+        sender
+            .send(Arc::new(Published::wave(vec![
+                canonical(4),
+                canonical(5),
+                state(StateName::Idle),
+            ])))
+            .unwrap();
+        assert_eq!(seqs(&next(&mut subscription).await), vec![Some(5)]);
+        assert_eq!(seqs(&next(&mut subscription).await), vec![None]);
+        assert_eq!(subscription.next_seq(), 6);
+
+        // A wave after a gap (6 never came): 6 is read from the log first.
+        sender
+            .send(Arc::new(Published::wave(vec![
+                state(StateName::Streaming),
+                canonical(7),
+                canonical(8),
+            ])))
+            .unwrap();
+        assert_eq!(seqs(&next(&mut subscription).await), vec![None]);
+        assert_eq!(seqs(&next(&mut subscription).await), vec![Some(6)]);
+        assert_eq!(seqs(&next(&mut subscription).await), vec![Some(7)]);
+        assert_eq!(seqs(&next(&mut subscription).await), vec![Some(8)]);
+        assert_eq!(subscription.next_seq(), 9);
+
+        // `next` hands a wave out one update at a time.
+        sender
+            .send(Arc::new(Published::wave(vec![
+                canonical(9),
+                state(StateName::Idle),
+            ])))
+            .unwrap();
+        assert_eq!(subscription.next().await, Received::Update(canonical(9)));
+        assert_eq!(
+            subscription.next().await,
+            Received::Update(state(StateName::Idle))
+        );
+        drop(subscription);
+        actor.stop(None);
+        handle.await.unwrap();
     }
 }

@@ -97,6 +97,8 @@ async fn run_apply(
     for effect in effects {
         carry_out(myself, state, effect).await?;
     }
+    // What the step published goes out as one wave.
+    state.publisher.send_wave();
     Ok(Outcome {
         rejection,
         user_message,
@@ -186,6 +188,19 @@ async fn run_effect(
     state: &mut ConversationState,
     effect: Effect,
 ) -> Result<(), ActorProcessingErr> {
+    // The wave gathered so far goes out before the actor waits on anything
+    // (a durable append, starting a worker, a checkpoint), so that nothing
+    // published is held behind it.
+    if !matches!(
+        effect,
+        Effect::Publish { .. }
+            | Effect::AbortStream { .. }
+            | Effect::AbortTool { .. }
+            | Effect::SetTimer { .. }
+            | Effect::CancelTimer { .. }
+    ) {
+        state.publisher.send_wave();
+    }
     match effect {
         Effect::Append { events } => append(state, events).await?,
         Effect::Publish { event } => {

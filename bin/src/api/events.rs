@@ -12,12 +12,13 @@
 //! next seq it owes, sending a fresh snapshot. A client that disconnects
 //! drops its subscription, and the actor frees the channel.
 //!
-//! Frames are bytes rendered whole (`frame`). An update the conversation
-//! publishes reaches its subscribers as one shared `Published`, and the
-//! first stream to send it renders the frame into it
+//! Frames are bytes rendered whole (`frame`). A wave of updates the
+//! conversation publishes (what one of its steps published) reaches its
+//! subscribers as one shared `Published`, and the first stream to send it
+//! renders its frames into it, one buffer for the wave
 //! (`Published::rendered`); every other stream of the conversation sends
-//! those same bytes. A thousand subscribers cost one conversion and one
-//! JSON serialisation per update, not a thousand. What is one stream's own
+//! those same bytes, in one write. A thousand subscribers cost one
+//! conversion and one JSON serialisation per update, not a thousand. What is one stream's own
 //! (its snapshot, `lagged`, events read from the log to resume or catch
 //! up, error frames) is rendered for that stream. The body is the stream of
 //! those bytes with a keep-alive comment (`keep_alive`).
@@ -231,11 +232,11 @@ impl Follow {
         }
     }
 
-    /// The frame of an update as the conversation published it: rendered
+    /// The frames of a wave as the conversation published it: rendered
     /// by the first of its streams to get there, the same bytes for all.
     fn shared_frame(&self, published: &Arc<Published>) -> Bytes {
         published
-            .rendered(|update| SseFrame(frame::update(&self.id, update)))
+            .rendered(|updates| SseFrame(frame::updates(&self.id, updates)))
             .0
     }
 }

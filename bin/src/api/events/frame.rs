@@ -22,24 +22,40 @@ use crate::api::types::{ApiEvent, ApiLiveEvent};
 /// ignore and proxies see as traffic.
 pub const KEEP_ALIVE: Bytes = Bytes::from_static(b":\n\n");
 
-/// A canonical event (its seq as the `id`) or a live one (no `id`), as
-/// every subscriber of the conversation receives it.
-pub fn update(conversation: &ConversationId, update: &Update) -> Bytes {
-    match update {
-        Update::Event { event } => {
-            let api = ApiEvent::new(conversation, event.as_ref().clone());
-            render("canonical", Some(event.seq), &api)
+/// A wave of updates, one frame each (a canonical event with its seq as
+/// the `id`, a live one with no `id`), in one buffer: one write to the
+/// client for all of them.
+pub fn updates(conversation: &ConversationId, updates: &[Update]) -> Bytes {
+    // Most frames (deltas, state changes) are well under this; a long
+    // message grows the buffer as it goes.
+    let mut frames = Vec::with_capacity(256 * updates.len());
+    for update in updates {
+        match update {
+            Update::Event { event } => {
+                let api = ApiEvent::new(conversation, event.as_ref().clone());
+                render_into(&mut frames, "canonical", Some(event.seq), &api);
+            }
+            Update::Live { event } => render_into(
+                &mut frames,
+                "live",
+                None,
+                &ApiLiveEvent::from(event.clone()),
+            ),
         }
-        Update::Live { event } => render("live", None, &ApiLiveEvent::from(event.clone())),
     }
+    Bytes::from(frames)
 }
 
 /// One frame: `event`, `id` when given, then `data` as compact JSON (which
 /// never holds a raw line break, so it is one `data:` line).
 pub fn render<T: Serialize>(name: &str, id: Option<Seq>, data: &T) -> Bytes {
-    // Most frames (deltas, state changes) are well under this; a long
-    // message grows the buffer as it goes.
     let mut frame = Vec::with_capacity(256);
+    render_into(&mut frame, name, id, data);
+    Bytes::from(frame)
+}
+
+/// [`render`] at the end of `frame`.
+fn render_into<T: Serialize>(frame: &mut Vec<u8>, name: &str, id: Option<Seq>, data: &T) {
     frame.extend_from_slice(b"event: ");
     frame.extend_from_slice(name.as_bytes());
     frame.push(b'\n');
@@ -49,7 +65,7 @@ pub fn render<T: Serialize>(name: &str, id: Option<Seq>, data: &T) -> Bytes {
     }
     let fields = frame.len();
     frame.extend_from_slice(b"data: ");
-    match serde_json::to_writer(&mut frame, data) {
+    match serde_json::to_writer(&mut *frame, data) {
         Ok(()) => frame.extend_from_slice(b"\n\n"),
         Err(error) => {
             // Not expected (the API types serialise); the client still
@@ -60,7 +76,6 @@ pub fn render<T: Serialize>(name: &str, id: Option<Seq>, data: &T) -> Bytes {
             let _ = write!(frame, ": unserialisable frame: {why}\n\n");
         }
     }
-    Bytes::from(frame)
 }
 
 #[cfg(test)]
@@ -96,6 +111,27 @@ mod tests {
             None => event,
         };
         event.data(serde_json::to_string(data).unwrap())
+    }
+
+    fn update(conversation: &ConversationId, update: &Update) -> Bytes {
+        updates(conversation, std::slice::from_ref(update))
+    }
+
+    #[test]
+    fn a_wave_is_its_frames_one_after_the_other() {
+        let canonical = Update::Event {
+            event: Arc::new(user_message(3)),
+        };
+        let live = Update::Live {
+            event: LiveEvent::StateChanged {
+                state: keel_actors::core::state::StateName::Streaming,
+            },
+        };
+        let wave = updates(&conversation(), &[canonical.clone(), live.clone()]);
+        let mut apart = update(&conversation(), &canonical).to_vec();
+        apart.extend_from_slice(&update(&conversation(), &live));
+        assert_eq!(wave.as_ref(), apart.as_slice());
+        assert!(updates(&conversation(), &[]).is_empty());
     }
 
     fn conversation() -> ConversationId {
@@ -173,9 +209,9 @@ mod tests {
             event: Arc::new(user_message(3)),
         });
         let renders = std::sync::atomic::AtomicUsize::new(0);
-        let render = |update: &Update| {
+        let render = |updates: &[Update]| {
             renders.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            super::update(&conversation(), update)
+            super::updates(&conversation(), updates)
         };
         let first = published.rendered(render);
         let second = published.rendered(render);
