@@ -34,7 +34,11 @@
 //! Run: `cargo bench -p keel --bench daemon` (about six minutes, most of
 //! it part 3), or with `-- --quick` (or `KEEL_BENCH_QUICK=1`) for a smoke
 //! run with small numbers; run as a test (without cargo bench's `--bench`)
-//! it is quick. `KEEL_BENCH_ONLY=fanout|streams|turns` runs one part.
+//! it is quick. `KEEL_BENCH_ONLY=fanout|streams|turns` runs one part;
+//! `KEEL_BENCH_WAVES=1` prints each fan-out message's turn as its
+//! subscribers read it. The fan-out's streams stay open until every
+//! subscriber has read every turn, so that the clients' closing is not
+//! measured with the last turn.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -214,6 +218,7 @@ async fn fanout(mock_url: &str, subscribers: usize, messages: usize) -> Fanout {
     let mut sent = Vec::new();
     let cpu_before = daemon.cpu_seconds();
     let client_cpu_before = self_cpu_seconds();
+    let mut took = Vec::new();
     for message in 0..messages {
         let posted = Instant::now();
         let seq = api.send(&id, &format!("message {message}")).await;
@@ -222,13 +227,17 @@ async fn fanout(mock_url: &str, subscribers: usize, messages: usize) -> Fanout {
         done.wait_for(message + 1)
             .await
             .expect("a subscriber stopped");
+        took.push(posted.elapsed());
     }
     let cpu = daemon.cpu_seconds() - cpu_before;
     let client_cpu = self_cpu_seconds() - client_cpu_before;
     let mut seen = Vec::new();
     let mut lagged = 0;
     while let Some(joined) = followers.join_next().await {
-        let (frames, lags) = joined.unwrap();
+        // The stream closes only now, after every subscriber has read
+        // every turn: a thousand closes are the daemon's work too, and
+        // would land amid the last turn's deliveries.
+        let (frames, lags, _stream) = joined.unwrap();
         seen.push(frames);
         lagged += lags;
     }
@@ -259,6 +268,37 @@ async fn fanout(mock_url: &str, subscribers: usize, messages: usize) -> Fanout {
         let first = firsts.entry(frame.seq).or_insert(frame.at);
         *first = (*first).min(frame.at);
     }
+    // `KEEL_BENCH_WAVES=1`: each message's turn as its subscribers read
+    // it, its first four canonical frames from the first read of the
+    // `user_message` (to see one slow turn among fast ones, or frames of
+    // one step that did not reach a stream together).
+    if std::env::var_os("KEEL_BENCH_WAVES").is_some() {
+        let mut reads = std::collections::HashMap::<u64, Vec<Instant>>::new();
+        for frame in seen.iter().flatten() {
+            reads.entry(frame.seq).or_default().push(frame.at);
+        }
+        for (index, (&(seq, _, _), took)) in sent.iter().zip(&took).enumerate() {
+            let start = firsts[&seq];
+            let ms = |at: Instant| (at - start).as_secs_f64() * 1000.0;
+            let mut line = format!(
+                "message {}: turn {:.1} ms |",
+                index + 1,
+                took.as_secs_f64() * 1000.0
+            );
+            for (offset, frame) in (seq..seq + 4).enumerate() {
+                if let Some(at) = reads.get_mut(&frame) {
+                    at.sort();
+                    line += &format!(
+                        " seq+{offset}: first {:.2} p50 {:.2} p99 {:.2} |",
+                        ms(at[0]),
+                        ms(at[at.len() / 2]),
+                        ms(at[at.len() * 99 / 100])
+                    );
+                }
+            }
+            println!("{line}");
+        }
+    }
     let spread = seen
         .iter()
         .flatten()
@@ -277,8 +317,9 @@ async fn fanout(mock_url: &str, subscribers: usize, messages: usize) -> Fanout {
     }
 }
 
-/// Read one subscriber's stream until it has seen `turns` turns end.
-async fn follow(mut sse: Sse, turns: usize, done: TallyFollower) -> (Vec<Seen>, usize) {
+/// Read one subscriber's stream until it has seen `turns` turns end; the
+/// stream is given back open.
+async fn follow(mut sse: Sse, turns: usize, done: TallyFollower) -> (Vec<Seen>, usize, Sse) {
     let mut seen = Vec::with_capacity(turns * 8);
     let mut lagged = 0;
     let mut completed = 0;
@@ -303,7 +344,7 @@ async fn follow(mut sse: Sse, turns: usize, done: TallyFollower) -> (Vec<Seen>, 
         }
     }
     done.finish();
-    (seen, lagged)
+    (seen, lagged, sse)
 }
 
 impl Fanout {
@@ -1036,6 +1077,13 @@ async fn open_many(addr: SocketAddr, ids: Vec<String>) -> Vec<(usize, Sse, Durat
 /// only as far as the bench needs, so the client does little work.
 struct Sse {
     stream: TcpStream,
+    chunks: Chunks,
+}
+
+/// What one stream has read: its bytes taken out of their chunks and
+/// scanned into frames.
+#[derive(Default)]
+struct Chunks {
     /// Bytes read and not yet taken out of their chunks.
     raw: Vec<u8>,
     /// The body taken out of its chunks, not yet split into frames.
@@ -1053,9 +1101,7 @@ impl Sse {
         stream.write_all(request.as_bytes()).await.unwrap();
         let mut sse = Sse {
             stream,
-            raw: Vec::new(),
-            frames: FrameScanner::default(),
-            headers_done: false,
+            chunks: Chunks::default(),
         };
         loop {
             match sse.next_frame() {
@@ -1073,16 +1119,23 @@ impl Sse {
     /// Read what the socket has; `None` once it is closed. The instant is
     /// taken as soon as the read returns, before any parsing.
     async fn fill(&mut self) -> Option<Instant> {
-        self.raw.reserve(4096);
-        let read = self.stream.read_buf(&mut self.raw).await.unwrap();
+        self.chunks.raw.reserve(4096);
+        let read = self.stream.read_buf(&mut self.chunks.raw).await.unwrap();
         let at = Instant::now();
         if read == 0 {
             return None;
         }
-        self.unchunk();
+        self.chunks.unchunk();
         Some(at)
     }
 
+    /// The next whole frame read, if any.
+    fn next_frame(&mut self) -> Option<Scanned> {
+        self.chunks.next_frame()
+    }
+}
+
+impl Chunks {
     fn unchunk(&mut self) {
         if !self.headers_done {
             let Some(end) = find(&self.raw, b"\r\n\r\n") else {
@@ -1120,7 +1173,9 @@ impl Sse {
         }
         Some(frame)
     }
+}
 
+impl Sse {
     /// Read until the next `turn_completed`; how many tool results came
     /// before it.
     async fn until_turn_completed(&mut self) -> usize {
