@@ -475,7 +475,10 @@ async fn fanout(
                 }
             }
             done.finish();
-            Ok::<_, anyhow::Error>(reads)
+            // The stream goes back open: it closes once every subscriber
+            // has read every turn, so that a thousand closes are not
+            // measured with the last turn's deliveries.
+            Ok::<_, anyhow::Error>((reads, stream))
         });
     }
     let mut sent = Vec::with_capacity(messages);
@@ -489,9 +492,13 @@ async fn fanout(
             })??;
     }
     let mut all_reads = Vec::with_capacity(subscribers);
+    let mut open = Vec::with_capacity(subscribers);
     while let Some(joined) = readers.join_next().await {
-        all_reads.push(joined.context("a subscriber's task failed")??);
+        let (reads, stream) = joined.context("a subscriber's task failed")??;
+        all_reads.push(reads);
+        open.push(stream);
     }
+    drop(open);
     let mut samples = Vec::with_capacity(subscribers * messages);
     for (seq, answered) in sent {
         let reads: Vec<Instant> = all_reads
