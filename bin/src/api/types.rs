@@ -931,6 +931,7 @@ pub enum ApiLiveEvent {
     /// This client fell behind: live-only events were lost, canonical
     /// events it missed follow from the log.
     Lagged {
+        /// How many sends it missed, each one or more events.
         missed: u64,
     },
 }
