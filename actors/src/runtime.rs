@@ -56,9 +56,10 @@ pub struct Settings {
     /// to their end before it interrupts them.
     pub shutdown_grace: Duration,
     /// Live-only updates (deltas, tool output, state changes) go out to
-    /// subscribers in waves at most this often; a canonical event is never
-    /// held and takes the held ones along (docs/requirements.md, "Live
-    /// updates go out in waves"). Zero sends each update at once.
+    /// subscribers in waves at most this often; what one step publishes
+    /// goes out together, a canonical event is never held past its step
+    /// and takes the held ones along (docs/requirements.md, "Live updates
+    /// go out in waves"). Zero holds nothing beyond the step.
     pub live_interval: Duration,
 }
 

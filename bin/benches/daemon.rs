@@ -1077,13 +1077,6 @@ async fn open_many(addr: SocketAddr, ids: Vec<String>) -> Vec<(usize, Sse, Durat
 /// only as far as the bench needs, so the client does little work.
 struct Sse {
     stream: TcpStream,
-    chunks: Chunks,
-}
-
-/// What one stream has read: its bytes taken out of their chunks and
-/// scanned into frames.
-#[derive(Default)]
-struct Chunks {
     /// Bytes read and not yet taken out of their chunks.
     raw: Vec<u8>,
     /// The body taken out of its chunks, not yet split into frames.
@@ -1101,7 +1094,9 @@ impl Sse {
         stream.write_all(request.as_bytes()).await.unwrap();
         let mut sse = Sse {
             stream,
-            chunks: Chunks::default(),
+            raw: Vec::new(),
+            frames: FrameScanner::default(),
+            headers_done: false,
         };
         loop {
             match sse.next_frame() {
@@ -1119,23 +1114,16 @@ impl Sse {
     /// Read what the socket has; `None` once it is closed. The instant is
     /// taken as soon as the read returns, before any parsing.
     async fn fill(&mut self) -> Option<Instant> {
-        self.chunks.raw.reserve(4096);
-        let read = self.stream.read_buf(&mut self.chunks.raw).await.unwrap();
+        self.raw.reserve(4096);
+        let read = self.stream.read_buf(&mut self.raw).await.unwrap();
         let at = Instant::now();
         if read == 0 {
             return None;
         }
-        self.chunks.unchunk();
+        self.unchunk();
         Some(at)
     }
 
-    /// The next whole frame read, if any.
-    fn next_frame(&mut self) -> Option<Scanned> {
-        self.chunks.next_frame()
-    }
-}
-
-impl Chunks {
     fn unchunk(&mut self) {
         if !self.headers_done {
             let Some(end) = find(&self.raw, b"\r\n\r\n") else {
@@ -1173,9 +1161,7 @@ impl Chunks {
         }
         Some(frame)
     }
-}
 
-impl Sse {
     /// Read until the next `turn_completed`; how many tool results came
     /// before it.
     async fn until_turn_completed(&mut self) -> usize {

@@ -18,10 +18,11 @@
 //! renders its frames into it, one buffer for the wave
 //! (`Published::rendered`); every other stream of the conversation sends
 //! those same bytes, in one write. A thousand subscribers cost one
-//! conversion and one JSON serialisation per update, not a thousand. What is one stream's own
-//! (its snapshot, `lagged`, events read from the log to resume or catch
-//! up, error frames) is rendered for that stream. The body is the stream of
-//! those bytes with a keep-alive comment (`keep_alive`).
+//! conversion and one JSON serialisation per update, not a thousand. What
+//! is one stream's own (its snapshot, `lagged`, events read from the log
+//! to resume or catch up, error frames) is rendered for that stream. The
+//! body is the stream of those bytes with a keep-alive comment
+//! (`keep_alive`).
 
 mod frame;
 mod keep_alive;
