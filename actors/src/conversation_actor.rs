@@ -206,6 +206,10 @@ impl Drop for AbortOnDrop {
 
 /// What keel calls itself as an agent: `gen_ai.agent.name` of its turn spans.
 const AGENT_NAME: &str = "keel";
+/// How long a rebuilt conversation waits for the tool worker and process
+/// groups of the actor that crashed before it (as boot waits for the
+/// groups of a crashed process).
+const TOOL_GROUPS_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The span of a turn in progress: an OpenTelemetry GenAI `invoke_agent`
 /// span (its name for OpenTelemetry is `otel.name`; `turn` stays the
@@ -408,6 +412,21 @@ impl Actor for ConversationActor {
                 Ok(state)
             }
             Start::Rehydrate => {
+                // A crash of the actor before this one in this process may
+                // have left its tool worker dying: nothing is re-dispatched
+                // beside an old copy of itself (`tool_groups.rs`).
+                let running = shared
+                    .tool_groups
+                    .settle(&id, TOOL_GROUPS_PATIENCE)
+                    .instrument(span.clone())
+                    .await;
+                if !running.is_empty() {
+                    tracing::error!(
+                        parent: &span,
+                        pgids = ?running,
+                        "a tool process group of the crashed actor still runs; going on without it"
+                    );
+                }
                 let rehydrated = rehydrate(shared.store.as_ref(), &id)
                     .instrument(span.clone())
                     .await?

@@ -26,6 +26,7 @@ mod stream_actor;
 mod sub_agents;
 pub mod tool;
 mod tool_actor;
+mod tool_groups;
 
 pub use keel_core as core;
 pub use keel_store as store;

@@ -111,6 +111,12 @@ impl Drop for ProcessGroup {
     }
 }
 
+/// Whether some process (a zombie included) is still in group `pgid`.
+pub(crate) fn group_exists(pgid: u32) -> bool {
+    // EPERM: a process we may not signal is in it, so it exists.
+    !matches!(signal_group(pgid, None), Err(Errno::ESRCH | Errno::EINVAL))
+}
+
 /// Send `signal` to every process of group `pgid`; `None` only checks that
 /// the group exists.
 fn signal_group(pgid: u32, signal: impl Into<Option<Signal>>) -> nix::Result<()> {

@@ -28,6 +28,7 @@ use crate::mailbox::Mailbox;
 use crate::process_group::ProcessLedger;
 use crate::provider::{ProviderClient, ProviderConfig};
 use crate::tool::ToolRegistry;
+use crate::tool_groups::ToolGroups;
 use crate::Error;
 use supervisor::{SupervisorActor, SupervisorMsg};
 
@@ -123,6 +124,10 @@ pub(crate) struct Shared {
     pub(crate) settings: Settings,
     /// Each live conversation's out-of-band control block (`door::control`).
     pub(crate) controls: Mutex<HashMap<ConversationId, Arc<Control>>>,
+    /// Tool workers alive and the process groups they started, by
+    /// conversation: a rebuilt conversation waits for its old ones
+    /// (`tool_groups.rs`).
+    pub(crate) tool_groups: Arc<ToolGroups>,
     /// Actors and workers that hold this `Shared` now (see [`Alive`]).
     alive: Arc<AtomicUsize>,
     /// The runtime is stopping: no conversation starts, background tasks end.
@@ -191,6 +196,7 @@ impl Runtime {
             clock: Clock::system(),
             settings,
             controls: Mutex::new(HashMap::new()),
+            tool_groups: Arc::new(ToolGroups::default()),
             alive: Arc::new(AtomicUsize::new(0)),
             closed: AtomicBool::new(false),
         });

@@ -47,6 +47,7 @@ pub use read_file::ReadFile;
 pub use write_file::WriteFile;
 
 use crate::process_group::ProcessLedger;
+pub use crate::tool_groups::GroupNotes;
 
 /// What a tool gets to run one call.
 #[derive(Debug)]
@@ -65,6 +66,11 @@ pub struct ToolContext {
     /// restarted runtime can kill any that outlived it. `None` in tests that
     /// don't care.
     pub ledger: Option<Arc<ProcessLedger>>,
+    /// Where process-spawning tools note their process groups, so that the
+    /// conversation, rebuilt after a crash in the same process, waits for
+    /// them to be gone before it runs a call again (`GroupNotes::default()`
+    /// keeps no notes).
+    pub groups: GroupNotes,
 }
 
 /// Sends output chunks to whoever runs the tool. Cheap to clone. Never

@@ -19,7 +19,8 @@ use crate::conversation_actor::ConversationMsg;
 use crate::mailbox::Mailbox;
 use crate::metrics;
 use crate::process_group::ProcessLedger;
-use crate::tool::{Tool, ToolContext, ToolOutcome, ToolOutput};
+use crate::tool::{GroupNotes, Tool, ToolContext, ToolOutcome, ToolOutput};
+use crate::tool_groups::Lease;
 
 pub(crate) struct ToolArgs {
     pub(crate) call: ToolCall,
@@ -28,8 +29,20 @@ pub(crate) struct ToolArgs {
     /// The conversation's `tools_may_leave_cwd`, see [`ToolContext`].
     pub(crate) may_leave_cwd: bool,
     pub(crate) ledger: Option<Arc<ProcessLedger>>,
+    /// Where the tool notes its process groups (the lease's notes).
+    pub(crate) groups: GroupNotes,
     pub(crate) report: Mailbox,
     pub(crate) span: tracing::Span,
+}
+
+pub(crate) struct ToolState {
+    /// Taken when the call runs.
+    args: Option<ToolArgs>,
+    /// Held for as long as the worker lives, and dropped with the state:
+    /// after the tool's future and everything it held (its process group,
+    /// killed on drop). A conversation rebuilt after a crash waits for it
+    /// (`tool_groups.rs`).
+    _lease: Lease,
 }
 
 pub(crate) enum ToolMsg {
@@ -40,25 +53,28 @@ pub(crate) struct ToolActor;
 
 impl Actor for ToolActor {
     type Msg = ToolMsg;
-    type State = Option<ToolArgs>;
-    type Arguments = ToolArgs;
+    type State = ToolState;
+    type Arguments = (ToolArgs, Lease);
 
     async fn pre_start(
         &self,
         myself: ActorRef<ToolMsg>,
-        args: ToolArgs,
-    ) -> Result<Option<ToolArgs>, ActorProcessingErr> {
+        (args, lease): (ToolArgs, Lease),
+    ) -> Result<ToolState, ActorProcessingErr> {
         myself.cast(ToolMsg::Run)?;
-        Ok(Some(args))
+        Ok(ToolState {
+            args: Some(args),
+            _lease: lease,
+        })
     }
 
     async fn handle(
         &self,
         _myself: ActorRef<ToolMsg>,
         ToolMsg::Run: ToolMsg,
-        state: &mut Option<ToolArgs>,
+        state: &mut ToolState,
     ) -> Result<(), ActorProcessingErr> {
-        let Some(args) = state.take() else {
+        let Some(args) = state.args.take() else {
             return Ok(());
         };
         let span = args.span.clone();
@@ -74,6 +90,7 @@ async fn run(args: ToolArgs) {
         cwd,
         may_leave_cwd,
         ledger,
+        groups,
         report,
         span,
     } = args;
@@ -86,6 +103,7 @@ async fn run(args: ToolArgs) {
         may_leave_cwd,
         output,
         ledger,
+        groups,
     };
     let forward = |chunk: String| {
         let _ = report.cast(ConversationMsg::ToolOutput {

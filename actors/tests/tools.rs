@@ -40,6 +40,7 @@ fn context(input: Value, cwd: &Path, output: ToolOutput) -> ToolContext {
         may_leave_cwd: false,
         output,
         ledger: None,
+        groups: Default::default(),
     }
 }
 

@@ -9,6 +9,7 @@
 //!   after every restart that nothing was lost, doubled or left stuck;
 //!   `running` is its side for a daemon it did not start (`--addr`).
 
+mod approvals;
 pub mod crash;
 pub mod faults;
 pub mod running;

@@ -1193,6 +1193,89 @@ impl keel_actors::tool::Tool for Forever {
     }
 }
 
+/// A tool whose first run never finishes and whose future lets go slowly
+/// when dropped (as a killed process group takes a moment to die),
+/// counting how many of its runs are alive at once.
+struct SlowToDie {
+    runs: Arc<std::sync::atomic::AtomicUsize>,
+    alive: Arc<std::sync::atomic::AtomicUsize>,
+    most_alive: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// One run of [`SlowToDie`], alive until its drop has finished.
+struct Dying(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Dying {
+    fn drop(&mut self) {
+        // Blocking on purpose: the worker's task is busy dying.
+        std::thread::sleep(Duration::from_millis(300));
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[async_trait::async_trait]
+impl keel_actors::tool::Tool for SlowToDie {
+    fn spec(&self) -> keel_actors::core::wire::ToolSpec {
+        keel_actors::core::wire::ToolSpec {
+            name: "slow_to_die".to_owned(),
+            description: "Hangs the first time; dies slowly.".to_owned(),
+            input_schema: json!({"type": "object"}),
+        }
+    }
+
+    async fn run(
+        &self,
+        _context: keel_actors::tool::ToolContext,
+    ) -> keel_actors::tool::ToolOutcome {
+        use std::sync::atomic::Ordering::SeqCst;
+        let alive = self.alive.fetch_add(1, SeqCst) + 1;
+        self.most_alive.fetch_max(alive, SeqCst);
+        let _dying = Dying(self.alive.clone());
+        if self.runs.fetch_add(1, SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+        keel_actors::tool::ToolOutcome::ok("ran")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_a_crashed_actor_reruns_a_call_only_once_its_old_copy_is_gone() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([{"endpoint": "anthropic", "tool_calls": [{"name": "slow_to_die"}]}]))
+        .await;
+    let tool = SlowToDie {
+        runs: Arc::default(),
+        alive: Arc::default(),
+        most_alive: Arc::default(),
+    };
+    let (runs, most_alive) = (tool.runs.clone(), tool.most_alive.clone());
+    let mut tools = keel_actors::tool::ToolRegistry::with_defaults();
+    tools.register(tool);
+    let runtime = runtime_with_tools(&rig, tools).await;
+    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+    let mut subscription = watch(&conversation).await;
+    conversation.send("hang", Vec::new()).await.unwrap();
+    subscription.reach(StateName::ExecutingTools).await;
+    eventually("the first run started", || runs.load(SeqCst) == 1).await;
+
+    // The supervisor restarts the actor, and `resume` re-dispatches the
+    // call; the old run is still dying when that happens, unless the
+    // rebuilt conversation waits for it.
+    conversation.crash().await.unwrap();
+    eventually("the call ran again", || runs.load(SeqCst) == 2).await;
+    let mut subscription = watch(&conversation).await;
+    subscription.reach(StateName::Idle).await;
+    assert_eq!(
+        most_alive.load(SeqCst),
+        1,
+        "two copies of one call ran at once"
+    );
+    assert_paired(&conversation).await;
+    runtime.shutdown().await;
+}
+
 async fn runtime_with_tools(rig: &Rig, tools: keel_actors::tool::ToolRegistry) -> Runtime {
     rig.open(RuntimeConfig {
         tools,

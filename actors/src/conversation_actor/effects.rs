@@ -360,7 +360,9 @@ async fn start_tool(
         .unwrap_or_default();
     let tool_call_id = call.id.clone();
     let span = tool_span(state, &call);
+    let (lease, groups) = state.shared.tool_groups.enter(&state.id);
     let args = ToolArgs {
+        groups,
         call,
         tool,
         cwd: cwd.into(),
@@ -369,7 +371,7 @@ async fn start_tool(
         report: state.mailbox(myself),
         span,
     };
-    match ToolActor::spawn_linked(None, ToolActor, args, myself.get_cell()).await {
+    match ToolActor::spawn_linked(None, ToolActor, (args, lease), myself.get_cell()).await {
         Ok((worker, _)) => {
             state.tool = Some(Worker {
                 key: tool_call_id,

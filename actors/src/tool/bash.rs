@@ -192,6 +192,7 @@ async fn run_command(input: &BashInput, ctx: &ToolContext) -> ToolOutcome {
             ));
         }
     };
+    ctx.groups.started(group.pgid());
     let (Some(mut gate), Some(mut stdout), Some(mut stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {

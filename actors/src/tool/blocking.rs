@@ -89,6 +89,7 @@ mod tests {
 
     fn context(input: serde_json::Value) -> ToolContext {
         ToolContext {
+            groups: Default::default(),
             call: ToolCall {
                 id: ToolCallId::new("toolu_blocking"),
                 name: "walker".to_owned(),

@@ -45,6 +45,7 @@ use anyhow::{anyhow, Context as _};
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use super::approvals::Approvals;
 use super::running::{self, RunningDaemon, RUN_ENV};
 use crate::api::types::{
     ApiContent, ApiDecisionKind, ApiEvent, ApiEventKind, ApiLiveEvent, ApiProvider, ApiRetry,
@@ -134,6 +135,9 @@ const TURN_PATIENCE: Duration = Duration::from_secs(60);
 const SETTLE_PATIENCE: Duration = Duration::from_secs(60);
 /// Starts the nonce a side effect writes beside its `tool_call_id`.
 const NONCE: &str = "nonce-";
+/// Who decided, in every resolution the drill makes: the log must name
+/// nobody else.
+const DRILL: &str = "drill";
 
 /// One broken promise.
 #[derive(Debug, Clone, Serialize)]
@@ -284,8 +288,6 @@ struct Book {
     acked: HashMap<String, Vec<u64>>,
     /// Every canonical event a client received, by conversation and seq.
     seen: HashMap<String, BTreeMap<u64, Value>>,
-    /// Calls suspended for an approval nobody has tried to give yet.
-    untouched: HashMap<String, BTreeSet<String>>,
     /// Each sub-agent's latest state as its parent's stream told it
     /// (`child_state`), by (parent, child); a parent's go when it rests.
     children: HashMap<(String, String), ApiState>,
@@ -499,8 +501,14 @@ async fn drill_in(
         ids.push(create(&client, index, &workdir).await?);
     }
     let mut workers = tokio::task::JoinSet::new();
+    // Each worker says when its event stream is open (or drops its end
+    // when it could not open it): no kill lands before, so that a stream
+    // refused by a daemon between lives is never the drill's own doing.
+    let (opened, mut streams_open) = tokio::sync::mpsc::channel(ids.len().max(1));
     for (index, id) in ids.iter().enumerate() {
         let worker = Worker {
+            opened: Some(opened.clone()),
+            approvals: Approvals::default(),
             client: client.clone(),
             shared: shared.clone(),
             id: id.clone(),
@@ -518,6 +526,12 @@ async fn drill_in(
             },
         };
         workers.spawn(worker.run());
+    }
+    drop(opened);
+    for _ in 0..ids.len() {
+        if streams_open.recv().await.is_none() {
+            break;
+        }
     }
 
     let bar = if options.json {
@@ -755,6 +769,11 @@ fn is_at_rest(state: ApiState) -> bool {
 
 struct Worker {
     client: Client,
+    /// Told once the event stream is open; the first kill waits for every
+    /// worker's.
+    opened: Option<tokio::sync::mpsc::Sender<()>>,
+    /// The calls it approves, and those that wait untouched.
+    approvals: Approvals,
     shared: Shared,
     id: String,
     rng: fastrand::Rng,
@@ -778,6 +797,11 @@ impl Worker {
             match events.next().await {
                 Ok(Frame::Snapshot(snapshot)) => {
                     self.set_state(snapshot.state);
+                    if let Some(opened) = self.opened.take() {
+                        // The drill stops waiting for this worker either
+                        // way; a closed channel means it stopped already.
+                        let _ = opened.send(()).await;
+                    }
                     break;
                 }
                 Ok(_) => {}
@@ -885,16 +909,13 @@ impl Worker {
         mut done: impl FnMut(&ApiEvent) -> bool,
     ) -> Result<(), String> {
         let started = Instant::now();
-        let mut waiting: Vec<(String, Instant)> = Vec::new();
         let mut reconnecting = false;
         loop {
             if started.elapsed() > TURN_PATIENCE {
                 return Err(format!("no end of the turn within {TURN_PATIENCE:?}"));
             }
-            let now = Instant::now();
-            if let Some(position) = waiting.iter().position(|(_, due)| *due <= now) {
-                let (call, _) = waiting.remove(position);
-                self.approve(&call, &mut waiting).await;
+            if let Some(call) = self.approvals.next_due(Instant::now()) {
+                self.approve(&call).await;
             }
             let next = tokio::time::timeout(Duration::from_millis(10), events.next()).await;
             let frame = match next {
@@ -915,9 +936,7 @@ impl Worker {
                     }
                     reconnecting = false;
                     for call in &snapshot.pending {
-                        if !waiting.iter().any(|(id, _)| *id == call.tool_call_id) {
-                            waiting.push((call.tool_call_id.clone(), Instant::now()));
-                        }
+                        self.approvals.pending(&call.tool_call_id, Instant::now());
                     }
                 }
                 Frame::Reconnecting { .. } | Frame::Error(_) => reconnecting = true,
@@ -940,14 +959,9 @@ impl Worker {
                     drop(book);
                     if let ApiEventKind::Suspended { pending } = &event.kind {
                         for call in pending {
-                            self.shared
-                                .book()
-                                .untouched
-                                .entry(self.id.clone())
-                                .or_default()
-                                .insert(call.tool_call_id.clone());
                             let pause = Duration::from_millis(self.rng.u64(0..150));
-                            waiting.push((call.tool_call_id.clone(), Instant::now() + pause));
+                            self.approvals
+                                .suspended(&call.tool_call_id, Instant::now() + pause);
                         }
                     }
                     if done(&event) {
@@ -972,41 +986,37 @@ impl Worker {
     /// tried to give still waits (or got its result in the meantime,
     /// which the log check sees).
     fn check_untouched(&self, pending: &HashSet<&str>) {
-        let untouched: Vec<String> = self
-            .shared
-            .book()
-            .untouched
-            .get(&self.id)
-            .map(|calls| calls.iter().cloned().collect())
-            .unwrap_or_default();
-        for call in untouched {
-            if pending.contains(call.as_str()) {
-                self.shared.passed(1);
-            } else {
-                self.shared.violation(
-                    "pending approvals stay pending",
-                    Some(&self.id),
-                    None,
-                    format!("call {call} waited for an approval before the kill and not after"),
-                );
-            }
+        let reconnected = self.approvals.reconnected(pending);
+        self.shared.passed(reconnected.still_pending as u64);
+        for call in reconnected.gone {
+            self.shared.violation(
+                "pending approvals stay pending",
+                Some(&self.id),
+                None,
+                format!("call {call} waited for an approval before the kill and not after"),
+            );
         }
     }
 
-    async fn approve(&mut self, call: &str, waiting: &mut Vec<(String, Instant)>) {
-        if let Some(calls) = self.shared.book().untouched.get_mut(&self.id) {
-            calls.remove(call);
-        }
+    async fn approve(&mut self, call: &str) {
         match self
             .client
-            .decide(&self.id, call, ApiDecisionKind::Approve, None, None)
+            .decide(
+                &self.id,
+                call,
+                ApiDecisionKind::Approve,
+                None,
+                Some(DRILL.to_owned()),
+            )
             .await
         {
             Ok(_) => self.shared.book().approvals += 1,
             // Settled meanwhile (a cancel, a restart under `idle`): done.
             Err(ClientError::Api { status: 409, .. } | ClientError::NotFound { .. }) => {}
             // The daemon is between lives: try again soon.
-            Err(_) => waiting.push((call.to_owned(), Instant::now() + Duration::from_millis(50))),
+            Err(_) => self
+                .approvals
+                .retry(call, Instant::now() + Duration::from_millis(50)),
         }
     }
 }
@@ -1150,6 +1160,20 @@ async fn check_log(client: &Client, shared: &Shared, id: &str, full: bool) {
                     })
                     .collect();
             }
+            ApiEventKind::Resolved {
+                tool_call_id, by, ..
+            } => {
+                if by.as_deref() == Some(DRILL) {
+                    passed += 1;
+                } else {
+                    shared.violation(
+                        "only the drill resolves calls",
+                        Some(id),
+                        Some(event.seq),
+                        format!("{tool_call_id} was resolved by {by:?}"),
+                    );
+                }
+            }
             ApiEventKind::ToolResult { tool_call_id, .. } => {
                 if let Some(position) = checked.open.iter().position(|call| call == tool_call_id) {
                     checked.open.remove(position);
@@ -1215,7 +1239,7 @@ async fn settle(client: &Client, shared: &Shared, ids: &[String]) {
                                 &call.tool_call_id,
                                 ApiDecisionKind::Approve,
                                 None,
-                                None,
+                                Some(DRILL.to_owned()),
                             )
                             .await
                             .is_ok()
