@@ -3,16 +3,17 @@
 //! through `ensure_started`, so a handle keeps working across evictions and
 //! crash restarts of the actor behind it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
 use ractor::RpcReplyPort;
 use serde::Serialize;
 
-use keel_core::event::Event;
-use keel_core::event::{Decision, PendingCall};
+use keel_core::event::{Decision, Event, EventKind, PendingCall};
 use keel_core::ids::{ConversationId, EventId, Seq, ToolCallId};
-use keel_core::message::{Message, Usage};
+use keel_core::message::{ImageRef, Message, Usage};
 use keel_core::state::{Phase, StateName};
 use keel_core::time::Timestamp;
 use keel_core::working::WorkingSet;
@@ -167,14 +168,68 @@ impl ConversationHandle {
             self.runtime.shared.store.put_blob(image.bytes).await?;
             images.push(image.image);
         }
-        // Not re-sent after a lost answer: the message may be durable already.
-        self.call_with(Retry::OnlyUndelivered, |reply| ConversationMsg::Send {
-            text: text.clone(),
-            images: images.clone(),
-            reply,
-        })
-        .await?
-        .map_err(Error::Rejected)
+        // A send is recorded (its event id) or refused with nothing
+        // recorded, never ambiguous: when the actor stops before it
+        // answers (an eviction that got there first, a crash), the ticket
+        // says whether it took the message, and the log whether it kept it.
+        let ticket = Arc::new(SendTicket::default());
+        for _ in 0..3 {
+            let actor = self.runtime.ensure_started(&self.id).await?;
+            let answer = actor
+                .call(
+                    |reply| ConversationMsg::Send {
+                        text: text.clone(),
+                        images: images.clone(),
+                        ticket: ticket.clone(),
+                        reply,
+                    },
+                    Some(CALL_TIMEOUT),
+                )
+                .await;
+            match answer {
+                Ok(CallResult::Success(answer)) => return answer.map_err(Error::Rejected),
+                Ok(CallResult::Timeout) => return Err(Error::Timeout),
+                Ok(CallResult::SenderError) | Err(_) => match ticket.taken_after() {
+                    // The actor stopped with the message still in its
+                    // mailbox, or before it arrived: nothing is recorded,
+                    // and its next life is asked.
+                    None => tokio::task::yield_now().await,
+                    Some(last_seq) => return self.recorded_after(last_seq, &text, &images).await,
+                },
+            }
+        }
+        Err(Error::NotRecorded)
+    }
+
+    /// The actor took a message when its log ended at `last_seq` and
+    /// stopped before answering: its event id if the log kept it, or
+    /// `NotRecorded`. The message's step appends its events right after
+    /// `last_seq`, before anything of a later life (which begins with
+    /// `SessionStarted`), so the message is one of those or nowhere.
+    async fn recorded_after(
+        &self,
+        last_seq: Seq,
+        text: &str,
+        images: &[ImageRef],
+    ) -> Result<EventId, Error> {
+        const STEP_EVENTS: usize = 16;
+        let events = self
+            .runtime
+            .shared
+            .store
+            .read(&self.id, last_seq + 1, STEP_EVENTS)
+            .await?;
+        let recorded = events
+            .iter()
+            .take_while(|event| !matches!(event.kind, EventKind::SessionStarted))
+            .find(|event| {
+                matches!(&event.kind, EventKind::UserMessage { text: kept, images: kept_images }
+                    if kept == text && kept_images == images)
+            });
+        match recorded {
+            Some(event) => Ok(self.id.event_id(event.seq)),
+            None => Err(Error::NotRecorded),
+        }
     }
 
     /// Stop whatever the conversation is doing and bring it to rest. Workers
@@ -381,4 +436,25 @@ enum Retry {
     Always,
     /// Only if it never reached the actor.
     OnlyUndelivered,
+}
+
+/// Travels with a message to the actor, so that a sender whose answer was
+/// lost knows whether the actor took the message at all.
+#[derive(Debug, Default)]
+pub(crate) struct SendTicket {
+    /// 0 until the actor takes the message; then the seq its log ended
+    /// at, plus one (seqs start at 1, so 0 is free).
+    taken: AtomicU64,
+}
+
+impl SendTicket {
+    /// The actor takes the message; its log ends at `last_seq`.
+    pub(crate) fn take(&self, last_seq: Seq) {
+        self.taken.store(last_seq + 1, Ordering::SeqCst);
+    }
+
+    /// Where the log ended when the actor took the message, if it did.
+    fn taken_after(&self) -> Option<Seq> {
+        self.taken.load(Ordering::SeqCst).checked_sub(1)
+    }
 }

@@ -32,7 +32,7 @@ use keel_core::{
 };
 use keel_store::{rehydrate, Rehydrated};
 
-use crate::conversation::{ActorStats, Inspection, WorkerInfo};
+use crate::conversation::{ActorStats, Inspection, SendTicket, WorkerInfo};
 use crate::door;
 use crate::mailbox::Mailbox;
 use crate::pubsub::{Publisher, Subscription, Update, View, VIEW_MESSAGES};
@@ -85,6 +85,8 @@ pub(crate) enum ConversationMsg {
     Send {
         text: String,
         images: Vec<ImageRef>,
+        /// Marked when the actor takes the message (`ConversationHandle::send`).
+        ticket: Arc<SendTicket>,
         reply: RpcReplyPort<Result<EventId, Rejection>>,
     },
     Resolve {
@@ -521,8 +523,10 @@ impl Actor for ConversationActor {
             ConversationMsg::Send {
                 text,
                 images,
+                ticket,
                 reply,
             } => {
+                ticket.take(state.conversation()?.working.last_seq);
                 let outcome =
                     effects::step(&myself, state, Input::UserMessage { text, images }).await?;
                 let answer = match (outcome.rejection, outcome.user_message) {

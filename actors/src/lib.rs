@@ -82,6 +82,10 @@ pub enum Error {
     /// The conversation's actor stopped before it answered.
     #[error("the conversation stopped before it answered; try again")]
     Stopped,
+    /// The conversation took a message and stopped (crashed) before it was
+    /// recorded: nothing of it is in the log, and it may be sent again.
+    #[error("the conversation stopped before the message was recorded; nothing was recorded, send it again")]
+    NotRecorded,
     #[error("the conversation did not answer in time")]
     Timeout,
     #[error("{what}")]

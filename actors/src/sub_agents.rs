@@ -367,6 +367,8 @@ async fn attach(
                 |reply| ConversationMsg::Send {
                     text: task.task.clone(),
                     images: Vec::new(),
+                    // A lost answer is settled by re-reading the child.
+                    ticket: Default::default(),
                     reply,
                 },
                 Some(CALL_TIMEOUT),

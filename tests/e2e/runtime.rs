@@ -826,6 +826,39 @@ async fn runtime_a_crashed_actor_restarts_with_its_history() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_a_message_racing_an_eviction_is_recorded_never_left_in_doubt() {
+    let rig = Rig::new();
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
+    for round in 0..25 {
+        let text = format!("racing the eviction, round {round}");
+        // The eviction is asked first; the message lands in the mailbox
+        // behind it, or in the next life.
+        let (_, sent) = tokio::join!(conversation.evict(), async {
+            tokio::task::yield_now().await;
+            conversation.send(text.clone(), Vec::new()).await
+        });
+        let event_id = sent.unwrap_or_else(|error| panic!("round {round}: {error}"));
+        let seq = event_id.seq;
+        let events = log(&runtime, &conversation).await;
+        let recorded = events.iter().find(|event| event.seq == seq).unwrap();
+        assert!(
+            matches!(&recorded.kind, EventKind::UserMessage { text: kept, .. } if *kept == text),
+            "round {round}: seq {seq} holds {:?}",
+            recorded.kind
+        );
+        let waited = tokio::time::timeout(PATIENCE, async {
+            while conversation.inspect().await.unwrap().state != StateName::Idle {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await;
+        assert!(waited.is_ok(), "round {round}: the turn never ended");
+    }
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_two_concurrent_ensure_started_give_one_actor() {
     let rig = Rig::new();
     let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;

@@ -65,6 +65,11 @@ impl ApiError {
                 "stopped",
                 error.to_string(),
             ),
+            Error::NotRecorded => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not_recorded",
+                error.to_string(),
+            ),
             Error::Timeout => {
                 ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout", error.to_string())
             }
