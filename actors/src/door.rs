@@ -244,8 +244,10 @@ pub(crate) async fn cancel(
 }
 
 /// The working directory a conversation is created with: made absolute
-/// (relative to this process's directory) and checked, because it is
-/// fixed for the conversation's whole life and every tool starts there.
+/// (relative to this process's directory), checked and made canonical
+/// (`..` resolved, symbolic links followed), because it is fixed for the
+/// conversation's whole life, every tool starts there and the file tools
+/// confine paths to it: a link swapped later does not move it.
 async fn working_directory(cwd: &Path) -> Result<String, Error> {
     let invalid = |reason: &str| Error::InvalidCwd {
         cwd: cwd.display().to_string(),
@@ -261,9 +263,12 @@ async fn working_directory(cwd: &Path) -> Result<String, Error> {
         }
         Err(error) => return Err(invalid(&error.to_string())),
     }
+    let canonical = tokio::fs::canonicalize(&absolute)
+        .await
+        .map_err(|error| invalid(&error.to_string()))?;
     // The log stores the directory as text; a path that is not UTF-8 would
     // come back as another path.
-    absolute
+    canonical
         .into_os_string()
         .into_string()
         .map_err(|_| invalid("its path is not valid UTF-8"))

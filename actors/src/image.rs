@@ -18,8 +18,12 @@
 //! refusal is [`Error::InvalidImage`], naming the image and why.
 //!
 //! Decoding and resizing take real CPU time (a 24-megapixel photo takes
-//! a good fraction of a second): actors call [`prepare_blocking`] and
-//! [`refit_blocking`], which run on tokio's blocking pool.
+//! a good fraction of a second) and memory (up to 512 MiB each, the
+//! decoder's allocation limit): actors call [`prepare_blocking`] and [`refit_blocking`], which
+//! run on tokio's blocking pool, at most [`decode_slots`] (one per core)
+//! at once in the process. More wait their turn, so many images at once
+//! cost time, not memory without bound, and leave blocking threads for
+//! the store's reads.
 //!
 //! # Provider limits
 //!
@@ -38,6 +42,7 @@
 
 use std::fmt;
 use std::io::Cursor;
+use std::sync::{Arc, LazyLock};
 
 use base64::Engine as _;
 use image::codecs::gif::GifDecoder;
@@ -48,6 +53,7 @@ use keel_core::message::ImageRef;
 use keel_core::wire::ImageData;
 use keel_core::ProviderKind;
 use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
 
 use crate::Error;
 
@@ -364,27 +370,63 @@ pub fn refit(
     prepare(bytes.to_vec(), &image.media_type, limits).map(Some)
 }
 
-/// [`prepare`] on tokio's blocking pool, off the calling actor's thread.
+/// How many decodes run at once in the process: one per core (what
+/// `std::thread::available_parallelism` reports, 1 if it cannot tell).
+/// Decoding is CPU work, so more at once would not finish sooner, and each
+/// may hold up to 512 MiB.
+pub fn decode_slots() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
+/// The [`decode_slots`] every decode of the process takes one of.
+static DECODES: LazyLock<Arc<Semaphore>> =
+    LazyLock::new(|| Arc::new(Semaphore::new(decode_slots())));
+
+/// [`prepare`] on tokio's blocking pool, off the calling actor's thread,
+/// once one of the [`decode_slots`] is free.
 pub async fn prepare_blocking(
     bytes: Vec<u8>,
     declared_media_type: String,
     limits: ImageLimits,
 ) -> Result<PreparedImage, ImageProblem> {
-    tokio::task::spawn_blocking(move || prepare(bytes, &declared_media_type, &limits))
-        .await
-        .unwrap_or_else(|error| Err(unfinished(error)))
+    bounded(&DECODES, move || {
+        prepare(bytes, &declared_media_type, &limits)
+    })
+    .await?
 }
 
 /// [`refit`] on tokio's blocking pool, off the calling actor's thread
-/// (hashing a few megabytes is blocking work too).
+/// (hashing a few megabytes is blocking work too), once one of the
+/// [`decode_slots`] is free.
 pub async fn refit_blocking(
     image: ImageRef,
     bytes: Vec<u8>,
     limits: ImageLimits,
 ) -> Result<Option<PreparedImage>, ImageProblem> {
-    tokio::task::spawn_blocking(move || refit(&image, &bytes, &limits))
+    bounded(&DECODES, move || refit(&image, &bytes, &limits)).await?
+}
+
+/// Run `work` on the blocking pool holding one of `slots`' permits. The
+/// blocking thread holds it until `work` ends, even when the caller has
+/// gone (a cancelled send), so the bound counts what really runs.
+async fn bounded<T, Work>(slots: &Arc<Semaphore>, work: Work) -> Result<T, ImageProblem>
+where
+    T: Send + 'static,
+    Work: FnOnce() -> T + Send + 'static,
+{
+    let permit = slots
+        .clone()
+        .acquire_owned()
         .await
-        .unwrap_or_else(|error| Err(unfinished(error)))
+        .map_err(|_| ImageProblem::Failed {
+            reason: "keel is shutting down".to_owned(),
+        })?;
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        work()
+    })
+    .await
+    .map_err(unfinished)
 }
 
 fn unfinished(error: tokio::task::JoinError) -> ImageProblem {
@@ -615,4 +657,69 @@ fn encode(image: &DynamicImage, format: ImageFormat) -> Result<Vec<u8>, ImagePro
         }
     }
     Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::sync::mpsc;
+
+    use super::*;
+
+    /// Six decodes against two slots: two run, the others wait for a slot,
+    /// and at no time do more than two run. Each decode is held at its own
+    /// gate until the test lets it go, so what runs at once is known.
+    #[tokio::test]
+    async fn no_more_decodes_run_at_once_than_there_are_slots() {
+        const SLOTS: usize = 2;
+        const DECODES_WANTED: usize = 6;
+        let slots = Arc::new(Semaphore::new(SLOTS));
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let (started_tx, mut started) = mpsc::unbounded_channel();
+        let mut gates = Vec::new();
+        let mut decodes = Vec::new();
+        for index in 0..DECODES_WANTED {
+            let (open, gate) = std::sync::mpsc::channel::<()>();
+            gates.push(Some(open));
+            let (slots, running, most, started_tx) = (
+                slots.clone(),
+                running.clone(),
+                most.clone(),
+                started_tx.clone(),
+            );
+            decodes.push(tokio::spawn(async move {
+                bounded(&slots, move || {
+                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    let _ = started_tx.send(index);
+                    let _ = gate.recv();
+                    running.fetch_sub(1, Ordering::SeqCst);
+                    index
+                })
+                .await
+            }));
+        }
+        for _ in 0..DECODES_WANTED / SLOTS {
+            // Two start; no third can until one of them ends.
+            let first = started.recv().await.unwrap();
+            let second = started.recv().await.unwrap();
+            assert_eq!(running.load(Ordering::SeqCst), SLOTS);
+            for index in [first, second] {
+                gates[index].take().unwrap().send(()).unwrap();
+            }
+        }
+        for (index, decode) in decodes.into_iter().enumerate() {
+            assert_eq!(decode.await.unwrap().unwrap(), index);
+        }
+        assert_eq!(most.load(Ordering::SeqCst), SLOTS);
+        assert_eq!(
+            slots.available_permits(),
+            SLOTS,
+            "every slot was given back"
+        );
+    }
 }

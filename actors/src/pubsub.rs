@@ -45,6 +45,11 @@ use crate::mailbox::Mailbox;
 /// the log).
 pub(crate) const CHANNEL_CAPACITY: usize = 128;
 
+/// How many canonical events a subscription reads from the log at once
+/// when it resumes or catches up: what it holds in memory is bounded by
+/// this, however much it missed.
+pub(crate) const CATCH_UP_PAGE: usize = 256;
+
 /// How many of the latest messages a view carries; older ones are in the log.
 pub const VIEW_MESSAGES: usize = 50;
 
@@ -224,10 +229,17 @@ pub struct Subscription {
     store: Arc<dyn EventLog>,
     /// The seq of the next canonical event this subscriber is owed.
     next_seq: Seq,
-    /// Canonical events to yield before anything else: read from the log
-    /// (each this subscriber's own), or the channel's event that came after
-    /// a gap (shared).
+    /// Canonical events to yield before anything else: one page read from
+    /// the log (each this subscriber's own), or the channel's event that
+    /// came after a gap (shared). At most [`CATCH_UP_PAGE`] events and that
+    /// one.
     backlog: VecDeque<Arc<Published>>,
+    /// Canonical events from `next_seq` on still to be read from the log,
+    /// a page at a time as the backlog empties, before anything else.
+    owed: Option<Owed>,
+    /// The channel's update that came after a gap: it goes out once the log
+    /// has filled the gap (`owed` is done).
+    after_gap: Option<Arc<Published>>,
     /// The updates of a wave this subscriber could not take whole (some of
     /// its events came from the log already, or a gap comes before them),
     /// one by one, after the backlog.
@@ -261,6 +273,8 @@ impl Subscription {
             receiver: Some(receiver),
             store,
             backlog: VecDeque::new(),
+            owed: None,
+            after_gap: None,
             split: VecDeque::new(),
             unread: VecDeque::new(),
             actor,
@@ -269,21 +283,20 @@ impl Subscription {
 
     /// Start the canonical events at `from` instead of after the view: the
     /// events from `from` through the view's `last_seq` are read from the
-    /// log and come first (a client resuming from the last seq it saw).
+    /// log and come first (a client resuming from the last seq it saw), a
+    /// page of [`CATCH_UP_PAGE`] at a time. The first page is read here, so
+    /// a log that cannot be read fails the call.
     pub(crate) async fn starting_at(
         mut self,
         from: Seq,
     ) -> Result<Subscription, keel_store::Error> {
         let from = from.max(1);
         if from <= self.view.last_seq {
-            let count = (self.view.last_seq - from + 1) as usize;
-            let events = self.store.read(&self.view.id, from, count).await?;
-            self.backlog.extend(
-                events
-                    .into_iter()
-                    .map(|event| Published::canonical(Arc::new(event))),
-            );
             self.next_seq = from;
+            self.owed = Some(Owed {
+                until: Some(self.view.last_seq + 1),
+            });
+            self.read_page().await?;
         }
         Ok(self)
     }
@@ -324,6 +337,20 @@ impl Subscription {
                 }
                 return Received::Update(published);
             }
+            if self.owed.is_some() {
+                if let Err(error) = self.read_page().await {
+                    // The subscription goes on with what comes next.
+                    self.owed = None;
+                    return Received::CatchUpFailed {
+                        error: error.to_string(),
+                    };
+                }
+                continue;
+            }
+            if let Some(published) = self.after_gap.take() {
+                self.backlog.push_back(published);
+                continue;
+            }
             let published = match self.split.pop_front() {
                 Some(published) => published,
                 None => {
@@ -348,11 +375,9 @@ impl Subscription {
                             continue;
                         }
                         Err(broadcast::error::RecvError::Lagged(missed)) => {
-                            if let Err(error) = self.catch_up(None).await {
-                                return Received::CatchUpFailed {
-                                    error: error.to_string(),
-                                };
-                            }
+                            // What it missed comes from the log next, to
+                            // the log's end, a page at a time.
+                            self.owed = Some(Owed { until: None });
                             return Received::Lagged { missed };
                         }
                         Err(broadcast::error::RecvError::Closed) => return Received::Closed,
@@ -366,13 +391,10 @@ impl Subscription {
                 // Already delivered from the log.
                 Some(seq) if seq < self.next_seq => {}
                 Some(seq) if seq > self.next_seq => {
-                    // A gap the channel never reported: fill it from the log.
-                    if let Err(error) = self.catch_up(Some(seq)).await {
-                        return Received::CatchUpFailed {
-                            error: error.to_string(),
-                        };
-                    }
-                    self.backlog.push_back(published);
+                    // A gap the channel never reported: fill it from the
+                    // log, then this update.
+                    self.owed = Some(Owed { until: Some(seq) });
+                    self.after_gap = Some(published);
                 }
                 Some(seq) => {
                     self.next_seq = seq + 1;
@@ -382,14 +404,29 @@ impl Subscription {
         }
     }
 
-    /// Read the canonical events this subscriber is owed from the log, up
-    /// to (not including) `before`, or to the end of the log.
-    async fn catch_up(&mut self, before: Option<Seq>) -> Result<(), keel_store::Error> {
-        let limit = match before {
-            Some(before) => before.saturating_sub(self.next_seq) as usize,
-            None => usize::MAX,
+    /// Read the next page of what `owed` says from the log into the
+    /// (empty) backlog: at most [`CATCH_UP_PAGE`] events from `next_seq`.
+    /// A short page, or one that reaches `until`, settles the debt.
+    async fn read_page(&mut self) -> Result<(), keel_store::Error> {
+        let Some(owed) = self.owed else {
+            return Ok(());
         };
-        let events = self.store.read(&self.view.id, self.next_seq, limit).await?;
+        let limit = match owed.until {
+            Some(until) => until
+                .saturating_sub(self.next_seq)
+                .min(CATCH_UP_PAGE as u64) as usize,
+            None => CATCH_UP_PAGE,
+        };
+        let events = if limit == 0 {
+            Vec::new()
+        } else {
+            self.store.read(&self.view.id, self.next_seq, limit).await?
+        };
+        let reached = events.last().map_or(self.next_seq, |event| event.seq + 1);
+        let done = events.len() < limit || owed.until.is_some_and(|until| reached >= until);
+        if done {
+            self.owed = None;
+        }
         self.backlog.extend(
             events
                 .into_iter()
@@ -397,6 +434,13 @@ impl Subscription {
         );
         Ok(())
     }
+}
+
+/// Canonical events a subscription still reads from the log: from its
+/// `next_seq` up to (not including) `until`, or to the log's end.
+#[derive(Debug, Clone, Copy)]
+struct Owed {
+    until: Option<Seq>,
 }
 
 impl Drop for Subscription {
@@ -929,6 +973,82 @@ mod tests {
             subscription.next().await,
             Received::Update(state(StateName::Idle))
         );
+        drop(subscription);
+        actor.stop(None);
+        handle.await.unwrap();
+    }
+
+    /// A resume over more than a page, and a lag over more than a page,
+    /// deliver every canonical event once and in order, and the
+    /// subscription never holds more than a page of them.
+    #[tokio::test]
+    async fn resuming_and_catching_up_read_the_log_a_page_at_a_time() {
+        let store: Arc<dyn EventLog> = Arc::new(keel_store::open_memory().unwrap());
+        let id = ConversationId::new("c-pages".to_owned()).unwrap();
+        let created = Event {
+            kind: keel_core::event::EventKind::Created {
+                conversation: id.clone(),
+                cwd: "/".to_owned(),
+                config: keel_core::ConversationConfig::default(),
+                parent_conversation: None,
+                user_initiated: true,
+            },
+            ..event(1)
+        };
+        let missed = 2 * CATCH_UP_PAGE as Seq + 10;
+        let mut log = vec![created];
+        log.extend((2..=missed).map(event));
+        store.append(&id, log).await.unwrap();
+        let (actor, handle) = Actor::spawn(None, Nobody, ()).await.unwrap();
+        let (sender, receiver) = broadcast::channel(CHANNEL_CAPACITY);
+        let subscription = Subscription::new(
+            view(&id, missed),
+            receiver,
+            store.clone(),
+            Mailbox::new(actor.clone(), None),
+        );
+        let mut subscription = subscription.starting_at(1).await.unwrap();
+
+        let mut heard = Vec::new();
+        let mut most_held = subscription.backlog.len();
+        while subscription.next_seq() <= missed {
+            heard.extend(seqs(&next(&mut subscription).await));
+            most_held = most_held.max(subscription.backlog.len());
+        }
+        let expected: Vec<Option<Seq>> = (1..=missed).map(Some).collect();
+        assert_eq!(
+            heard, expected,
+            "the resume gave every event once, in order"
+        );
+        assert_eq!(most_held, CATCH_UP_PAGE, "a page at a time");
+
+        // More than a channel's worth and more than a page go by unheard:
+        // the subscriber lags and reads them from the log, paged too.
+        let last = missed + 2 * CATCH_UP_PAGE as Seq + 10;
+        store
+            .append(&id, ((missed + 1)..=last).map(event).collect())
+            .await
+            .unwrap();
+        for seq in (missed + 1)..=last {
+            let _ = sender.send(Arc::new(Published::new(canonical(seq))));
+        }
+        assert!(matches!(
+            subscription.next_published().await,
+            Received::Lagged { .. }
+        ));
+        let mut heard = Vec::new();
+        let mut most_held = 0;
+        while subscription.next_seq() <= last {
+            heard.extend(seqs(&next(&mut subscription).await));
+            most_held = most_held.max(subscription.backlog.len());
+        }
+        let expected: Vec<Option<Seq>> = ((missed + 1)..=last).map(Some).collect();
+        assert_eq!(
+            heard, expected,
+            "the catch-up gave every event once, in order"
+        );
+        assert!(most_held <= CATCH_UP_PAGE, "{most_held} held at once");
+
         drop(subscription);
         actor.stop(None);
         handle.await.unwrap();

@@ -272,8 +272,15 @@ impl Runtime {
     /// last seen doing, `responding: false`: the actor an operator most
     /// needs to see.
     pub async fn actors(&self) -> Vec<ActorStats> {
+        self.actors_where(|_| true).await
+    }
+
+    /// The same as [`Runtime::actors`], asking only the live actors whose
+    /// id `wanted` accepts (a page of a listing).
+    pub async fn actors_where(&self, wanted: impl Fn(&ConversationId) -> bool) -> Vec<ActorStats> {
         let asks = door::live(&self.shared)
             .into_iter()
+            .filter(|(id, _)| wanted(id))
             .map(|(id, actor)| async move {
                 let answer = actor
                     .call(

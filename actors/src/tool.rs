@@ -22,6 +22,7 @@
 mod bash;
 mod blocking;
 mod edit_file;
+mod files;
 mod glob;
 mod grep;
 mod paths;

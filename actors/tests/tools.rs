@@ -793,3 +793,48 @@ async fn the_working_directory_confines_paths_unless_the_conversation_allows_lea
     let outcome = call("read_file", json!({"path": "../outside.txt"}), &cwd, true).await;
     assert_eq!(outcome, ToolOutcome::ok("     1\tsecret\n"));
 }
+
+/// Opening a FIFO for reading waits for a writer, maybe forever: it held
+/// the turn and a blocking thread. `read_file`, `edit_file` and `grep`
+/// refuse it at once instead, as they do a device.
+#[tokio::test]
+async fn a_fifo_is_refused_at_once_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = dir.path();
+    nix::unistd::mkfifo(&cwd.join("pipe"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let outcome = call("read_file", json!({"path": "pipe"}), cwd, false).await;
+    assert_eq!(
+        outcome,
+        ToolOutcome::error(
+            "pipe is a FIFO (named pipe), not a regular file; read_file reads regular files only"
+        )
+    );
+    let outcome = call(
+        "edit_file",
+        json!({"path": "pipe", "old_string": "a", "new_string": "b"}),
+        cwd,
+        false,
+    )
+    .await;
+    assert_eq!(
+        outcome,
+        ToolOutcome::error(
+            "pipe is a FIFO (named pipe), not a regular file; edit_file edits regular files only"
+        )
+    );
+    let outcome = call("grep", json!({"pattern": "x", "path": "pipe"}), cwd, false).await;
+    assert_eq!(outcome, ToolOutcome::ok("no matches for \"x\""));
+    let outcome = call(
+        "write_file",
+        json!({"path": "pipe", "content": "x"}),
+        cwd,
+        false,
+    )
+    .await;
+    assert_eq!(
+        outcome,
+        ToolOutcome::error(
+            "pipe is a FIFO (named pipe), not a regular file; write_file writes regular files only"
+        )
+    );
+}

@@ -10,6 +10,7 @@ pub mod admin;
 pub mod conversations;
 pub mod error;
 pub mod events;
+pub mod paging;
 pub mod types;
 
 use std::any::Any;
@@ -36,6 +37,7 @@ use keel_actors::core::config::ModelRef;
 use keel_actors::core::ConversationId;
 use keel_actors::Runtime;
 
+use crate::serve::config::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::serve::token;
 use error::ApiError;
 
@@ -60,6 +62,9 @@ pub struct AppState {
     pub metrics: Option<MetricsRender>,
     /// Turns true when the daemon starts to stop: event streams end.
     pub stopping: watch::Receiver<bool>,
+    /// The most bytes a message's text may have (`KEEL_MAX_MESSAGE_BYTES`).
+    /// The body limit is sized for images and would let a 60 MiB text in.
+    pub max_message_bytes: usize,
 }
 
 impl AppState {
@@ -78,7 +83,14 @@ impl AppState {
             default_cwd: Arc::new(default_cwd),
             metrics,
             stopping,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
         }
+    }
+
+    /// The same state with messages' text bounded at `bytes`.
+    pub fn with_max_message_bytes(mut self, bytes: usize) -> AppState {
+        self.max_message_bytes = bytes;
+        self
     }
 }
 

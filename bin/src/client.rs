@@ -159,15 +159,34 @@ impl Client {
             .await
     }
 
-    /// `GET /v1/conversations`: the user's conversations; `all` adds
-    /// sub-agents.
+    /// `GET /v1/conversations`, every page: the user's conversations;
+    /// `all` adds sub-agents. The result holds them all (`next_cursor`
+    /// null).
     pub async fn list(&self, all: bool) -> Result<ConversationList, Error> {
-        let path = if all {
-            "/v1/conversations?all=true"
-        } else {
-            "/v1/conversations"
-        };
-        self.call(Method::GET, path, None, NO_BODY).await
+        let mut list = self.list_page(all, None, None).await?;
+        while let Some(cursor) = list.next_cursor.take() {
+            let mut page = self.list_page(all, None, Some(&cursor)).await?;
+            list.conversations.append(&mut page.conversations);
+            list.next_cursor = page.next_cursor;
+        }
+        Ok(list)
+    }
+
+    /// One page of `GET /v1/conversations`: at most `limit` (the daemon's
+    /// default if `None`), after `cursor` (a page's `next_cursor`).
+    pub async fn list_page(
+        &self,
+        all: bool,
+        limit: Option<usize>,
+        cursor: Option<&str>,
+    ) -> Result<ConversationList, Error> {
+        let mut query = Vec::new();
+        if all {
+            query.push("all=true".to_owned());
+        }
+        query.extend(page_query(limit, cursor));
+        let path = with_query("/v1/conversations", &query);
+        self.call(Method::GET, &path, None, NO_BODY).await
     }
 
     /// `GET /v1/conversations/{id}`: state, history, usage, pending calls.
@@ -254,9 +273,27 @@ impl Client {
         self.call(Method::GET, &path, Some(id), NO_BODY).await
     }
 
-    /// `GET /admin/actors`: the live actors.
+    /// `GET /admin/actors`, every page: the live actors (`next_cursor`
+    /// null).
     pub async fn actors(&self) -> Result<ActorList, Error> {
-        self.call(Method::GET, "/admin/actors", None, NO_BODY).await
+        let mut list = self.actors_page(None, None).await?;
+        while let Some(cursor) = list.next_cursor.take() {
+            let mut page = self.actors_page(None, Some(&cursor)).await?;
+            list.actors.append(&mut page.actors);
+            list.next_cursor = page.next_cursor;
+        }
+        Ok(list)
+    }
+
+    /// One page of `GET /admin/actors`: at most `limit` (the daemon's
+    /// default if `None`), after `cursor` (a page's `next_cursor`).
+    pub async fn actors_page(
+        &self,
+        limit: Option<usize>,
+        cursor: Option<&str>,
+    ) -> Result<ActorList, Error> {
+        let path = with_query("/admin/actors", &page_query(limit, cursor));
+        self.call(Method::GET, &path, None, NO_BODY).await
     }
 
     /// `POST /admin/actors/{id}/evict`: save and stop the actor (refused
@@ -380,6 +417,27 @@ fn conversation_path(id: &str, rest: &str) -> String {
 
 /// An id as one path segment. Ids are `[A-Za-z0-9_-]` in practice; anything
 /// else is percent-encoded so a stray `/` or `?` cannot reach another route.
+/// `limit` and `cursor` as query parameters.
+fn page_query(limit: Option<usize>, cursor: Option<&str>) -> Vec<String> {
+    let mut query = Vec::new();
+    if let Some(limit) = limit {
+        query.push(format!("limit={limit}"));
+    }
+    if let Some(cursor) = cursor {
+        query.push(format!("cursor={}", encode(cursor)));
+    }
+    query
+}
+
+/// `path` with `query`'s parameters, if any.
+fn with_query(path: &str, query: &[String]) -> String {
+    if query.is_empty() {
+        path.to_owned()
+    } else {
+        format!("{path}?{}", query.join("&"))
+    }
+}
+
 fn encode(id: &str) -> String {
     let mut encoded = String::with_capacity(id.len());
     for byte in id.bytes() {

@@ -247,7 +247,8 @@ pub async fn start(mut config: Config, metrics: Option<MetricsRender>) -> anyhow
         cwd,
         metrics,
         stopping.clone(),
-    );
+    )
+    .with_max_message_bytes(config.max_message_bytes);
     let router = api::router(state);
     tracing::info!(%addr, model = %config.model, data_dir = %data_dir.display(), "serving");
 

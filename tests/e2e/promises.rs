@@ -3,8 +3,8 @@
 //! past their grace and sends nothing twice after a reopen; messages owed a
 //! turn are found at boot; stop reasons (max_tokens, pause_turn, refusal)
 //! end or continue a turn visibly; a cancelled retry leaves no timer
-//! behind; the working directory is made absolute and checked; every event
-//! but the first carries its causal parent.
+//! behind; the working directory is made absolute, canonical and checked;
+//! every event but the first carries its causal parent.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -355,7 +355,7 @@ async fn a_cancelled_retry_leaves_no_timer_behind() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_working_directory_is_made_absolute_and_checked() {
+async fn the_working_directory_is_made_absolute_canonical_and_checked() {
     let rig = Rig::new();
     let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
     let conversation = runtime
@@ -373,6 +373,20 @@ async fn the_working_directory_is_made_absolute_and_checked() {
         std::path::Path::new(&cwd),
         std::env::current_dir().unwrap(),
         "made absolute"
+    );
+
+    // `..` and symbolic links do not stay in it: it is where the tools
+    // run, whatever the link points at later.
+    let real = rig.cwd().join("real");
+    std::fs::create_dir_all(real.join("sub")).unwrap();
+    std::os::unix::fs::symlink(&real, rig.cwd().join("link")).unwrap();
+    let winding = rig.cwd().join("link").join("sub").join("..");
+    let conversation = runtime.create(&winding, config()).await.unwrap();
+    let cwd = conversation.inspect().await.unwrap().cwd;
+    assert_eq!(
+        std::path::Path::new(&cwd),
+        std::fs::canonicalize(&real).unwrap(),
+        "made canonical"
     );
 
     let missing = rig.cwd().join("nowhere");
@@ -398,7 +412,7 @@ async fn the_working_directory_is_made_absolute_and_checked() {
     }
     assert_eq!(
         runtime.list(true).await.unwrap().len(),
-        1,
+        2,
         "nothing else was created"
     );
     runtime.shutdown().await;

@@ -8,6 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, SupervisionEvent};
 use tokio::time::Instant;
@@ -80,15 +81,13 @@ impl Actor for SupervisorActor {
             return Ok(());
         };
         let settings = state.shared.settings;
-        let now = Instant::now();
         let recent = state.restarts.entry(id.clone()).or_default();
-        while recent
-            .front()
-            .is_some_and(|at| now.duration_since(*at) > settings.restart_window)
-        {
-            recent.pop_front();
-        }
-        if recent.len() >= settings.max_restarts {
+        if !may_restart(
+            recent,
+            Instant::now(),
+            settings.max_restarts,
+            settings.restart_window,
+        ) {
             tracing::error!(
                 conversation = %id, %error,
                 "conversation failed {} times within {:?}; leaving it stopped until it is next addressed",
@@ -96,7 +95,6 @@ impl Actor for SupervisorActor {
             );
             return Ok(());
         }
-        recent.push_back(now);
         state.total_restarts += 1;
         tracing::warn!(conversation = %id, %error, "conversation actor failed; restarting it from the log");
         // Restart off the supervisor's own mailbox: rebuilding reads the log.
@@ -108,5 +106,63 @@ impl Actor for SupervisorActor {
             }
         });
         Ok(())
+    }
+}
+
+/// Restart intensity: whether a conversation that failed at `now` is
+/// restarted, given when it was restarted before (`recent`, oldest first).
+/// Restarts older than `window` are forgotten; with `max_restarts` left in
+/// the window it is not restarted. A restart is recorded in `recent`.
+fn may_restart(
+    recent: &mut VecDeque<Instant>,
+    now: Instant,
+    max_restarts: usize,
+    window: Duration,
+) -> bool {
+    while recent
+        .front()
+        .is_some_and(|at| now.duration_since(*at) > window)
+    {
+        recent.pop_front();
+    }
+    if recent.len() >= max_restarts {
+        return false;
+    }
+    recent.push_back(now);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::Settings;
+
+    /// The defaults: a conversation that fails a fourth time within 60 s of
+    /// its first restart is left stopped; once the oldest restart is more
+    /// than 60 s old it is restarted again.
+    #[test]
+    fn a_fourth_failure_within_the_window_is_not_restarted() {
+        let settings = Settings::default();
+        assert_eq!(settings.max_restarts, 3);
+        assert_eq!(settings.restart_window, Duration::from_secs(60));
+        let start = Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        let mut recent = VecDeque::new();
+        let mut restarted = |now: Instant| {
+            may_restart(
+                &mut recent,
+                now,
+                settings.max_restarts,
+                settings.restart_window,
+            )
+        };
+        assert!(restarted(at(0)));
+        assert!(restarted(at(10)));
+        assert!(restarted(at(20)));
+        assert!(!restarted(at(30)), "a fourth failure within 60 s");
+        assert!(!restarted(at(60)), "the first restart is exactly 60 s old");
+        assert!(restarted(at(61)), "the first restart is past the window");
+        assert!(!restarted(at(62)), "three within the window again");
+        assert!(restarted(at(71)), "the restart at 10 s is past it too");
     }
 }

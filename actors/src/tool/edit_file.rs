@@ -19,12 +19,14 @@
 //! and as useful. Requiring exactly one occurrence keeps a common
 //! `new_string` (a lone `}`) from passing for an applied edit.
 
-use std::io;
+use std::io::{self, Read as _};
+use std::path::Path;
 
 use keel_core::wire::ToolSpec;
 use serde::Deserialize;
 
 use super::blocking::{self, Cancel};
+use super::files::{self, OpenProblem, Replaced};
 use super::paths::Confinement;
 use super::{counted, Tool, ToolContext, ToolOutcome};
 
@@ -92,7 +94,7 @@ impl Tool for EditFile {
     }
 }
 
-fn edit(input: EditInput, confinement: &Confinement, _cancel: &Cancel) -> ToolOutcome {
+fn edit(input: EditInput, confinement: &Confinement, cancel: &Cancel) -> ToolOutcome {
     if input.old_string.is_empty() {
         return ToolOutcome::error("old_string is empty; to write a whole file use write_file");
     }
@@ -104,33 +106,9 @@ fn edit(input: EditInput, confinement: &Confinement, _cancel: &Cancel) -> ToolOu
         Err(problem) => return ToolOutcome::error(problem),
     };
     let shown = confinement.show(&path);
-    match std::fs::metadata(&path) {
-        Ok(metadata) if metadata.is_dir() => {
-            return ToolOutcome::error(format!("{shown} is a directory"))
-        }
-        Ok(metadata) if metadata.len() > MAX_FILE => {
-            return ToolOutcome::error(format!(
-                "{shown} is {} bytes; edit_file edits files up to {} MiB",
-                metadata.len(),
-                MAX_FILE / 1024 / 1024
-            ))
-        }
-        Ok(_) => {}
-        Err(error) if error.kind() == io::ErrorKind::NotFound => {
-            return ToolOutcome::error(format!("{shown} does not exist; create it with write_file"))
-        }
-        Err(error) => return ToolOutcome::error(format!("cannot read {shown}: {error}")),
-    }
-    let text = match std::fs::read(&path) {
-        Ok(bytes) => match String::from_utf8(bytes) {
-            Ok(text) => text,
-            Err(_) => {
-                return ToolOutcome::error(format!(
-                    "{shown} is not UTF-8 text; edit_file edits text only"
-                ))
-            }
-        },
-        Err(error) => return ToolOutcome::error(format!("cannot read {shown}: {error}")),
+    let text = match read_text(&path, &shown) {
+        Ok(text) => text,
+        Err(problem) => return ToolOutcome::error(problem),
     };
     let olds: Vec<usize> = text
         .match_indices(&input.old_string)
@@ -166,8 +144,10 @@ fn edit(input: EditInput, confinement: &Confinement, _cancel: &Cancel) -> ToolOu
             ))
         }
     };
-    if let Err(error) = std::fs::write(&path, edited) {
-        return ToolOutcome::error(format!("cannot write {shown}: {error}"));
+    match files::replace(&path, edited.as_bytes(), cancel) {
+        Ok(Replaced::Landed) => {}
+        Ok(Replaced::Cancelled) => return ToolOutcome::error("cancelled; the file is unchanged"),
+        Err(error) => return ToolOutcome::error(format!("cannot write {shown}: {error}")),
     }
     let line_word = if n_matches == 1 { "line" } else { "lines" };
     ToolOutcome::ok(format!(
@@ -175,6 +155,47 @@ fn edit(input: EditInput, confinement: &Confinement, _cancel: &Cancel) -> ToolOu
         counted(n_matches, "occurrence", "occurrences"),
         lines_of(&text, &olds)
     ))
+}
+
+/// The whole of the regular file `path` as UTF-8 text, or why not (for the
+/// model). The size is checked on the opened file and the read stops past
+/// [`MAX_FILE`], so a file growing meanwhile costs no more.
+fn read_text(path: &Path, shown: &str) -> Result<String, String> {
+    let file = match files::open_regular(path) {
+        Ok(file) => file,
+        Err(OpenProblem::Directory) => return Err(format!("{shown} is a directory")),
+        Err(OpenProblem::NotRegular { kind }) => {
+            return Err(format!(
+                "{shown} is {kind}, not a regular file; edit_file edits regular files only"
+            ))
+        }
+        Err(OpenProblem::Io(error)) if error.kind() == io::ErrorKind::NotFound => {
+            return Err(format!("{shown} does not exist; create it with write_file"))
+        }
+        Err(OpenProblem::Io(error)) => return Err(format!("cannot read {shown}: {error}")),
+    };
+    let too_large = |size: u64| {
+        format!(
+            "{shown} is {size} bytes; edit_file edits files up to {} MiB",
+            MAX_FILE / 1024 / 1024
+        )
+    };
+    let size = file
+        .metadata()
+        .map_err(|error| format!("cannot read {shown}: {error}"))?
+        .len();
+    if size > MAX_FILE {
+        return Err(too_large(size));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|error| format!("cannot read {shown}: {error}"))?;
+    if bytes.len() as u64 > MAX_FILE {
+        return Err(too_large(bytes.len() as u64));
+    }
+    String::from_utf8(bytes)
+        .map_err(|_| format!("{shown} is not UTF-8 text; edit_file edits text only"))
 }
 
 /// Whether `text` looks like it already went through this edit: see the

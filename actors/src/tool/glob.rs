@@ -4,8 +4,9 @@
 //!
 //! At most [`MAX_MATCHES`] paths come back and at most
 //! [`MAX_VISITED`](super::walk::MAX_VISITED) entries are visited; the
-//! result says when either cut it short. The walk runs on the blocking
-//! pool and stops when the call is cancelled.
+//! result says when either cut it short. The walk runs on a file tool
+//! thread (`blocking`) and stops when the call is cancelled or runs out of
+//! time.
 
 use keel_core::wire::ToolSpec;
 use serde::Deserialize;
@@ -188,7 +189,7 @@ mod tests {
         let dir = tree();
         let confinement = Confinement::new(dir.path(), false).unwrap();
         let cancel = Cancel::default();
-        cancel.raise_for_test();
+        cancel.raise();
         let input = GlobInput {
             pattern: "**".to_owned(),
             path: None,

@@ -6,8 +6,9 @@
 //! Output is bounded: at most [`MAX_MATCHES`] lines, each cut at
 //! [`MAX_LINE_CHARS`] characters, files over [`MAX_FILE`] skipped, and at
 //! most [`MAX_VISITED`](super::walk::MAX_VISITED) entries visited; the
-//! result says when it was cut. The search runs on the blocking pool and
-//! stops when the call is cancelled.
+//! result says when it was cut. Only regular files are searched (a FIFO
+//! would block). The search runs on a file tool thread (`blocking`) and
+//! stops when the call is cancelled or runs out of time.
 
 use std::io;
 use std::path::Path;
@@ -20,6 +21,7 @@ use keel_core::wire::ToolSpec;
 use serde::Deserialize;
 
 use super::blocking::{self, Cancel};
+use super::files::{self, OpenProblem};
 use super::paths::Confinement;
 use super::walk::{self, MAX_VISITED};
 use super::{counted, Tool, ToolContext, ToolOutcome};
@@ -226,9 +228,17 @@ fn search_file(
     shown: &str,
     found: &mut Found,
 ) -> io::Result<()> {
-    searcher.search_path(
+    // Only a regular file: a FIFO swapped in since the walk saw the entry
+    // would block the search.
+    let file = files::open_regular(path).map_err(|problem| match problem {
+        OpenProblem::Io(error) => error,
+        OpenProblem::Directory | OpenProblem::NotRegular { .. } => {
+            io::Error::new(io::ErrorKind::InvalidInput, "not a regular file")
+        }
+    })?;
+    searcher.search_file(
         matcher,
-        path,
+        &file,
         Lossy(|line_number, line| {
             if found.lines.len() == MAX_MATCHES {
                 found.cut = Some(format!("stopped at {MAX_MATCHES} matching lines"));

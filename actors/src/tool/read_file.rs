@@ -6,7 +6,8 @@
 //! the result says plainly where it stopped and which `offset` reads on. The
 //! file is read a line at a time, so a huge file costs only what is shown
 //! (plus the lines skipped to reach `offset`). Binary files are refused: a
-//! NUL byte in the first 8 KiB, or a line that is not UTF-8.
+//! NUL byte in the first 8 KiB, or a line that is not UTF-8. So is anything
+//! but a regular file (a FIFO, a device), which could block or never end.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader};
@@ -15,6 +16,7 @@ use keel_core::wire::ToolSpec;
 use serde::Deserialize;
 
 use super::blocking::{self, Cancel};
+use super::files::{self, OpenProblem};
 use super::paths::Confinement;
 use super::{Tool, ToolContext, ToolOutcome};
 
@@ -105,9 +107,19 @@ fn read(input: ReadInput, confinement: &Confinement, cancel: &Cancel) -> ToolOut
         }
         Err(error) => return ToolOutcome::error(format!("cannot read {shown}: {error}")),
     }
-    let file = match File::open(&path) {
+    let file = match files::open_regular(&path) {
         Ok(file) => file,
-        Err(error) => return ToolOutcome::error(format!("cannot read {shown}: {error}")),
+        Err(OpenProblem::Directory) => {
+            return ToolOutcome::error(format!("{shown} is a directory; list its files with glob"))
+        }
+        Err(OpenProblem::NotRegular { kind }) => {
+            return ToolOutcome::error(format!(
+                "{shown} is {kind}, not a regular file; read_file reads regular files only"
+            ))
+        }
+        Err(OpenProblem::Io(error)) => {
+            return ToolOutcome::error(format!("cannot read {shown}: {error}"))
+        }
     };
     let offset = input.offset.unwrap_or(1).max(1);
     let limit = input.limit.unwrap_or(MAX_LINES).clamp(1, MAX_LINES);

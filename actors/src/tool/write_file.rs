@@ -3,8 +3,11 @@
 //!
 //! Idempotent by nature: the same call run again (recovery re-dispatches a
 //! call whose result was never recorded) writes the same bytes to the same
-//! file. The write replaces the file's content in place, so an existing
-//! file keeps its permissions and a hard link stays one file.
+//! file. The content goes to a temporary file beside the target, which is
+//! renamed over it only if the call is still wanted (`files::replace`): a
+//! cancelled, timed-out or failed write leaves the file as it was. An
+//! existing file keeps its permissions; a hard link to it keeps the old
+//! content. Only regular files are written: a FIFO or a device is refused.
 
 use std::io;
 
@@ -12,6 +15,7 @@ use keel_core::wire::ToolSpec;
 use serde::Deserialize;
 
 use super::blocking::{self, Cancel};
+use super::files::{self, Replaced};
 use super::paths::Confinement;
 use super::{counted, Tool, ToolContext, ToolOutcome};
 
@@ -61,7 +65,7 @@ impl Tool for WriteFile {
     }
 }
 
-fn write(input: WriteInput, confinement: &Confinement, _cancel: &Cancel) -> ToolOutcome {
+fn write(input: WriteInput, confinement: &Confinement, cancel: &Cancel) -> ToolOutcome {
     let path = match confinement.resolve(&input.path) {
         Ok(path) => path,
         Err(problem) => return ToolOutcome::error(problem),
@@ -71,7 +75,14 @@ fn write(input: WriteInput, confinement: &Confinement, _cancel: &Cancel) -> Tool
         Ok(metadata) if metadata.is_dir() => {
             return ToolOutcome::error(format!("{shown} is a directory"))
         }
-        Ok(_) => true,
+        Ok(metadata) => match files::special_kind(metadata.file_type()) {
+            Some(kind) => {
+                return ToolOutcome::error(format!(
+                    "{shown} is {kind}, not a regular file; write_file writes regular files only"
+                ))
+            }
+            None => true,
+        },
         Err(error) if error.kind() == io::ErrorKind::NotFound => false,
         Err(error) => return ToolOutcome::error(format!("cannot write {shown}: {error}")),
     };
@@ -83,8 +94,10 @@ fn write(input: WriteInput, confinement: &Confinement, _cancel: &Cancel) -> Tool
             ));
         }
     }
-    if let Err(error) = std::fs::write(&path, &input.content) {
-        return ToolOutcome::error(format!("cannot write {shown}: {error}"));
+    match files::replace(&path, input.content.as_bytes(), cancel) {
+        Ok(Replaced::Landed) => {}
+        Ok(Replaced::Cancelled) => return ToolOutcome::error("cancelled; nothing was written"),
+        Err(error) => return ToolOutcome::error(format!("cannot write {shown}: {error}")),
     }
     let verb = if existed { "replaced" } else { "created" };
     ToolOutcome::ok(format!(
@@ -126,6 +139,33 @@ mod tests {
             std::fs::read_to_string(dir.path().join("a/b/c.txt")).unwrap(),
             "three"
         );
+    }
+
+    /// The call was cancelled (or ran out of time) before the write
+    /// could land: the file keeps its old content, and a new one is not
+    /// made.
+    #[test]
+    fn a_cancelled_write_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f.txt"), "old").unwrap();
+        let confinement = Confinement::new(dir.path(), false).unwrap();
+        let cancel = Cancel::default();
+        cancel.raise();
+        for path in ["f.txt", "new.txt"] {
+            let input = WriteInput {
+                path: path.to_owned(),
+                content: "new".to_owned(),
+            };
+            assert_eq!(
+                write(input, &confinement, &cancel),
+                ToolOutcome::error("cancelled; nothing was written")
+            );
+        }
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("f.txt")).unwrap(),
+            "old"
+        );
+        assert!(!dir.path().join("new.txt").exists());
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Operations: the live actors, evicting one, killing one (a crash, for
 //! drills), `/metrics` and `/healthz`.
 
+use std::collections::HashSet;
+
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
@@ -9,22 +11,44 @@ use axum::Json;
 
 use keel_actors::core::ConversationId;
 
-use super::error::ApiError;
+use super::error::{ApiError, ApiQuery};
+use super::paging::{self, PageQuery};
 use super::types::{ActorList, ActorSummary, ErrorBody, Evicted, Health, Killed};
 use super::{AppState, ConversationPath};
 
 /// The live actors: state, idle time, mailbox, subscribers and a memory
 /// estimate; an actor stuck on one message is listed `responding: false`.
+/// By id, a page at a time (`limit`, and `cursor` from the page before's
+/// `next_cursor`); only the page's actors are asked.
 #[utoipa::path(
     get,
     path = "/admin/actors",
     tag = "admin",
-    responses((status = 200, body = ActorList))
+    params(PageQuery),
+    responses((status = 200, body = ActorList), (status = 400, body = ErrorBody))
 )]
-pub async fn actors(State(state): State<AppState>) -> Json<ActorList> {
-    let actors = state
+pub async fn actors(
+    State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<PageQuery>,
+) -> Result<Json<ActorList>, ApiError> {
+    let limit = query.limit()?;
+    let after = query.after()?;
+    let mut live: Vec<String> = state
         .runtime
-        .actors()
+        .live()
+        .into_iter()
+        .map(|id| id.to_string())
+        .collect();
+    live.sort();
+    let (page, next_cursor) = paging::page(
+        live.into_iter().map(|id| (id.clone(), id)),
+        after.as_deref(),
+        limit,
+    );
+    let page: HashSet<String> = page.into_iter().collect();
+    let mut actors: Vec<ActorSummary> = state
+        .runtime
+        .actors_where(|id| page.contains(id.as_str()))
         .await
         .into_iter()
         .map(|stats| ActorSummary {
@@ -38,7 +62,11 @@ pub async fn actors(State(state): State<AppState>) -> Json<ActorList> {
             hibernated: stats.hibernated,
         })
         .collect();
-    Json(ActorList { actors })
+    actors.sort_by(|left, right| left.id.cmp(&right.id));
+    Ok(Json(ActorList {
+        actors,
+        next_cursor,
+    }))
 }
 
 /// Save the conversation's snapshot and stop its actor; the next request

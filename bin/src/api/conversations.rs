@@ -2,7 +2,7 @@
 //! log. Each handler checks its input, makes one call on the runtime and
 //! converts the answer; a refused request changes nothing.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 use axum::extract::State;
@@ -16,9 +16,11 @@ use keel_actors::core::config::{ConversationConfig, ModelRef, ProviderKind};
 use keel_actors::core::event::Decision;
 use keel_actors::core::retry::RetryPolicy;
 use keel_actors::core::{ConversationId, StateName, ToolCallId};
+use keel_actors::store::IndexEntry;
 use keel_actors::ImageUpload;
 
 use super::error::{ApiError, ApiJson, ApiQuery};
+use super::paging::{self, PageQuery};
 use super::types::{
     AcceptedMessage, ApiDecisionKind, ApiEvent, ApiRetry, CancelAccepted, ConversationDetail,
     ConversationList, ConversationSummary, CreateConversation, CreatedConversation, ErrorBody,
@@ -183,10 +185,15 @@ pub struct ListQuery {
     /// Include sub-agents.
     #[serde(default)]
     pub all: bool,
+    /// Conversations per page: 1 to 1000, default 100.
+    pub limit: Option<usize>,
+    /// Where to go on: the `next_cursor` of the page before.
+    pub cursor: Option<String>,
 }
 
-/// List conversations, oldest first: the user's own, and with
-/// `all=true` their sub-agents too.
+/// List conversations, oldest first (by creation, then id): the user's
+/// own, and with `all=true` their sub-agents too, a page at a time
+/// (`limit`, and `cursor` from the page before's `next_cursor`).
 #[utoipa::path(
     get,
     path = "/v1/conversations",
@@ -198,16 +205,29 @@ pub async fn list(
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Json<ConversationList>, ApiError> {
+    let paging = PageQuery {
+        limit: query.limit,
+        cursor: query.cursor,
+    };
+    let limit = paging.limit()?;
+    let after = paging.after()?;
     let entries = state
         .runtime
         .list(query.all)
         .await
         .map_err(|error| ApiError::from_runtime("(list)", error))?;
+    let mut keyed: Vec<(String, IndexEntry)> = entries
+        .into_iter()
+        .map(|entry| (sort_key(&entry), entry))
+        .collect();
+    keyed.sort_unstable_by(|left, right| left.0.cmp(&right.0));
+    let (entries, next_cursor) = paging::page(keyed, after.as_deref(), limit);
     // A live conversation's state is its actor's; the others' is what
-    // their log implies, kept in the index.
+    // their log implies, kept in the index. Only this page's are asked.
+    let on_page: HashSet<&ConversationId> = entries.iter().map(|entry| &entry.id).collect();
     let live: HashMap<ConversationId, StateName> = state
         .runtime
-        .actors()
+        .actors_where(|id| on_page.contains(id))
         .await
         .into_iter()
         .map(|actor| (actor.id, actor.state))
@@ -219,7 +239,16 @@ pub async fn list(
             ConversationSummary::new(entry, actor_state)
         })
         .collect();
-    Ok(Json(ConversationList { conversations }))
+    Ok(Json(ConversationList {
+        conversations,
+        next_cursor,
+    }))
+}
+
+/// A conversation's place in the listing: creation time (zero-padded, so
+/// text order is time order), then id.
+fn sort_key(entry: &IndexEntry) -> String {
+    format!("{:020}/{}", entry.created_at.0, entry.id)
 }
 
 /// A conversation: its state, history, usage and pending calls. Reading
@@ -257,7 +286,7 @@ pub async fn get_one(
         (status = 400, description = "Malformed JSON or an empty message", body = ErrorBody),
         (status = 404, body = ErrorBody),
         (status = 409, description = "Busy: cancel the running turn first", body = ErrorBody),
-        (status = 413, body = ErrorBody),
+        (status = 413, description = "The body is over 64 MiB, or the text over the daemon's KEEL_MAX_MESSAGE_BYTES (1 MiB by default)", body = ErrorBody),
         (status = 422, description = "An image that cannot be decoded or used", body = ErrorBody),
     )
 )]
@@ -266,6 +295,17 @@ pub async fn send(
     ConversationPath(id): ConversationPath,
     ApiJson(request): ApiJson<SendMessage>,
 ) -> Result<(StatusCode, Json<AcceptedMessage>), ApiError> {
+    let limit = state.max_message_bytes;
+    if request.text.len() > limit {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!(
+                "the message's text is {} bytes; at most {limit} (KEEL_MAX_MESSAGE_BYTES)",
+                request.text.len()
+            ),
+        ));
+    }
     let count = request.images.len();
     if count > MAX_IMAGES {
         return Err(ApiError::new(

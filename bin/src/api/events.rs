@@ -93,7 +93,11 @@ pub async fn events(
                 .ok_or_else(|| {
                     ApiError::bad_request("Last-Event-ID must be the seq of a canonical event")
                 })?;
-            Some(seq + 1)
+            // The client saw N, so it is owed N+1 on. Past the log's end
+            // (u64::MAX included, which has no successor) it missed
+            // nothing: the stream goes on from the end, as for any seq
+            // beyond it.
+            Some(seq.saturating_add(1))
         }
         None => query.from,
     };

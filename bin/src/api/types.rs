@@ -353,6 +353,9 @@ impl ConversationSummary {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ConversationList {
     pub conversations: Vec<ConversationSummary>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    #[serde(default)]
+    pub next_cursor: Option<String>,
 }
 
 /// `GET /v1/conversations/{id}`.
@@ -1084,4 +1087,7 @@ pub struct ActorSummary {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ActorList {
     pub actors: Vec<ActorSummary>,
+    /// Pass as `cursor` for the next page; null on the last page.
+    #[serde(default)]
+    pub next_cursor: Option<String>,
 }

@@ -17,6 +17,8 @@ use keel_actors::provider::ProviderConfig;
 use keel_actors::store::BackendKind;
 use keel_actors::DEFAULT_LIVE_INTERVAL;
 
+use crate::api::MESSAGE_BODY_LIMIT;
+
 /// The default address: loopback only, so a first run exposes nothing.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:7777";
 pub const DEFAULT_DATA_DIR: &str = "./keel-data";
@@ -64,9 +66,16 @@ pub struct Config {
     /// `KEEL_LIVE_INTERVAL_MS`: how often at most live-only updates go out
     /// to a conversation's watchers (`Settings::live_interval`).
     pub live_interval: Duration,
+    /// `KEEL_MAX_MESSAGE_BYTES`: the most bytes a message's text may have
+    /// (its images are bounded on their own).
+    pub max_message_bytes: usize,
     /// Where the file came from, if one was read.
     pub file: Option<PathBuf>,
 }
+
+/// The default of `KEEL_MAX_MESSAGE_BYTES`: 1 MiB, a long document pasted
+/// whole; a message is a prompt, not a file transfer.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
 /// The default of `KEEL_SHUTDOWN_GRACE_MS`.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -86,6 +95,7 @@ struct File {
     mock_url: Option<String>,
     shutdown_grace_ms: Option<u64>,
     live_interval_ms: Option<u64>,
+    max_message_bytes: Option<u64>,
     #[serde(default)]
     anthropic: Endpoint,
     #[serde(default)]
@@ -128,6 +138,10 @@ impl File {
             (
                 "KEEL_LIVE_INTERVAL_MS",
                 self.live_interval_ms.map(|ms| ms.to_string()),
+            ),
+            (
+                "KEEL_MAX_MESSAGE_BYTES",
+                self.max_message_bytes.map(|bytes| bytes.to_string()),
             ),
             ("ANTHROPIC_API_KEY", self.anthropic.api_key),
             ("ANTHROPIC_BASE_URL", self.anthropic.base_url),
@@ -235,6 +249,22 @@ impl Config {
             millis(&lookup, "KEEL_SHUTDOWN_GRACE_MS")?.unwrap_or(DEFAULT_SHUTDOWN_GRACE);
         let live_interval =
             millis(&lookup, "KEEL_LIVE_INTERVAL_MS")?.unwrap_or(DEFAULT_LIVE_INTERVAL);
+        let max_message_bytes = match lookup("KEEL_MAX_MESSAGE_BYTES") {
+            None => DEFAULT_MAX_MESSAGE_BYTES,
+            Some(raw) => raw
+                .parse::<usize>()
+                .ok()
+                .filter(|bytes| (1..=MESSAGE_BODY_LIMIT).contains(bytes))
+                .ok_or_else(|| {
+                    invalid(
+                        "KEEL_MAX_MESSAGE_BYTES",
+                        format!(
+                            "{raw:?} is not a number of bytes from 1 to {MESSAGE_BODY_LIMIT} \
+                             (the most a message's body may carry)"
+                        ),
+                    )
+                })?,
+        };
         let mut providers = ProviderConfig::from_lookup(lookup).map_err(|error| match error {
             keel_actors::Error::Config { name, reason } => invalid(name, reason),
             other => invalid("provider", other.to_string()),
@@ -255,6 +285,7 @@ impl Config {
             log_format,
             shutdown_grace,
             live_interval,
+            max_message_bytes,
             file: file.map(|(path, _)| path.to_owned()),
         })
     }
@@ -418,11 +449,28 @@ mod tests {
                 &[("KEEL_LIVE_INTERVAL_MS", "16ms")],
                 "KEEL_LIVE_INTERVAL_MS",
             ),
+            (&[("KEEL_MAX_MESSAGE_BYTES", "0")], "KEEL_MAX_MESSAGE_BYTES"),
+            (
+                &[("KEEL_MAX_MESSAGE_BYTES", "1MiB")],
+                "KEEL_MAX_MESSAGE_BYTES",
+            ),
         ];
         for (pairs, setting) in cases {
             let error = load(pairs, None).unwrap_err();
             assert_eq!(&error.setting, setting, "{pairs:?} -> {error}");
         }
+    }
+
+    #[test]
+    fn the_message_size_limit_defaults_and_is_set_from_the_environment_or_the_file() {
+        assert_eq!(
+            load(&[], None).unwrap().max_message_bytes,
+            DEFAULT_MAX_MESSAGE_BYTES
+        );
+        let config = load(&[("KEEL_MAX_MESSAGE_BYTES", "2048")], None).unwrap();
+        assert_eq!(config.max_message_bytes, 2048);
+        let config = load(&[], Some("max_message_bytes = 4096\n")).unwrap();
+        assert_eq!(config.max_message_bytes, 4096);
     }
 
     #[test]

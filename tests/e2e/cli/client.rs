@@ -242,3 +242,82 @@ async fn client_events_resume_after_a_daemon_restart() {
     let expected: Vec<u64> = (seqs[0]..=*seqs.last().unwrap()).collect();
     assert_eq!(seqs, expected, "every event once, in order: {seen:#?}");
 }
+
+/// The listings come in pages: following `next_cursor` with a small
+/// `limit` gives every conversation (and every live actor) once, in the
+/// listing's order, and the last page has no cursor; `list` and `actors`
+/// follow the pages themselves. A bad `limit` or `cursor` is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_listings_come_in_pages_that_follow_each_other() {
+    let rig = Rig::start();
+    let client = client_of(&rig.daemon);
+    let mut created = Vec::new();
+    for _ in 0..5 {
+        created.push(client.create(&create_in(&rig.site)).await.unwrap().id);
+    }
+
+    let mut paged = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = client
+            .list_page(false, Some(2), cursor.as_deref())
+            .await
+            .unwrap();
+        assert!(page.conversations.len() <= 2);
+        paged.extend(page.conversations.into_iter().map(|summary| summary.id));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    let whole = client.list(false).await.unwrap();
+    assert_eq!(whole.next_cursor, None);
+    let listed: Vec<String> = whole
+        .conversations
+        .into_iter()
+        .map(|summary| summary.id)
+        .collect();
+    assert_eq!(
+        paged, listed,
+        "the pages are the listing, once each, in order"
+    );
+    let mut sorted_created = created.clone();
+    sorted_created.sort();
+    let mut sorted_listed = listed.clone();
+    sorted_listed.sort();
+    assert_eq!(sorted_listed, sorted_created);
+
+    let mut paged = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = client
+            .actors_page(Some(2), cursor.as_deref())
+            .await
+            .unwrap();
+        assert!(page.actors.len() <= 2);
+        paged.extend(page.actors.into_iter().map(|actor| actor.id));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    let mut sorted = paged.clone();
+    sorted.sort();
+    assert_eq!(paged, sorted, "actors come by id");
+    let whole = client.actors().await.unwrap();
+    assert_eq!(whole.next_cursor, None);
+    let all: Vec<String> = whole.actors.into_iter().map(|actor| actor.id).collect();
+    assert_eq!(paged, all);
+
+    for refused in [
+        client.list_page(false, Some(0), None).await.unwrap_err(),
+        client.list_page(false, Some(1001), None).await.unwrap_err(),
+        client
+            .list_page(false, None, Some("not a cursor"))
+            .await
+            .unwrap_err(),
+        client.actors_page(Some(0), None).await.unwrap_err(),
+    ] {
+        assert_eq!(refused.code(), Some("bad_request"), "{refused}");
+    }
+}

@@ -196,6 +196,28 @@ async fn daemon_refused_messages_change_nothing() {
     )
     .await;
 
+    // A text one byte over 1 MiB, the default limit of a message's text:
+    // the body limit is sized for images and let 20 MiB of text in.
+    let default_limit = 1024 * 1024;
+    let reply = daemon
+        .post(&path, &json!({"text": "a".repeat(default_limit + 1)}))
+        .await;
+    let (_, message) = reply.error(StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        message.contains("at most 1048576 (KEEL_MAX_MESSAGE_BYTES)"),
+        "{message}"
+    );
+    refused(
+        &daemon,
+        &id,
+        &before,
+        "a text over 1 MiB",
+        reply,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+    )
+    .await;
+
     // One byte over 64 MiB: the limit of a message's body.
     let limit = 64 * 1024 * 1024;
     let mut body = br#"{"text": ""#.to_vec();
@@ -306,6 +328,45 @@ async fn daemon_refused_messages_change_nothing() {
     // Nothing reached the provider for any of them.
     assert_eq!(mock.requests().await.len(), 1);
     assert_eq!(daemon.conversation(&id).await["state"], "idle");
+}
+
+/// `KEEL_MAX_MESSAGE_BYTES` sets the limit of a message's text: a text
+/// at it is taken, one byte over is refused with 413 and records nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_bounds_a_message_text_by_its_setting() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start(
+        &site,
+        Wire::Anthropic,
+        &mock,
+        &[("KEEL_MAX_MESSAGE_BYTES", "100")],
+    );
+    let id = with_a_turn(&daemon, &site, json!({})).await;
+    let before = daemon.log(&id).await;
+    let reply = daemon
+        .post(&messages(&id), &json!({"text": "é".repeat(50) + "x"}))
+        .await;
+    let (_, message) = reply.error(StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        message,
+        "the message's text is 101 bytes; at most 100 (KEEL_MAX_MESSAGE_BYTES)"
+    );
+    refused(
+        &daemon,
+        &id,
+        &before,
+        "a text over the limit",
+        reply,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+    )
+    .await;
+    let reply = daemon
+        .post(&messages(&id), &json!({"text": "é".repeat(50)}))
+        .await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{reply:?}");
+    daemon.wait_turn_done(&id, 2).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

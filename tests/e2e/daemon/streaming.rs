@@ -263,6 +263,40 @@ async fn daemon_stream_resumes_from_a_seq_without_gap_or_double() {
     resumed(Wire::OpenAi, |seen| Resume::From(seen + 1)).await;
 }
 
+/// `Last-Event-ID: 18446744073709551615` (u64::MAX, which has no next
+/// seq) used to overflow in the handler. It is past the log's end like any
+/// seq beyond it: the client missed nothing, so nothing is replayed and the
+/// stream goes on with the next event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_stream_takes_the_largest_last_event_id_as_nothing_missed() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[]);
+    let id = daemon.create(&site, json!({})).await;
+    daemon.send(&id, "hello").await;
+    let mut log = daemon.wait_turn_done(&id, 1).await;
+
+    for (turn, resume) in [
+        (2, Resume::LastEventId(u64::MAX)),
+        (3, Resume::From(u64::MAX)),
+    ] {
+        let last = *seqs(&log).last().unwrap();
+        let mut stream = daemon.events(&id, resume).await;
+        assert_eq!(expect_snapshot(&mut stream, &id).await, last);
+        daemon.send(&id, "again").await;
+        let next = stream
+            .until("the next canonical event", Frame::is_canonical)
+            .await;
+        assert_eq!(
+            canonical(&next)[0].seq(),
+            last + 1,
+            "nothing was replayed: the stream went on from the log's end"
+        );
+        drop(stream);
+        log = daemon.wait_turn_done(&id, turn).await;
+    }
+}
+
 /// Frames until the turn completed and the conversation is idle again.
 async fn until_idle(stream: &mut super::sse::EventStream) -> Vec<Frame> {
     let (mut completed, mut state) = (false, String::new());
