@@ -24,7 +24,7 @@ use crate::door;
 use crate::image::{prepare_uploads, ImageUpload};
 use crate::mailbox::Mailbox;
 use crate::metrics;
-use crate::pubsub::Subscription;
+use crate::pubsub::{Subscription, View};
 use crate::runtime::Runtime;
 use crate::Error;
 
@@ -236,8 +236,21 @@ impl ConversationHandle {
     /// are killed at once, ahead of anything queued in the actor's mailbox
     /// (the HTTP stream closes, a tool's process group gets SIGKILL); then
     /// the actor records the interruption. Returns the state it ended in.
+    ///
+    /// A conversation with no actor (evicted) that has nothing to stop (at
+    /// rest, nothing pending, no turn owed) answers from the store and is
+    /// not woken: a cancel of nothing records nothing.
     pub async fn cancel(&self) -> Result<StateName, Error> {
         let runtime = &self.runtime;
+        if door::lookup(&runtime.shared, &self.id).is_none() {
+            let working = keel_store::load(runtime.shared.store.as_ref(), &self.id)
+                .await?
+                .ok_or_else(|| Error::NotFound(self.id.clone()))?;
+            if nothing_to_cancel(&working) {
+                metrics::cancel();
+                return Ok(Phase::from_status(&working).name());
+            }
+        }
         let actor = door::cancel(&runtime.shared, &runtime.supervisor.get_cell(), &self.id).await?;
         metrics::cancel();
         self.call_on(actor, |reply| ConversationMsg::Cancel { reply })
@@ -277,6 +290,43 @@ impl ConversationHandle {
         })
         .await?
         .map_err(Error::Rejected)
+    }
+
+    /// Follow the conversation without waking it: a subscription from seq
+    /// `from` (or from now) if an actor serves it, else its view read from
+    /// the store. A follower of a conversation at rest waits with
+    /// [`woken`](Self::woken) for something else to start it, then follows
+    /// again from the seq after the view.
+    pub async fn follow(&self, from: Option<Seq>) -> Result<Following, Error> {
+        if let Some(subscription) = self.follow_live(from).await? {
+            return Ok(Following::Live(subscription));
+        }
+        let working = keel_store::load(self.runtime.shared.store.as_ref(), &self.id)
+            .await?
+            .ok_or_else(|| Error::NotFound(self.id.clone()))?;
+        Ok(Following::AtRest(View::at_rest(&working)))
+    }
+
+    /// Like [`follow`](Self::follow), but only a live actor's subscription:
+    /// `None` (reading nothing from the store) if no actor serves it.
+    pub async fn follow_live(&self, from: Option<Seq>) -> Result<Option<Subscription>, Error> {
+        let Some(subscription) = self
+            .call_live(|reply| ConversationMsg::Subscribe { reply })
+            .await
+        else {
+            return Ok(None);
+        };
+        let subscription = subscription?;
+        Ok(Some(match from {
+            Some(from) => subscription.starting_at(from).await?,
+            None => subscription,
+        }))
+    }
+
+    /// Wait until an actor serves the conversation (now, or once a message,
+    /// a resolution or a restart starts one). Starts nothing.
+    pub async fn woken(&self) {
+        door::woken(&self.runtime.shared, &self.id).await;
     }
 
     /// A consistent view of the conversation, then every update after it.
@@ -426,6 +476,26 @@ impl ConversationHandle {
             Ok(CallResult::SenderError) | Err(_) => self.call(message).await,
         }
     }
+}
+
+/// What [`ConversationHandle::follow`] found.
+pub enum Following {
+    /// An actor serves the conversation: its subscription.
+    Live(Subscription),
+    /// No actor serves it: where it rests, read from the store.
+    AtRest(View),
+}
+
+/// Whether a conversation at rest with no actor has nothing a cancel could
+/// stop: no turn in flight or owed, no call waiting, no message queued.
+fn nothing_to_cancel(working: &WorkingSet) -> bool {
+    let phase = Phase::from_status(working);
+    matches!(
+        phase.name(),
+        StateName::Idle | StateName::Error | StateName::Completed | StateName::Failed
+    ) && working.pending.is_empty()
+        && working.queued.is_empty()
+        && working.untriggered.is_empty()
 }
 
 /// Whether a request may be asked again when its answer was lost.

@@ -35,7 +35,7 @@ use keel_store::{rehydrate, Rehydrated};
 use crate::conversation::{ActorStats, Inspection, SendTicket, WorkerInfo};
 use crate::door;
 use crate::mailbox::Mailbox;
-use crate::pubsub::{Publisher, Subscription, Update, View, VIEW_MESSAGES};
+use crate::pubsub::{Publisher, Subscription, Update, View};
 use crate::runtime::{Alive, Shared};
 use crate::sub_agents::SpawnWork;
 use crate::tool::ToolOutcome;
@@ -465,6 +465,7 @@ impl Actor for ConversationActor {
         rest_at_once(state).await?;
         state.finish_publishing(&myself);
         state.seen_at_rest();
+        door::started(&state.shared, &state.id);
         Ok(())
     }
 
@@ -933,18 +934,7 @@ async fn rebuild(state: &mut ConversationState) -> Result<(), ActorProcessingErr
 
 fn view(state: &ConversationState) -> Result<View, ActorProcessingErr> {
     let conversation = state.conversation()?;
-    let working = &conversation.working;
-    let skip = working.messages.len().saturating_sub(VIEW_MESSAGES);
-    Ok(View {
-        id: state.id.clone(),
-        state: conversation.state_name(),
-        last_seq: working.last_seq,
-        cwd: working.cwd.clone(),
-        usage: working.usage,
-        pending: working.pending.clone(),
-        recent_messages: working.messages[skip..].to_vec(),
-        omitted_messages: skip,
-    })
+    Ok(View::of(&conversation.working, conversation.state_name()))
 }
 
 fn stats(state: &ConversationState) -> ActorStats {

@@ -224,6 +224,47 @@ pub(crate) fn forget_control(shared: &Shared, id: &ConversationId, control: &Arc
     }
 }
 
+/// Wait until an actor serves `id` (now, or once something else starts
+/// one: a message, a resolution, the supervisor's restart). Starts nothing:
+/// a follower of a conversation at rest must not wake it.
+pub(crate) async fn woken(shared: &Shared, id: &ConversationId) {
+    loop {
+        let wake = shared
+            .wakes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .entry(id.clone())
+            .or_default()
+            .clone();
+        let notified = wake.notified();
+        tokio::pin!(notified);
+        // Registered before the look, so a start between the look and the
+        // wait still wakes this.
+        notified.as_mut().enable();
+        // An actor that is stopping is no life to follow: its successor,
+        // if any, wakes this when it starts.
+        if lookup(shared, id)
+            .is_some_and(|actor| ractor::ACTIVE_STATES.contains(&actor.actor().get_status()))
+        {
+            return;
+        }
+        notified.await;
+    }
+}
+
+/// An actor of `id` has started and takes requests: wake its followers
+/// ([`woken`]).
+pub(crate) fn started(shared: &Shared, id: &ConversationId) {
+    let wake = shared
+        .wakes
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .remove(id);
+    if let Some(wake) = wake {
+        wake.notify_waiters();
+    }
+}
+
 /// Cancel ahead of everything queued: mark the cancel in the conversation's
 /// control block and kill its workers now (the HTTP stream closes, a tool's
 /// process group gets SIGKILL), before the actor even reads its mailbox.

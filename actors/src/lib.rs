@@ -31,7 +31,7 @@ mod tool_groups;
 pub use keel_core as core;
 pub use keel_store as store;
 
-pub use conversation::{ActorStats, ConversationHandle, Inspection};
+pub use conversation::{ActorStats, ConversationHandle, Following, Inspection};
 pub use image::ImageUpload;
 pub use pubsub::{Published, Received, Subscription, Update, View};
 pub use runtime::{BootReport, Runtime, RuntimeConfig, Settings, DEFAULT_LIVE_INTERVAL};

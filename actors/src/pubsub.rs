@@ -32,7 +32,8 @@ use tokio::time::Instant;
 use keel_core::event::{Event, PendingCall};
 use keel_core::ids::{ConversationId, Seq};
 use keel_core::message::{Message, Usage};
-use keel_core::state::StateName;
+use keel_core::state::{Phase, StateName};
+use keel_core::working::WorkingSet;
 use keel_core::LiveEvent;
 use keel_store::EventLog;
 
@@ -195,6 +196,28 @@ pub struct View {
     pub recent_messages: Vec<Message>,
     /// Messages before `recent_messages` that the view leaves out.
     pub omitted_messages: usize,
+}
+
+impl View {
+    /// The view of `working` in `state` (the conversation's phase name).
+    pub(crate) fn of(working: &WorkingSet, state: StateName) -> View {
+        let skip = working.messages.len().saturating_sub(VIEW_MESSAGES);
+        View {
+            id: working.id.clone(),
+            state,
+            last_seq: working.last_seq,
+            cwd: working.cwd.clone(),
+            usage: working.usage,
+            pending: working.pending.clone(),
+            recent_messages: working.messages[skip..].to_vec(),
+            omitted_messages: skip,
+        }
+    }
+
+    /// The view of a conversation no actor serves, as it rests in the log.
+    pub(crate) fn at_rest(working: &WorkingSet) -> View {
+        View::of(working, Phase::from_status(working).name())
+    }
 }
 
 /// What [`Subscription::next`] yields ([`Subscription::next_published`]

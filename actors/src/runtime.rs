@@ -128,6 +128,9 @@ pub(crate) struct Shared {
     /// conversation: a rebuilt conversation waits for its old ones
     /// (`tool_groups.rs`).
     pub(crate) tool_groups: Arc<ToolGroups>,
+    /// Followers waiting for a conversation at rest to be started by
+    /// something else (`door::woken`); taken and woken as its actor starts.
+    pub(crate) wakes: Mutex<HashMap<ConversationId, Arc<tokio::sync::Notify>>>,
     /// Actors and workers that hold this `Shared` now (see [`Alive`]).
     alive: Arc<AtomicUsize>,
     /// The runtime is stopping: no conversation starts, background tasks end.
@@ -197,6 +200,7 @@ impl Runtime {
             settings,
             controls: Mutex::new(HashMap::new()),
             tool_groups: Arc::new(ToolGroups::default()),
+            wakes: Mutex::new(HashMap::new()),
             alive: Arc::new(AtomicUsize::new(0)),
             closed: AtomicBool::new(false),
         });

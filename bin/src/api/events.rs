@@ -12,6 +12,15 @@
 //! next seq it owes, sending a fresh snapshot. A client that disconnects
 //! drops its subscription, and the actor frees the channel.
 //!
+//! A stream never wakes a conversation (docs/daemon.md, "Streams of a
+//! conversation at rest"). Opening one of a conversation no actor serves
+//! (evicted, or not started since the daemon did) sends its snapshot read
+//! from the store and the canonical events the client is owed from the
+//! log, then waits, quiet but for keep-alives, until something else starts
+//! the conversation (a message, a resolution, the supervisor's restart);
+//! then it follows that life from the next seq owed. A stream whose
+//! conversation is evicted waits the same way.
+//!
 //! Frames are bytes rendered whole (`frame`). A wave of updates the
 //! conversation publishes (what one of its steps published) reaches its
 //! subscribers as one shared `Published`, and the first stream to send it
@@ -43,7 +52,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::IntoParams;
 
 use keel_actors::core::{ConversationId, Seq};
-use keel_actors::{ConversationHandle, Published, Received, Subscription};
+use keel_actors::{ConversationHandle, Following, Published, Received, Subscription, View};
 
 use super::error::{ApiError, ApiQuery};
 use super::types::{ApiLiveEvent, ErrorBody, Snapshot};
@@ -102,15 +111,24 @@ pub async fn events(
         None => query.from,
     };
     let handle = state.runtime.handle(id.clone());
-    let subscription = subscribe(&handle, from)
+    let following = handle
+        .follow(from)
         .await
         .map_err(|error| ApiError::from_runtime(id.as_str(), error))?;
+    let (subscription, at_rest, resume_from) = match following {
+        Following::Live(subscription) => (Some(subscription), None, None),
+        Following::AtRest(view) => {
+            let next = from.unwrap_or(view.last_seq + 1).max(1);
+            (None, Some(view), Some(next))
+        }
+    };
     let follow = Follow {
         handle,
         id,
-        subscription: Some(subscription),
+        subscription,
+        at_rest,
         snapshot_sent: false,
-        resume_from: None,
+        resume_from,
         stop: Stop::new(state.stopping.clone()),
         done: false,
     };
@@ -131,21 +149,14 @@ pub async fn events(
         .into_response())
 }
 
-async fn subscribe(
-    handle: &ConversationHandle,
-    from: Option<Seq>,
-) -> Result<Subscription, keel_actors::Error> {
-    match from {
-        Some(from) => handle.subscribe_from(from).await,
-        None => handle.subscribe().await,
-    }
-}
-
 /// One client's stream.
 struct Follow {
     handle: ConversationHandle,
     id: ConversationId,
     subscription: Option<Subscription>,
+    /// The conversation rested with no actor when the stream opened: its
+    /// view, sent as the snapshot before anything else.
+    at_rest: Option<View>,
     snapshot_sent: bool,
     /// The seq to subscribe from again once the actor's next life answers.
     resume_from: Option<Seq>,
@@ -153,9 +164,9 @@ struct Follow {
     done: bool,
 }
 
-/// How often a stream tries to follow a conversation whose actor stopped
-/// before it gives up (with an error frame; the client may reconnect).
-const RESUBSCRIBE_TRIES: u32 = 20;
+/// Canonical events read from the log per frame batch while a stream of a
+/// conversation at rest sends what its client is owed.
+const LOG_PAGE: usize = 256;
 
 /// An error frame: the stream ends after it; the client reconnects with
 /// its `Last-Event-ID`.
@@ -172,6 +183,18 @@ impl Follow {
                 return None;
             }
             if self.subscription.is_none() {
+                if let Some(view) = self.at_rest.take() {
+                    self.snapshot_sent = true;
+                    return Some(frame::render("snapshot", None, &Snapshot::from(view)));
+                }
+                match self.owed_from_log().await {
+                    Ok(Some(frames)) => return Some(frames),
+                    Ok(None) => {}
+                    Err(frame) => {
+                        self.done = true;
+                        return frame;
+                    }
+                }
                 if let Err(frame) = self.resubscribe().await {
                     self.done = true;
                     return frame;
@@ -253,35 +276,78 @@ impl Follow {
 struct SseFrame(Bytes);
 
 impl Follow {
-    /// Subscribe again after the actor stopped: it is started again from
-    /// the store (or by its supervisor). `Err` ends the stream, with the
-    /// frame to send last, if any.
+    /// The canonical events the client is owed that the log already holds,
+    /// while no actor serves the conversation: the next page of them as
+    /// frames, or `None` once there are none. `Err` ends the stream, with
+    /// the frame to send last.
+    async fn owed_from_log(&mut self) -> Result<Option<Bytes>, Option<Bytes>> {
+        let Some(from) = self.resume_from else {
+            return Ok(None);
+        };
+        let events = match self.handle.log(from, LOG_PAGE).await {
+            Ok(events) => events,
+            Err(keel_actors::Error::NotFound(_)) => return Ok(None),
+            Err(error) => return Err(Some(unavailable(&error))),
+        };
+        let Some(last) = events.last() else {
+            return Ok(None);
+        };
+        self.resume_from = Some(last.seq + 1);
+        let updates: Vec<keel_actors::Update> = events
+            .into_iter()
+            .map(|event| keel_actors::Update::Event {
+                event: Arc::new(event),
+            })
+            .collect();
+        Ok(Some(frame::updates(&self.id, &updates)))
+    }
+
+    /// Follow the conversation again once an actor serves it: started by
+    /// something else (a message, a resolution, its supervisor), never by
+    /// this stream. `Err` ends the stream, with the frame to send last, if
+    /// any.
     async fn resubscribe(&mut self) -> Result<(), Option<Bytes>> {
-        let mut last_error = String::new();
-        for attempt in 0..RESUBSCRIBE_TRIES {
-            if self.stop.is_stopping() {
+        loop {
+            let woken = {
+                let stop = &mut self.stop;
+                let mut woken = std::pin::pin!(self.handle.woken());
+                std::future::poll_fn(|cx| {
+                    if woken.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(true);
+                    }
+                    stop.poll_stopped(cx).map(|()| false)
+                })
+                .await
+            };
+            if !woken {
                 return Err(None);
             }
-            match subscribe(&self.handle, self.resume_from).await {
-                Ok(subscription) => {
+            match self.handle.follow_live(self.resume_from).await {
+                Ok(Some(subscription)) => {
                     self.subscription = Some(subscription);
                     self.snapshot_sent = false;
                     return Ok(());
                 }
+                // It stopped again before it could be followed: wait for
+                // its next life.
+                Ok(None) => tokio::task::yield_now().await,
                 Err(keel_actors::Error::ShuttingDown) => return Err(None),
-                Err(error) => last_error = error.to_string(),
+                Err(error) => return Err(Some(unavailable(&error))),
             }
-            tokio::time::sleep(Duration::from_millis(50) * (attempt + 1)).await;
         }
-        Err(Some(frame::render(
-            "error",
-            None,
-            &StreamError {
-                code: "conversation_unavailable",
-                message: format!(
-                    "the conversation stopped and could not be followed again ({last_error}); reconnect with Last-Event-ID"
-                ),
-            },
-        )))
     }
+}
+
+/// The error frame of a stream that cannot follow its conversation.
+fn unavailable(error: &keel_actors::Error) -> Bytes {
+    frame::render(
+        "error",
+        None,
+        &StreamError {
+            code: "conversation_unavailable",
+            message: format!(
+                "the conversation could not be followed ({error}); reconnect with Last-Event-ID"
+            ),
+        },
+    )
 }

@@ -103,6 +103,59 @@ async fn daemon_admin_lists_evicts_and_kills_actors() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_an_evicted_conversation_stays_evicted_while_watched_and_cancelled() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[]);
+    let id = daemon.create(&site, json!({})).await;
+    daemon.send(&id, "hello").await;
+    daemon.wait_turn_done(&id, 1).await;
+    let mut stream = daemon.events(&id, Resume::Now).await;
+    stream
+        .until("the snapshot", |frame| frame.event == "snapshot")
+        .await;
+
+    let evicted = daemon
+        .post(&format!("/admin/actors/{id}/evict"), &json!({}))
+        .await;
+    assert_eq!(evicted.body, json!({"id": id, "was_live": true}));
+    // The stream tells its client the session ended, and wakes nothing.
+    stream
+        .until("the session's end", |frame| {
+            frame.is_canonical_of("session_ended")
+        })
+        .await;
+    let log = daemon.log(&id).await;
+    assert_eq!(kind(log.last().unwrap()), "session_ended");
+    assert_eq!(listed(&daemon, &id).await, None, "the stream woke it");
+    // Reads and a cancel of nothing touch nothing.
+    let read = daemon.conversation(&id).await;
+    assert_eq!(read["state"], "idle", "{read}");
+    let cancelled = daemon.cancel(&id).await;
+    assert_eq!(cancelled.status, StatusCode::ACCEPTED, "{cancelled:?}");
+    assert_eq!(listed(&daemon, &id).await, None, "the cancel woke it");
+    assert_eq!(daemon.log(&id).await, log, "a cancel of nothing wrote");
+
+    // A message wakes it, and the open stream follows the new life from
+    // the next seq it is owed: a fresh snapshot, then the turn.
+    let sent = daemon.send(&id, "back again").await;
+    let frames = stream
+        .until("the second turn's end", |frame| {
+            frame.is_canonical() && ends_turn(&frame.json(), 2)
+        })
+        .await;
+    assert!(frames.iter().any(|frame| frame.event == "snapshot"));
+    let seqs: Vec<u64> = frames
+        .iter()
+        .filter(|frame| frame.is_canonical())
+        .map(|frame| frame.seq())
+        .collect();
+    let first = log.len() as u64 + 1;
+    assert_eq!(seqs, (first..first + seqs.len() as u64).collect::<Vec<_>>());
+    assert!(seqs.contains(&sent), "{seqs:?} lacks the message at {sent}");
+}
+
 /// The value of the sample `name{labels}` in Prometheus text, if present.
 fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
