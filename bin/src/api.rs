@@ -10,6 +10,7 @@ pub mod admin;
 pub mod conversations;
 pub mod error;
 pub mod events;
+pub mod measure;
 pub mod types;
 
 use std::any::Any;
@@ -154,6 +155,7 @@ fn openapi_route_doc() -> (String, utoipa::openapi::PathItem) {
 pub fn router(state: AppState) -> Router {
     let (routes, _) = documented().split_for_parts();
     let api = Arc::new(openapi());
+    measure::register(&api);
     routes
         .route(
             "/openapi.json",
@@ -166,6 +168,9 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(catch_panics())
+        // Outermost, so refusals (a bad token, a body too large) and
+        // panics are counted with the status the client got.
+        .layer(middleware::from_fn(measure::count_requests))
         .with_state(state)
 }
 

@@ -12,6 +12,7 @@ use keel_actors::core::ConversationId;
 use super::error::ApiError;
 use super::types::{ActorList, ActorSummary, ErrorBody, Evicted, Health, Killed};
 use super::{AppState, ConversationPath};
+use crate::telemetry::LIVE_CONVERSATIONS;
 
 /// The live actors: state, idle time, mailbox, subscribers and a memory
 /// estimate; an actor stuck on one message is listed `responding: false`.
@@ -123,9 +124,9 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         .unwrap_or_default();
     let live = state.runtime.live().len();
     text.push_str(&format!(
-        "# HELP keel_live_conversations Conversations with a live actor now.\n\
-         # TYPE keel_live_conversations gauge\n\
-         keel_live_conversations {live}\n"
+        "# HELP {LIVE_CONVERSATIONS} Conversations with a live actor now.\n\
+         # TYPE {LIVE_CONVERSATIONS} gauge\n\
+         {LIVE_CONVERSATIONS} {live}\n"
     ));
     (
         [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
