@@ -208,11 +208,18 @@ pub const HTTP_REQUESTS_TOTAL: &str = "keel_http_requests_total";
 pub const EVENT_STREAMS_OPEN: &str = "keel_event_streams_open";
 /// Read at scrape time from the runtime, not recorded.
 pub const LIVE_CONVERSATIONS: &str = "keel_live_conversations";
+/// Read at scrape time from the store: 1 while it takes writes, else 0.
+pub const STORE_AVAILABLE: &str = "keel_store_available";
 
 /// Every family the daemon's `/metrics` lists from its start.
 pub fn families() -> Vec<&'static str> {
     let mut all = names::ALL.to_vec();
-    all.extend([HTTP_REQUESTS_TOTAL, EVENT_STREAMS_OPEN, LIVE_CONVERSATIONS]);
+    all.extend([
+        HTTP_REQUESTS_TOTAL,
+        EVENT_STREAMS_OPEN,
+        LIVE_CONVERSATIONS,
+        STORE_AVAILABLE,
+    ]);
     all
 }
 

@@ -12,7 +12,7 @@ use keel_core::event::Event;
 use keel_core::ids::{ConversationId, Seq};
 use keel_core::snapshot::FsmSnapshot;
 use keel_core::working::WorkingSet;
-use keel_store::{EventLog, IndexEntry, Result};
+use keel_store::{Availability, EventLog, IndexEntry, Result};
 
 use super::{store_error, StoreOp};
 
@@ -38,6 +38,10 @@ fn counted<T>(op: StoreOp, result: Result<T>) -> Result<T> {
 impl EventLog for MeteredLog {
     fn backend(&self) -> &'static str {
         self.inner.backend()
+    }
+
+    fn availability(&self) -> Availability {
+        self.inner.availability()
     }
 
     async fn append(&self, conversation: &ConversationId, events: Vec<Event>) -> Result<()> {

@@ -9,10 +9,10 @@ use axum::Json;
 
 use keel_actors::core::ConversationId;
 
-use super::error::ApiError;
+use super::error::{storage_unavailable_message, ApiError};
 use super::types::{ActorList, ActorSummary, ErrorBody, Evicted, Health, Killed};
 use super::{AppState, ConversationPath};
-use crate::telemetry::LIVE_CONVERSATIONS;
+use crate::telemetry::{LIVE_CONVERSATIONS, STORE_AVAILABLE};
 
 /// The live actors: state, idle time, mailbox, subscribers and a memory
 /// estimate; an actor stuck on one message is listed `responding: false`.
@@ -128,6 +128,12 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
          # TYPE {LIVE_CONVERSATIONS} gauge\n\
          {LIVE_CONVERSATIONS} {live}\n"
     ));
+    let available = u8::from(state.store.stopped().is_none());
+    text.push_str(&format!(
+        "# HELP {STORE_AVAILABLE} 1 while the store takes writes, 0 once it has stopped.\n\
+         # TYPE {STORE_AVAILABLE} gauge\n\
+         {STORE_AVAILABLE} {available}\n"
+    ));
     (
         [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         text,
@@ -135,16 +141,34 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-/// Liveness: answers without a token.
+/// Health: answers without a token. 503 with the reason once the store
+/// has stopped taking writes (the daemon then exits for its supervisor to
+/// restart it; docs/daemon.md, "When the store stops").
 #[utoipa::path(
     get,
     path = "/healthz",
     tag = "admin",
     security(()),
-    responses((status = 200, body = Health))
+    responses(
+        (status = 200, body = Health),
+        (status = 503, description = "The store stopped taking writes", body = Health),
+    )
 )]
-pub async fn healthz() -> Json<Health> {
-    Json(Health {
-        status: "ok".to_owned(),
-    })
+pub async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
+    match state.store.stopped() {
+        None => (
+            StatusCode::OK,
+            Json(Health {
+                status: "ok".to_owned(),
+                reason: None,
+            }),
+        ),
+        Some(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(Health {
+                status: "storage_unavailable".to_owned(),
+                reason: Some(storage_unavailable_message(&reason)),
+            }),
+        ),
+    }
 }

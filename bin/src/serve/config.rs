@@ -64,12 +64,20 @@ pub struct Config {
     /// `KEEL_LIVE_INTERVAL_MS`: how often at most live-only updates go out
     /// to a conversation's watchers (`Settings::live_interval`).
     pub live_interval: Duration,
+    /// `KEEL_STORE_STOPPED_EXIT_MS`: how long a daemon whose store stopped
+    /// taking writes goes on answering 503 (so health checks and clients
+    /// see why) before it exits for its supervisor to restart it.
+    pub store_stopped_exit: Duration,
     /// Where the file came from, if one was read.
     pub file: Option<PathBuf>,
 }
 
 /// The default of `KEEL_SHUTDOWN_GRACE_MS`.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Long enough for a health check or two to see the 503 and its reason,
+/// short enough that a supervisor brings the daemon back soon after the
+/// disk has room again.
+pub const DEFAULT_STORE_STOPPED_EXIT: Duration = Duration::from_secs(5);
 
 /// `keel.toml`. Unknown keys are an error: a misspelt key silently
 /// ignored is a setting the user thinks they made.
@@ -86,6 +94,7 @@ struct File {
     mock_url: Option<String>,
     shutdown_grace_ms: Option<u64>,
     live_interval_ms: Option<u64>,
+    store_stopped_exit_ms: Option<u64>,
     #[serde(default)]
     anthropic: Endpoint,
     #[serde(default)]
@@ -128,6 +137,10 @@ impl File {
             (
                 "KEEL_LIVE_INTERVAL_MS",
                 self.live_interval_ms.map(|ms| ms.to_string()),
+            ),
+            (
+                "KEEL_STORE_STOPPED_EXIT_MS",
+                self.store_stopped_exit_ms.map(|ms| ms.to_string()),
             ),
             ("ANTHROPIC_API_KEY", self.anthropic.api_key),
             ("ANTHROPIC_BASE_URL", self.anthropic.base_url),
@@ -235,6 +248,8 @@ impl Config {
             millis(&lookup, "KEEL_SHUTDOWN_GRACE_MS")?.unwrap_or(DEFAULT_SHUTDOWN_GRACE);
         let live_interval =
             millis(&lookup, "KEEL_LIVE_INTERVAL_MS")?.unwrap_or(DEFAULT_LIVE_INTERVAL);
+        let store_stopped_exit =
+            millis(&lookup, "KEEL_STORE_STOPPED_EXIT_MS")?.unwrap_or(DEFAULT_STORE_STOPPED_EXIT);
         let mut providers = ProviderConfig::from_lookup(lookup).map_err(|error| match error {
             keel_actors::Error::Config { name, reason } => invalid(name, reason),
             other => invalid("provider", other.to_string()),
@@ -255,6 +270,7 @@ impl Config {
             log_format,
             shutdown_grace,
             live_interval,
+            store_stopped_exit,
             file: file.map(|(path, _)| path.to_owned()),
         })
     }
