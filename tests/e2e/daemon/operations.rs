@@ -250,6 +250,52 @@ async fn daemon_metrics_list_every_documented_family_before_the_first_turn_and_c
         assert!(tokens > 0.0, "{token_type} tokens counted:\n{text}");
     }
 
+    // A failed request is counted by what followed it: a retry, the
+    // fallback model, or a failed turn.
+    let retried = daemon
+        .create(
+            &site,
+            json!({"retry": {"base_delay_ms": 1, "max_delay_ms": 1}}),
+        )
+        .await;
+    mock.push_script(json!([{"endpoint": "openai", "status": 503}]))
+        .await;
+    daemon.send(&retried, "fails once").await;
+    daemon.wait_turn_done(&retried, 1).await;
+    let fallback = daemon
+        .create(
+            &site,
+            json!({"retry": {"max_retries": 0}, "fallback": {"provider": "openai", "model": "gpt-mock-b"}}),
+        )
+        .await;
+    mock.push_script(json!([{"endpoint": "openai", "status": 503}]))
+        .await;
+    daemon.send(&fallback, "the primary fails").await;
+    daemon.wait_turn_done(&fallback, 1).await;
+    let failed = daemon.create(&site, json!({})).await;
+    mock.push_script(json!([{"endpoint": "openai", "status": 400}]))
+        .await;
+    daemon.send(&failed, "refused for good").await;
+    daemon
+        .wait_log(&failed, "the turn failed", |event| {
+            kind(event) == "turn_failed"
+        })
+        .await;
+    let text = scrape(&daemon).await;
+    for (outcome, n) in [
+        ("ok", 4.0),
+        ("retried", 1.0),
+        ("fallback", 1.0),
+        ("failed", 1.0),
+    ] {
+        expect_sample(
+            &text,
+            &format!(r#"keel_llm_requests_total{{provider="openai",outcome="{outcome}"}}"#),
+            n,
+        );
+    }
+    expect_sample(&text, r#"keel_turns_total{outcome="failed"}"#, 1.0);
+
     // An id in a path is never a label: an unknown one counts under its
     // route's template, and a path no route knows under one value.
     daemon.get("/v1/conversations/nobody-here").await;
