@@ -185,6 +185,10 @@ impl Runtime {
             })?)),
             None => None,
         };
+        // Every series known up front exists from the start, and every
+        // store call's failure is counted, whoever makes it.
+        crate::metrics::register(tools.names().iter().map(String::as_str));
+        let store: Arc<dyn EventLog> = Arc::new(crate::metrics::MeteredLog::new(store));
         let instance = format!(
             "keel-{}-{}",
             std::process::id(),

@@ -89,7 +89,16 @@ impl Actor for LlmStreamActor {
         let report = args.report.clone();
         let provider = args.request.model.provider;
         let result = run(args).instrument(span.clone()).await;
-        metrics::llm_request(provider, RequestOutcome::of(&result));
+        // A failure is counted by the conversation, once its step decided
+        // what the failure leads to (a retry, the fallback, a failed turn).
+        if let Ok(response) = &result {
+            metrics::llm_request(provider, RequestOutcome::Ok);
+            let usage = &response.usage;
+            let input = usage.input_tokens
+                + usage.cache_creation_input_tokens
+                + usage.cache_read_input_tokens;
+            metrics::token_usage(provider, input, usage.output_tokens);
+        }
         record_outcome(&span, &result);
         let message = match result {
             Ok(response) => ConversationMsg::StreamFinished {
@@ -154,8 +163,8 @@ async fn run(args: StreamArgs) -> Result<AssistantResponse, LlmFailure> {
 }
 
 /// The response attributes of the request's `chat` span, or its
-/// `error.type` (`retryable_error` or `error`, as in
-/// `keel_llm_requests_total`).
+/// `error.type`: `retryable_error` (a network error, a timeout, 429 or
+/// 5xx) or `error` (anything retrying cannot fix).
 fn record_outcome(span: &tracing::Span, result: &Result<AssistantResponse, LlmFailure>) {
     match result {
         Ok(response) => {
@@ -169,8 +178,13 @@ fn record_outcome(span: &tracing::Span, result: &Result<AssistantResponse, LlmFa
                 finish_reason(response.stop_reason),
             );
         }
-        Err(_) => {
-            span.record("error.type", RequestOutcome::of(result).as_str());
+        Err(failure) => {
+            let kind = if failure.retryable {
+                "retryable_error"
+            } else {
+                "error"
+            };
+            span.record("error.type", kind);
             span.record("otel.status_code", "error");
         }
     }

@@ -233,6 +233,11 @@ impl ToolRegistry {
         self
     }
 
+    /// The names of the registered tools, sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.tools.keys().cloned().collect()
+    }
+
     /// The tool named `name`, wrapped so that input not matching its schema
     /// becomes an error result instead of reaching it.
     pub fn get(&self, name: &str) -> Option<Arc<dyn Tool>> {

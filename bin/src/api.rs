@@ -11,6 +11,7 @@ pub mod conversations;
 pub mod error;
 pub mod events;
 pub mod paging;
+pub mod measure;
 pub mod types;
 
 use std::any::Any;
@@ -35,6 +36,7 @@ use utoipa_axum::routes;
 
 use keel_actors::core::config::ModelRef;
 use keel_actors::core::ConversationId;
+use keel_actors::store::Availability;
 use keel_actors::Runtime;
 
 use crate::serve::config::DEFAULT_MAX_MESSAGE_BYTES;
@@ -60,6 +62,8 @@ pub struct AppState {
     /// The working directory of a conversation created without one.
     pub default_cwd: Arc<PathBuf>,
     pub metrics: Option<MetricsRender>,
+    /// Whether the runtime's store still takes writes.
+    pub store: Availability,
     /// Turns true when the daemon starts to stop: event streams end.
     pub stopping: watch::Receiver<bool>,
     /// The most bytes a message's text may have (`KEEL_MAX_MESSAGE_BYTES`).
@@ -77,6 +81,7 @@ impl AppState {
         stopping: watch::Receiver<bool>,
     ) -> AppState {
         AppState {
+            store: runtime.store().availability(),
             runtime,
             token: token.into(),
             default_model: Arc::new(default_model),
@@ -166,6 +171,7 @@ fn openapi_route_doc() -> (String, utoipa::openapi::PathItem) {
 pub fn router(state: AppState) -> Router {
     let (routes, _) = documented().split_for_parts();
     let api = Arc::new(openapi());
+    measure::register(&api);
     routes
         .route(
             "/openapi.json",
@@ -175,9 +181,13 @@ pub fn router(state: AppState) -> Router {
             }),
         )
         .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), storage_guard))
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(catch_panics())
+        // Outermost, so refusals (a bad token, a body too large) and
+        // panics are counted with the status the client got.
+        .layer(middleware::from_fn(measure::count_requests))
         .with_state(state)
 }
 
@@ -231,6 +241,30 @@ async fn require_token(State(state): State<AppState>, request: Request, next: Ne
         );
         response
     }
+}
+
+/// Once the store has stopped taking writes, every request but `/healthz`
+/// (which says so itself) and `/metrics` (`keel_store_available`) answers
+/// 503 `storage_unavailable` with the cause and what to do, reads too: a
+/// stopped engine answers reads with its own words ("Previous I/O error
+/// occurred"), which would otherwise reach the client as a 500. A request
+/// that was running when the store stopped and failed for it is answered
+/// the same way.
+async fn storage_guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    if path == "/healthz" || path == "/metrics" {
+        return next.run(request).await;
+    }
+    if let Some(reason) = state.store.stopped() {
+        return ApiError::storage_unavailable(&reason).into_response();
+    }
+    let response = next.run(request).await;
+    if response.status().is_server_error() {
+        if let Some(reason) = state.store.stopped() {
+            return ApiError::storage_unavailable(&reason).into_response();
+        }
+    }
+    response
 }
 
 /// A conversation id from the path. An id that cannot be one names no

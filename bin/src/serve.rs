@@ -23,10 +23,11 @@ use anyhow::Context as _;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use keel_actors::store::EventLog;
+use keel_actors::store::{Availability, EventLog};
 use keel_actors::tool::ToolRegistry;
 use keel_actors::{BootReport, Runtime, RuntimeConfig, Settings};
 
+use crate::api::error::storage_unavailable_message;
 use crate::api::{self, AppState, MetricsRender};
 use crate::mock_llm;
 use crate::net;
@@ -139,10 +140,36 @@ async fn serve(config: Config) -> anyhow::Result<()> {
 
     tokio::spawn(watch_signals(daemon.stop.clone()));
     let mut until_stop = daemon.stop.subscribe();
-    let _ = until_stop.wait_for(|stopping| *stopping).await;
-    daemon.stop().await;
-    say("keel stopped")?;
-    Ok(())
+    let mut store = daemon.store_availability.clone();
+    let reason = tokio::select! {
+        _ = until_stop.wait_for(|stopping| *stopping) => None,
+        reason = store.until_stopped() => Some(reason),
+    };
+    let Some(reason) = reason else {
+        daemon.stop().await;
+        say("keel stopped")?;
+        return Ok(());
+    };
+    // The store stopped taking writes. It cannot be reopened under the
+    // running runtime (redb refuses every call after a failed write until
+    // its database is closed), so the daemon answers 503 with the reason
+    // for a while, for health checks and clients to see why, then exits
+    // non-zero for its supervisor to restart it on the same data, which
+    // recovers from the log. A signal meanwhile exits at once.
+    let exit_after = daemon.store_stopped_exit;
+    let message = storage_unavailable_message(&reason);
+    tracing::error!(
+        reason = %reason,
+        data_dir = %daemon.data_dir.display(),
+        exit_in = ?exit_after,
+        "the store stopped taking writes: answering 503 storage_unavailable, then exiting for the supervisor to restart keel"
+    );
+    tokio::select! {
+        () = tokio::time::sleep(exit_after) => {}
+        _ = until_stop.wait_for(|stopping| *stopping) => {}
+    }
+    daemon.abandon().await;
+    anyhow::bail!("{message}")
 }
 
 /// A daemon running in this process: the runtime over the store in its
@@ -166,6 +193,12 @@ pub struct Daemon {
     /// streams. `keel serve`'s signal watcher sets it.
     stop: watch::Sender<bool>,
     server: JoinHandle<std::io::Result<()>>,
+    /// Whether the store still takes writes: `serve` exits once it stops.
+    store_availability: Availability,
+    /// How long to answer 503 after the store stopped before exiting.
+    store_stopped_exit: Duration,
+    /// The data dir, for the log line when the store stops.
+    data_dir: PathBuf,
     /// The store, held weakly: it is released (its files closed, the data
     /// dir's lock let go) once the runtime and every request are gone.
     store: Weak<dyn EventLog>,
@@ -201,6 +234,7 @@ pub async fn start(mut config: Config, metrics: Option<MetricsRender>) -> anyhow
         )
     })?;
     let held_store = Arc::downgrade(&store);
+    let store_availability = store.availability();
     let (runtime, report) = Runtime::open(RuntimeConfig {
         store,
         providers: config.providers.clone(),
@@ -266,6 +300,9 @@ pub async fn start(mut config: Config, metrics: Option<MetricsRender>) -> anyhow
         runtime,
         stop,
         server,
+        store_availability,
+        store_stopped_exit: config.store_stopped_exit,
+        data_dir: data_dir.clone(),
         store: held_store,
     })
 }
@@ -287,6 +324,19 @@ impl Daemon {
         };
         tokio::join!(shutdown, http);
         tracing::info!("stopped");
+    }
+
+    /// Give up after the store stopped taking writes: stop accepting and
+    /// end event streams (requests in flight get their answer, a 503), then
+    /// kill the runtime where it stands, as a crash would: it can record
+    /// nothing more, and the next daemon on this data recovers from the
+    /// log.
+    async fn abandon(self) {
+        let _ = self.stop.send(true);
+        if tokio::time::timeout(HTTP_DRAIN, self.server).await.is_err() {
+            tracing::warn!("some HTTP requests did not finish within {HTTP_DRAIN:?}");
+        }
+        self.runtime.crash().await;
     }
 
     /// Die as a crash would, for drills: the runtime is killed where it

@@ -202,6 +202,27 @@ where
     tracing_opentelemetry::layer().with_tracer(provider.tracer("keel"))
 }
 
+/// `/metrics`' own families, beside the runtime's
+/// ([`keel_actors::metrics::ALL`]); docs/daemon.md lists them all.
+pub const HTTP_REQUESTS_TOTAL: &str = "keel_http_requests_total";
+pub const EVENT_STREAMS_OPEN: &str = "keel_event_streams_open";
+/// Read at scrape time from the runtime, not recorded.
+pub const LIVE_CONVERSATIONS: &str = "keel_live_conversations";
+/// Read at scrape time from the store: 1 while it takes writes, else 0.
+pub const STORE_AVAILABLE: &str = "keel_store_available";
+
+/// Every family the daemon's `/metrics` lists from its start.
+pub fn families() -> Vec<&'static str> {
+    let mut all = names::ALL.to_vec();
+    all.extend([
+        HTTP_REQUESTS_TOTAL,
+        EVENT_STREAMS_OPEN,
+        LIVE_CONVERSATIONS,
+        STORE_AVAILABLE,
+    ]);
+    all
+}
+
 /// Renders the installed Prometheus recorder's metrics.
 #[derive(Debug, Clone)]
 pub struct MetricsHandle {
@@ -219,7 +240,7 @@ impl MetricsHandle {
 /// append is a local write (sub-millisecond in memory, a few ms with an
 /// fsync), a first token comes in about a second, a turn can run for
 /// minutes.
-const BUCKETS: [(&str, &[f64]); 3] = [
+const BUCKETS: [(&str, &[f64]); 4] = [
     (
         names::APPEND_SECONDS,
         &[
@@ -229,6 +250,14 @@ const BUCKETS: [(&str, &[f64]); 3] = [
     (
         names::LLM_TIME_TO_FIRST_TOKEN_SECONDS,
         &[0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0],
+    ),
+    // OpenTelemetry's advised boundaries for gen_ai.client.token.usage.
+    (
+        names::TOKEN_USAGE,
+        &[
+            1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0,
+            4194304.0, 16777216.0, 67108864.0,
+        ],
     ),
     (
         names::TURN_DURATION_SECONDS,
@@ -268,6 +297,11 @@ fn install_prometheus() -> anyhow::Result<MetricsHandle> {
          another metrics recorder is already installed in this process",
     )?;
     names::describe();
+    metrics::describe_counter!(
+        HTTP_REQUESTS_TOTAL,
+        "HTTP requests answered, by method, route template and status."
+    );
+    metrics::describe_gauge!(EVENT_STREAMS_OPEN, "Event streams (SSE) open now.");
     // Without the exporter's listener nothing drains the histograms but a
     // render; drain them on a schedule so they stay small between scrapes,
     // or when nobody scrapes at all. A plain thread: this works with or
@@ -290,7 +324,7 @@ mod tests {
     use std::time::Duration;
 
     use keel_actors::core::ProviderKind;
-    use keel_actors::metrics::{self, RequestOutcome, TurnOutcome};
+    use keel_actors::metrics::{self, RequestOutcome, StoreOp, TurnOutcome};
 
     use super::*;
 
@@ -327,6 +361,8 @@ mod tests {
         metrics::tool_run("bash", false);
         metrics::cancel();
         metrics::append(Duration::from_micros(200));
+        metrics::token_usage(ProviderKind::Anthropic, 1200, 80);
+        metrics::store_error(StoreOp::Write);
 
         let text = again.render();
         for name in metrics::ALL {
@@ -346,6 +382,12 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("# HELP keel_cancels_total"), "{text}");
+        assert!(
+            text.contains(
+                r#"gen_ai_client_token_usage_sum{gen_ai_token_type="input",gen_ai_provider_name="anthropic"} 1200"#
+            ),
+            "{text}"
+        );
         assert!(handle.render().contains("keel_cancels_total"));
     }
 

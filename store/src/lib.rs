@@ -24,7 +24,7 @@ pub use backend::{Backend, MemoryBackend, RedbBackend, SledBackend};
 pub use error::{Error, Result};
 pub use index::IndexEntry;
 pub use keel_core::codec::{decode, encode, DecodeError, CURRENT_VERSION};
-pub use log::EventLog;
+pub use log::{Availability, EventLog};
 pub use rehydrate::{load, rehydrate, Rehydrated, SnapshotCheck};
 pub use store::{blob_hash, Store};
 

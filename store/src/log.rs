@@ -8,7 +8,10 @@
 //! [`Store`](crate::Store) runs its engine reads on tokio's blocking pool
 //! and its writes on its committer thread.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
+use tokio::sync::watch;
 
 use keel_core::event::Event;
 use keel_core::ids::{ConversationId, Seq};
@@ -23,6 +26,12 @@ pub trait EventLog: Send + Sync {
     /// Which engine holds the data: `sled`, `redb` or `memory`. The one
     /// method that is not async: it only names the engine, without I/O.
     fn backend(&self) -> &'static str;
+
+    /// Whether the store still takes writes, and a way to wait until it
+    /// stops. A store that cannot stop (memory) is always available.
+    fn availability(&self) -> Availability {
+        Availability::always()
+    }
 
     /// Append `events` to `conversation`'s log. Returns only once they are
     /// durable. The first event must continue the log at `last_seq + 1` (a
@@ -86,4 +95,39 @@ pub trait EventLog: Send + Sync {
 
     /// Conversations in the index, oldest first; sub-agents only when asked.
     async fn list(&self, include_sub_agents: bool) -> Result<Vec<IndexEntry>>;
+}
+
+/// Whether a store still takes writes. A store stops for good after a
+/// failed commit (a full disk, a failed fsync: `Error::Fatal`), and every
+/// later write is refused; what it had acknowledged is in the log, and a
+/// new store over the same data recovers from it. Cheap to clone; holds
+/// nothing of the store open.
+#[derive(Debug, Clone)]
+pub struct Availability {
+    stopped: watch::Receiver<Option<Arc<str>>>,
+}
+
+impl Availability {
+    pub fn new(stopped: watch::Receiver<Option<Arc<str>>>) -> Availability {
+        Availability { stopped }
+    }
+
+    /// A store that never stops.
+    pub fn always() -> Availability {
+        Availability::new(watch::channel(None).1)
+    }
+
+    /// Why the store stopped taking writes, if it has.
+    pub fn stopped(&self) -> Option<Arc<str>> {
+        self.stopped.borrow().clone()
+    }
+
+    /// Waits until the store stops and says why; never returns for a store
+    /// that cannot stop (or is gone without stopping).
+    pub async fn until_stopped(&mut self) -> Arc<str> {
+        match self.stopped.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone().unwrap_or_else(|| Arc::from("")),
+            Err(_) => std::future::pending().await,
+        }
+    }
 }

@@ -33,7 +33,7 @@ use std::thread::JoinHandle;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 use keel_core::codec;
 use keel_core::event::Event;
@@ -46,7 +46,7 @@ use crate::error::{Error, Result};
 use crate::index::IndexEntry;
 use crate::keys;
 use crate::lock::DirLock;
-use crate::log::EventLog;
+use crate::log::{Availability, EventLog};
 
 /// Most requests one commit takes, so a flood of writers cannot make one
 /// batch (and its callers' wait) unbounded.
@@ -82,7 +82,34 @@ pub struct Store<B: Backend> {
     /// Commits what the committer staged; ends after it.
     writer: Option<JoinHandle<()>>,
     /// Set once, by the first failed commit.
-    fatal: Arc<OnceLock<String>>,
+    fatal: Arc<Halt>,
+}
+
+/// Why the store stopped taking writes, set once by the first failed
+/// commit, and a watch that tells whoever waits on [`Availability`].
+struct Halt {
+    reason: OnceLock<String>,
+    notify: watch::Sender<Option<Arc<str>>>,
+}
+
+impl Halt {
+    fn new() -> Halt {
+        Halt {
+            reason: OnceLock::new(),
+            notify: watch::Sender::new(None),
+        }
+    }
+
+    fn get(&self) -> Option<&String> {
+        self.reason.get()
+    }
+
+    /// Record the first failure; a later one changes nothing.
+    fn set(&self, reason: String) {
+        if self.reason.set(reason.clone()).is_ok() {
+            self.notify.send_replace(Some(reason.into()));
+        }
+    }
 }
 
 /// The engine and the lock on its data directory, let go of together by
@@ -104,7 +131,7 @@ impl<B: Backend> Store<B> {
             backend,
             _lock: lock,
         });
-        let fatal = Arc::new(OnceLock::new());
+        let fatal = Arc::new(Halt::new());
         let (requests, receiver) = mpsc::channel();
         let (staged, to_write) = mpsc::sync_channel::<Staged>(1);
         let thread_error = |source| Error::Io {
@@ -225,6 +252,10 @@ pub fn blob_hash(bytes: &[u8]) -> String {
 impl<B: Backend> EventLog for Store<B> {
     fn backend(&self) -> &'static str {
         self.engine.backend.name()
+    }
+
+    fn availability(&self) -> Availability {
+        Availability::new(self.fatal.notify.subscribe())
     }
 
     async fn append(&self, conversation: &ConversationId, events: Vec<Event>) -> Result<()> {
@@ -352,7 +383,7 @@ struct Staged {
 /// The writer thread: commit each staged batch in order.
 fn write_batches<B: Backend>(
     backend: &B,
-    fatal: &OnceLock<String>,
+    fatal: &Halt,
     in_flight: &AtomicUsize,
     batches: Receiver<Staged>,
 ) {
@@ -365,14 +396,14 @@ fn write_batches<B: Backend>(
 /// Commit one batch durably and answer its callers. After a failed commit
 /// nothing more is written (a failed flush is never retried): a batch staged
 /// meanwhile assumed the failed one's seqs, and is refused with it.
-fn commit_batch<B: Backend>(backend: &B, fatal: &OnceLock<String>, batch: Staged) {
+fn commit_batch<B: Backend>(backend: &B, fatal: &Halt, batch: Staged) {
     let Staged { writes, waiting } = batch;
     let outcome = match fatal.get() {
         Some(reason) => Err(reason.clone()),
         None if writes.is_empty() => Ok(()),
         None => backend.commit(&writes).map_err(|error| {
             let reason = error.to_string();
-            let _ = fatal.set(reason.clone());
+            fatal.set(reason.clone());
             reason
         }),
     };
@@ -396,7 +427,7 @@ fn commit_batch<B: Backend>(backend: &B, fatal: &OnceLock<String>, batch: Staged
 /// end and index entry, so checking an append costs no read.
 struct Committer<B: Backend> {
     engine: Arc<Engine<B>>,
-    fatal: Arc<OnceLock<String>>,
+    fatal: Arc<Halt>,
     /// Batches handed to the writer and not yet answered.
     in_flight: Arc<AtomicUsize>,
     last_seqs: HashMap<ConversationId, Seq>,
@@ -404,11 +435,7 @@ struct Committer<B: Backend> {
 }
 
 impl<B: Backend> Committer<B> {
-    fn new(
-        engine: Arc<Engine<B>>,
-        fatal: Arc<OnceLock<String>>,
-        in_flight: Arc<AtomicUsize>,
-    ) -> Self {
+    fn new(engine: Arc<Engine<B>>, fatal: Arc<Halt>, in_flight: Arc<AtomicUsize>) -> Self {
         Committer {
             engine,
             fatal,

@@ -19,6 +19,7 @@
 mod approvals;
 mod cancel;
 mod file_tools;
+mod full_disk;
 mod operations;
 mod refusals;
 mod restart;
@@ -124,6 +125,9 @@ struct Launch {
     data_dir: PathBuf,
     run_dir: PathBuf,
     env: Vec<(String, String)>,
+    /// A command the binary runs under (`nsenter … --`), if any; it must
+    /// exec the binary, so that the child's pid is the daemon's.
+    prefix: Vec<String>,
 }
 
 /// What a child process printed, gathered by reader threads.
@@ -171,7 +175,15 @@ fn base_env(site: &Site) -> Vec<(String, String)> {
 /// receiver gets each stdout line as it comes.
 fn spawn(launch: &Launch) -> (Child, Arc<Printed>, mpsc::Receiver<String>) {
     let bin = keel_bin();
-    let mut child = Command::new(&bin)
+    let mut command = match launch.prefix.split_first() {
+        Some((program, args)) => {
+            let mut command = Command::new(program);
+            command.args(args).arg(&bin);
+            command
+        }
+        None => Command::new(&bin),
+    };
+    let mut child = command
         .arg("serve")
         .env_clear()
         .envs(launch.env.iter().map(|(name, value)| (name, value)))
@@ -231,6 +243,22 @@ impl Daemon {
             data_dir: site.data_dir(),
             run_dir: site.run_dir(),
             env: all,
+            prefix: Vec::new(),
+        })
+    }
+
+    /// A daemon started as `prefix keel serve` (in another mount
+    /// namespace, say), with these settings after the site's; waits until
+    /// it listens. `env` must set `KEEL_TOKEN`: the site's data dir may not
+    /// be where the daemon sees it.
+    pub fn start_under(site: &Site, prefix: Vec<String>, env: Vec<(String, String)>) -> Daemon {
+        let mut all = base_env(site);
+        all.extend(env);
+        Daemon::launch(Launch {
+            data_dir: site.data_dir(),
+            run_dir: site.run_dir(),
+            env: all,
+            prefix,
         })
     }
 
@@ -369,7 +397,7 @@ impl Daemon {
 
     // --- HTTP -------------------------------------------------------------
 
-    fn endpoint(&self, path: &str) -> String {
+    pub fn endpoint(&self, path: &str) -> String {
         format!("{}{path}", self.url)
     }
 
@@ -617,7 +645,7 @@ pub struct Reply {
 }
 
 impl Reply {
-    async fn of(sent: reqwest::Result<reqwest::Response>) -> Reply {
+    pub async fn of(sent: reqwest::Result<reqwest::Response>) -> Reply {
         let response = sent.expect("the daemon answers");
         let status = response.status();
         let headers = response.headers().clone();

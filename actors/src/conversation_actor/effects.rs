@@ -15,13 +15,15 @@ use keel_core::event::{Event, EventKind};
 use keel_core::ids::{Seq, ToolCallId};
 use keel_core::message::ToolCall;
 use keel_core::snapshot::FsmSnapshot;
+use keel_core::state::Slot;
 use keel_core::{
-    transition, Effect, Generation, Input, LiveEvent, ModelRef, Rejection, Step, Timestamp,
+    transition, Conversation, Effect, Generation, Input, LiveEvent, ModelRef, Phase, ProviderKind,
+    Rejection, Step, Timestamp,
 };
 
 use super::{AbortOnDrop, ConversationMsg, ConversationState, Worker};
 use crate::mailbox::Mailbox;
-use crate::metrics::{self, TurnOutcome};
+use crate::metrics::{self, RequestOutcome, TurnOutcome};
 use crate::pubsub::Update;
 use crate::stream_actor::{LlmStreamActor, StreamArgs, StreamRequest};
 use crate::sub_agents::{self, SpawnArgs};
@@ -56,7 +58,48 @@ async fn run_step(
         .take()
         .ok_or("invariant: the conversation is present between steps")?;
     let now = state.shared.clock.now();
-    apply(myself, state, transition(conversation, input, now)).await
+    let failed_request = failed_request(&conversation, &input);
+    let step = transition(conversation, input, now);
+    if let Some(provider) = failed_request {
+        metrics::llm_request(provider, failure_outcome(&step));
+    }
+    apply(myself, state, step).await
+}
+
+/// The provider of the request `input` says failed, when that request is
+/// the one streaming now (a stale failure is not the conversation's).
+fn failed_request(conversation: &Conversation, input: &Input) -> Option<ProviderKind> {
+    let (Input::StreamFailed { generation, .. }, Phase::Streaming { request, .. }) =
+        (input, &conversation.phase)
+    else {
+        return None;
+    };
+    if request.generation != *generation {
+        return None;
+    }
+    let config = &conversation.working.config;
+    let model = match request.slot {
+        Slot::Primary => &config.primary,
+        Slot::Fallback => config.fallback.as_ref().unwrap_or(&config.primary),
+    };
+    Some(model.provider)
+}
+
+/// What the step made of a failed request: a retry, the fallback, or
+/// neither (the turn failed).
+fn failure_outcome(step: &Step) -> RequestOutcome {
+    step.effects
+        .iter()
+        .find_map(|effect| match effect {
+            Effect::Publish {
+                event: LiveEvent::Retrying { .. },
+            } => Some(RequestOutcome::Retried),
+            Effect::Publish {
+                event: LiveEvent::FallbackUsed { .. },
+            } => Some(RequestOutcome::Fallback),
+            _ => None,
+        })
+        .unwrap_or(RequestOutcome::Failed)
 }
 
 /// Carry out a step the core decided: its `Append` first, durably, then

@@ -11,10 +11,11 @@ use axum::Json;
 
 use keel_actors::core::ConversationId;
 
-use super::error::{ApiError, ApiQuery};
+use super::error::{storage_unavailable_message, ApiError, ApiQuery};
 use super::paging::{self, PageQuery};
 use super::types::{ActorList, ActorSummary, ErrorBody, Evicted, Health, Killed};
 use super::{AppState, ConversationPath};
+use crate::telemetry::{LIVE_CONVERSATIONS, STORE_AVAILABLE};
 
 /// The live actors: state, idle time, mailbox, subscribers and a memory
 /// estimate; an actor stuck on one message is listed `responding: false`.
@@ -151,9 +152,15 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         .unwrap_or_default();
     let live = state.runtime.live().len();
     text.push_str(&format!(
-        "# HELP keel_live_conversations Conversations with a live actor now.\n\
-         # TYPE keel_live_conversations gauge\n\
-         keel_live_conversations {live}\n"
+        "# HELP {LIVE_CONVERSATIONS} Conversations with a live actor now.\n\
+         # TYPE {LIVE_CONVERSATIONS} gauge\n\
+         {LIVE_CONVERSATIONS} {live}\n"
+    ));
+    let available = u8::from(state.store.stopped().is_none());
+    text.push_str(&format!(
+        "# HELP {STORE_AVAILABLE} 1 while the store takes writes, 0 once it has stopped.\n\
+         # TYPE {STORE_AVAILABLE} gauge\n\
+         {STORE_AVAILABLE} {available}\n"
     ));
     (
         [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
@@ -162,16 +169,34 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-/// Liveness: answers without a token.
+/// Health: answers without a token. 503 with the reason once the store
+/// has stopped taking writes (the daemon then exits for its supervisor to
+/// restart it; docs/daemon.md, "When the store stops").
 #[utoipa::path(
     get,
     path = "/healthz",
     tag = "admin",
     security(()),
-    responses((status = 200, body = Health))
+    responses(
+        (status = 200, body = Health),
+        (status = 503, description = "The store stopped taking writes", body = Health),
+    )
 )]
-pub async fn healthz() -> Json<Health> {
-    Json(Health {
-        status: "ok".to_owned(),
-    })
+pub async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
+    match state.store.stopped() {
+        None => (
+            StatusCode::OK,
+            Json(Health {
+                status: "ok".to_owned(),
+                reason: None,
+            }),
+        ),
+        Some(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(Health {
+                status: "storage_unavailable".to_owned(),
+                reason: Some(storage_unavailable_message(&reason)),
+            }),
+        ),
+    }
 }

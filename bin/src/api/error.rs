@@ -41,6 +41,17 @@ impl ApiError {
         )
     }
 
+    /// The store stopped taking writes (`reason`, the store's words: "disk
+    /// is full", a failed fsync): nothing can be recorded or read
+    /// reliably until the daemon is restarted on the same data.
+    pub fn storage_unavailable(reason: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage_unavailable",
+            storage_unavailable_message(reason),
+        )
+    }
+
     /// A runtime error on conversation `id`.
     pub fn from_runtime(id: &str, error: keel_actors::Error) -> ApiError {
         use keel_actors::Error;
@@ -70,6 +81,10 @@ impl ApiError {
                 "not_recorded",
                 error.to_string(),
             ),
+            Error::Store(
+                ref store @ (keel_actors::store::Error::Fatal { .. }
+                | keel_actors::store::Error::DiskFull { .. }),
+            ) => ApiError::storage_unavailable(&store.to_string()),
             Error::Timeout => {
                 ApiError::new(StatusCode::GATEWAY_TIMEOUT, "timeout", error.to_string())
             }
@@ -107,6 +122,17 @@ impl ApiError {
         };
         ApiError::new(status, code, message)
     }
+}
+
+/// What a client and `/healthz` are told once the store has stopped: the
+/// cause, and what happens and what to do.
+pub fn storage_unavailable_message(reason: &str) -> String {
+    format!(
+        "storage unavailable: the store stopped taking writes ({reason}); \
+         keel exits so that its supervisor restarts it, and recovers every \
+         acknowledged message from the log: free space for (or repair) \
+         the disk of its data dir (KEEL_DATA_DIR), then retry"
+    )
 }
 
 /// An error and its causes on one line.

@@ -47,6 +47,8 @@ use axum::extract::State;
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
+
+use super::measure::OpenStream;
 use futures_util::stream;
 use serde::{Deserialize, Serialize};
 use utoipa::IntoParams;
@@ -131,6 +133,7 @@ pub async fn events(
         resume_from,
         stop: Stop::new(state.stopping.clone()),
         done: false,
+        _open: OpenStream::open(),
     };
     // Boxed: the state moves into and out of each frame's future, and a
     // pointer moves cheaper than the whole stream's state.
@@ -162,6 +165,8 @@ struct Follow {
     resume_from: Option<Seq>,
     stop: Stop,
     done: bool,
+    /// Counts this stream in `keel_event_streams_open` while it lives.
+    _open: OpenStream,
 }
 
 /// Canonical events read from the log per frame batch while a stream of a

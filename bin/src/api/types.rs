@@ -257,9 +257,14 @@ pub struct Killed {
     pub id: String,
 }
 
+/// `/healthz`: `ok`, or `storage_unavailable` (with 503) once the store
+/// has stopped taking writes.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Health {
     pub status: String,
+    /// Why the daemon is not healthy, and what to do; absent when it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// The phase a conversation is in.

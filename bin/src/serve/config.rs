@@ -69,6 +69,10 @@ pub struct Config {
     /// `KEEL_MAX_MESSAGE_BYTES`: the most bytes a message's text may have
     /// (its images are bounded on their own).
     pub max_message_bytes: usize,
+    /// `KEEL_STORE_STOPPED_EXIT_MS`: how long a daemon whose store stopped
+    /// taking writes goes on answering 503 (so health checks and clients
+    /// see why) before it exits for its supervisor to restart it.
+    pub store_stopped_exit: Duration,
     /// Where the file came from, if one was read.
     pub file: Option<PathBuf>,
 }
@@ -79,6 +83,10 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
 /// The default of `KEEL_SHUTDOWN_GRACE_MS`.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Long enough for a health check or two to see the 503 and its reason,
+/// short enough that a supervisor brings the daemon back soon after the
+/// disk has room again.
+pub const DEFAULT_STORE_STOPPED_EXIT: Duration = Duration::from_secs(5);
 
 /// `keel.toml`. Unknown keys are an error: a misspelt key silently
 /// ignored is a setting the user thinks they made.
@@ -96,6 +104,7 @@ struct File {
     shutdown_grace_ms: Option<u64>,
     live_interval_ms: Option<u64>,
     max_message_bytes: Option<u64>,
+    store_stopped_exit_ms: Option<u64>,
     #[serde(default)]
     anthropic: Endpoint,
     #[serde(default)]
@@ -142,6 +151,10 @@ impl File {
             (
                 "KEEL_MAX_MESSAGE_BYTES",
                 self.max_message_bytes.map(|bytes| bytes.to_string()),
+            ),
+            (
+                "KEEL_STORE_STOPPED_EXIT_MS",
+                self.store_stopped_exit_ms.map(|ms| ms.to_string()),
             ),
             ("ANTHROPIC_API_KEY", self.anthropic.api_key),
             ("ANTHROPIC_BASE_URL", self.anthropic.base_url),
@@ -265,6 +278,8 @@ impl Config {
                     )
                 })?,
         };
+        let store_stopped_exit =
+            millis(&lookup, "KEEL_STORE_STOPPED_EXIT_MS")?.unwrap_or(DEFAULT_STORE_STOPPED_EXIT);
         let mut providers = ProviderConfig::from_lookup(lookup).map_err(|error| match error {
             keel_actors::Error::Config { name, reason } => invalid(name, reason),
             other => invalid("provider", other.to_string()),
@@ -286,6 +301,7 @@ impl Config {
             shutdown_grace,
             live_interval,
             max_message_bytes,
+            store_stopped_exit,
             file: file.map(|(path, _)| path.to_owned()),
         })
     }

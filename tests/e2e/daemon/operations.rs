@@ -166,24 +166,95 @@ fn sample(text: &str, series: &str) -> Option<f64> {
         })
 }
 
+/// The metric families docs/daemon.md documents: the first column of
+/// the table under "## Metrics".
+fn documented_families() -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/daemon.md");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let section = text
+        .split("\n## ")
+        .find(|section| section.starts_with("Metrics"))
+        .expect("docs/daemon.md has a Metrics section");
+    let families: Vec<String> = section
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `"))
+        .filter_map(|rest| rest.split_once('`'))
+        .map(|(name, _)| name.to_owned())
+        .collect();
+    assert!(families.len() >= 10, "the table was read: {families:?}");
+    families
+}
+
+/// The daemon's `/metrics` text.
+async fn scrape(daemon: &Daemon) -> String {
+    let reply = daemon.get("/metrics").await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    reply.body.as_str().expect("Prometheus text").to_owned()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn daemon_metrics_count_turns_tool_runs_and_cancels() {
+async fn daemon_metrics_list_every_documented_family_before_the_first_turn_and_count_it() {
     let mock = MockLlm::start();
     let site = Site::new();
     let daemon = Daemon::start(&site, Wire::OpenAi, &mock, &[]);
+
+    // A fresh daemon: every family documented, each with its help and
+    // type, and the series known up front at zero.
+    let fresh = scrape(&daemon).await;
+    for family in documented_families() {
+        assert!(
+            fresh.contains(&format!("# TYPE {family} ")),
+            "{family} is not listed before the first turn:\n{fresh}"
+        );
+    }
+    let zero = |series: &str| {
+        assert_eq!(sample(&fresh, series), Some(0.0), "{series} in:\n{fresh}");
+    };
+    zero(r#"keel_turns_total{outcome="failed"}"#);
+    zero(r#"keel_llm_requests_total{provider="openai",outcome="fallback"}"#);
+    zero(r#"keel_tool_runs_total{tool="bash",outcome="error"}"#);
+    zero(r#"keel_store_errors_total{op="write"}"#);
+    zero(
+        r#"keel_http_requests_total{method="POST",route="/v1/conversations/{id}/messages",status="202"}"#,
+    );
+    zero(
+        r#"gen_ai_client_token_usage_count{gen_ai_token_type="output",gen_ai_provider_name="openai"}"#,
+    );
+    zero("keel_event_streams_open");
+    zero("keel_append_seconds_count");
+
+    // A turn with a tool, followed over an event stream.
     let id = daemon.create(&site, json!({})).await;
+    let stream = daemon.events(&id, Resume::Now).await;
     daemon.send(&id, "run: echo measured").await;
     daemon.wait_turn_done(&id, 1).await;
+    let open = scrape(&daemon).await;
+    assert_eq!(
+        sample(&open, "keel_event_streams_open"),
+        Some(1.0),
+        "{open}"
+    );
+    drop(stream);
     let cancelled = daemon.cancel(&id).await;
     assert_eq!(cancelled.status, StatusCode::ACCEPTED, "{cancelled:?}");
+    let deadline = Instant::now() + PATIENCE;
+    let text = loop {
+        let text = scrape(&daemon).await;
+        if sample(&text, "keel_event_streams_open") == Some(0.0) {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stream is still counted open:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
 
-    let reply = daemon.get("/metrics").await;
-    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
-    let text = reply.body.as_str().expect("Prometheus text").to_owned();
     let expect = |series: &str, value: f64| {
         assert_eq!(sample(&text, series), Some(value), "{series} in:\n{text}");
     };
     expect(r#"keel_turns_total{outcome="completed"}"#, 1.0);
+    expect(r#"keel_turns_total{outcome="failed"}"#, 0.0);
     expect(r#"keel_tool_runs_total{tool="bash",outcome="ok"}"#, 1.0);
     expect(
         r#"keel_llm_requests_total{provider="openai",outcome="ok"}"#,
@@ -191,6 +262,28 @@ async fn daemon_metrics_count_turns_tool_runs_and_cancels() {
     );
     expect("keel_cancels_total", 1.0);
     expect("keel_live_conversations", 1.0);
+    expect(r#"keel_store_errors_total{op="write"}"#, 0.0);
+    expect(
+        r#"keel_http_requests_total{method="POST",route="/v1/conversations",status="201"}"#,
+        1.0,
+    );
+    expect(
+        r#"keel_http_requests_total{method="POST",route="/v1/conversations/{id}/messages",status="202"}"#,
+        1.0,
+    );
+    expect(
+        r#"keel_http_requests_total{method="GET",route="/v1/conversations/{id}/events",status="200"}"#,
+        1.0,
+    );
+    let metrics_scrapes = sample(
+        &text,
+        r#"keel_http_requests_total{method="GET",route="/metrics",status="200"}"#,
+    )
+    .unwrap_or_default();
+    assert!(
+        metrics_scrapes >= 2.0,
+        "earlier scrapes are counted:\n{text}"
+    );
     for histogram in [
         "keel_append_seconds_count",
         r#"keel_turn_duration_seconds_count{outcome="completed"}"#,
@@ -199,6 +292,83 @@ async fn daemon_metrics_count_turns_tool_runs_and_cancels() {
         let count = sample(&text, histogram).unwrap_or_else(|| panic!("{histogram} in:\n{text}"));
         assert!(count >= 1.0, "{histogram} = {count}");
     }
+    for token_type in ["input", "output"] {
+        let series = |part: &str| {
+            format!(
+                r#"gen_ai_client_token_usage_{part}{{gen_ai_token_type="{token_type}",gen_ai_provider_name="openai"}}"#
+            )
+        };
+        assert_eq!(sample(&text, &series("count")), Some(2.0), "{text}");
+        let tokens = sample(&text, &series("sum")).unwrap_or_default();
+        assert!(tokens > 0.0, "{token_type} tokens counted:\n{text}");
+    }
+
+    // A failed request is counted by what followed it: a retry, the
+    // fallback model, or a failed turn.
+    let retried = daemon
+        .create(
+            &site,
+            json!({"retry": {"base_delay_ms": 1, "max_delay_ms": 1}}),
+        )
+        .await;
+    mock.push_script(json!([{"endpoint": "openai", "status": 503}]))
+        .await;
+    daemon.send(&retried, "fails once").await;
+    daemon.wait_turn_done(&retried, 1).await;
+    let fallback = daemon
+        .create(
+            &site,
+            json!({"retry": {"max_retries": 0}, "fallback": {"provider": "openai", "model": "gpt-mock-b"}}),
+        )
+        .await;
+    mock.push_script(json!([{"endpoint": "openai", "status": 503}]))
+        .await;
+    daemon.send(&fallback, "the primary fails").await;
+    daemon.wait_turn_done(&fallback, 1).await;
+    let failed = daemon.create(&site, json!({})).await;
+    mock.push_script(json!([{"endpoint": "openai", "status": 400}]))
+        .await;
+    daemon.send(&failed, "refused for good").await;
+    daemon
+        .wait_log(&failed, "the turn failed", |event| {
+            kind(event) == "turn_failed"
+        })
+        .await;
+    let text = scrape(&daemon).await;
+    for (outcome, n) in [
+        ("ok", 4.0),
+        ("retried", 1.0),
+        ("fallback", 1.0),
+        ("failed", 1.0),
+    ] {
+        expect_sample(
+            &text,
+            &format!(r#"keel_llm_requests_total{{provider="openai",outcome="{outcome}"}}"#),
+            n,
+        );
+    }
+    expect_sample(&text, r#"keel_turns_total{outcome="failed"}"#, 1.0);
+
+    // An id in a path is never a label: an unknown one counts under its
+    // route's template, and a path no route knows under one value.
+    daemon.get("/v1/conversations/nobody-here").await;
+    daemon.get("/no/such/route").await;
+    let text = scrape(&daemon).await;
+    expect_sample(
+        &text,
+        r#"keel_http_requests_total{method="GET",route="/v1/conversations/{id}",status="404"}"#,
+        1.0,
+    );
+    expect_sample(
+        &text,
+        r#"keel_http_requests_total{method="GET",route="unmatched",status="404"}"#,
+        1.0,
+    );
+    assert!(!text.contains("nobody-here"), "{text}");
+}
+
+fn expect_sample(text: &str, series: &str, value: f64) {
+    assert_eq!(sample(text, series), Some(value), "{series} in:\n{text}");
 }
 
 /// What the collector received: each request line and its body.
