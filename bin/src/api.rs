@@ -10,8 +10,8 @@ pub mod admin;
 pub mod conversations;
 pub mod error;
 pub mod events;
-pub mod paging;
 pub mod measure;
+pub mod paging;
 pub mod types;
 
 use std::any::Any;

@@ -57,6 +57,8 @@ struct Sizes {
     text: Vec<(usize, usize)>,
     /// The same for tool turns.
     tool: Vec<(usize, usize)>,
+    /// The same for client-shaped tool turns (`shaped_run`).
+    shaped: Vec<(usize, usize)>,
     cancels: usize,
     cold_loads: usize,
     /// Subscribers of one conversation, and messages sent to it.
@@ -68,6 +70,7 @@ impl Sizes {
         Sizes {
             text: vec![(1, 300), (100, 10), (10_000, 1)],
             tool: vec![(1, 100), (100, 3), (1_000, 1)],
+            shaped: vec![(1, 100), (100, 3)],
             cancels: 20,
             cold_loads: 200,
             fanout: (1_000, 30),
@@ -78,6 +81,7 @@ impl Sizes {
         Sizes {
             text: vec![(1, 20), (20, 2), (200, 1)],
             tool: vec![(1, 10), (10, 1)],
+            shaped: vec![(1, 3)],
             cancels: 3,
             cold_loads: 10,
             fanout: (50, 3),
@@ -333,6 +337,27 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
             ))?;
             turns.push(run);
             all_ids.extend(ids);
+        }
+        if kind == "tool" {
+            // The bench's own daemon reaches the fake provider over
+            // OpenAI's wire; one at `--addr` is named its fake provider.
+            let provider = if target.own.is_some() {
+                ApiProvider::OpenAi
+            } else {
+                ApiProvider::Mock
+            };
+            for &(conversations, each) in &sizes.shaped {
+                let run =
+                    shaped_run(&client, target.pid(), &cwd, provider, conversations, each).await?;
+                let cpu = run
+                    .cpu_ms_per_turn
+                    .map_or(String::new(), |cpu| format!(", {cpu:.2} ms CPU per turn"));
+                progress(format!(
+                    "client-shaped tool turns, {conversations} at once: {:.0}/s{cpu}, p50 {:.1} ms, p99 {:.1} ms",
+                    run.turns_per_second, run.latency_p50_ms, run.latency_p99_ms
+                ))?;
+                turns.push(run);
+            }
         }
         if kind == "text" {
             // Restart with the text runs' conversations stored (10,000 and
@@ -642,6 +667,99 @@ async fn one_turn(
                     }
                     _ => {}
                 }
+            }
+        }
+    })
+    .await;
+    match ended {
+        Ok(outcome) => outcome.map(|()| started.elapsed()),
+        Err(_) => Err(anyhow!("a turn of {id} did not end within {TURN_LIMIT:?}")),
+    }
+}
+
+/// Tool turns shaped like the clients met in the wild
+/// (docs/bench.md, "Client-shaped tool turns"): each turn sends its
+/// message over a new connection, then opens a new event stream from the
+/// message's seq (the snapshot first) and reads it to the turn's end, and
+/// closes it; the conversation talks OpenAI's wire to the fake provider
+/// (the bench's own daemon; at `--addr`, `provider` says which). The same
+/// figures as [`turn_run`]; keel's CPU covers the connections and the
+/// snapshots, as it does for such clients.
+async fn shaped_run(
+    client: &Client,
+    pid: Option<u32>,
+    cwd: &str,
+    provider: ApiProvider,
+    conversations: usize,
+    each: usize,
+) -> anyhow::Result<Turns> {
+    let mut ids = Vec::with_capacity(conversations);
+    for _ in 0..conversations {
+        let request = CreateConversation {
+            cwd: Some(cwd.to_owned()),
+            provider: Some(provider),
+            ..CreateConversation::default()
+        };
+        ids.push(client.create(&request).await?.id);
+    }
+    let cpu_time = || -> anyhow::Result<Option<Duration>> {
+        pid.map(|pid| {
+            lab::cpu_time(pid).ok_or_else(|| anyhow!("cannot read the CPU time of pid {pid}"))
+        })
+        .transpose()
+    };
+    let cpu_before = cpu_time()?;
+    let started = Instant::now();
+    let mut working = JoinSet::new();
+    for id in ids {
+        let client = client.clone();
+        working.spawn(async move {
+            let mut latencies = Vec::with_capacity(each);
+            for _ in 0..each {
+                latencies.push(shaped_turn(&client, &id).await?);
+            }
+            Ok::<_, anyhow::Error>(latencies)
+        });
+    }
+    let mut latencies = Vec::with_capacity(conversations * each);
+    while let Some(joined) = working.join_next().await {
+        latencies.extend(joined.context("a turn task failed")??);
+    }
+    let wall = started.elapsed();
+    let cpu_after = cpu_time()?;
+    let count = latencies.len();
+    let measured = latency(latencies);
+    Ok(Turns {
+        kind: "tool, client-shaped",
+        conversations,
+        turns: count,
+        turns_per_second: count as f64 / wall.as_secs_f64(),
+        cpu_ms_per_turn: cpu_before
+            .zip(cpu_after)
+            .map(|(before, after)| ms(after.saturating_sub(before)) / count as f64),
+        latency_p50_ms: measured.p50_ms,
+        latency_p99_ms: measured.p99_ms,
+    })
+}
+
+/// One client-shaped turn: a new connection sends, another follows from
+/// the message on (its snapshot first) to the turn's end.
+async fn shaped_turn(client: &Client, id: &str) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let accepted = client.fresh().send_text(id, "run: true").await?;
+    let mut events = client.fresh().events(id, Some(accepted.seq));
+    let ended = tokio::time::timeout(TURN_LIMIT, async {
+        loop {
+            match events.next().await? {
+                Frame::Canonical(event) => match event.kind {
+                    ApiEventKind::TurnCompleted { .. } => return Ok::<_, anyhow::Error>(()),
+                    ApiEventKind::TurnFailed { error, .. } => {
+                        return Err(anyhow!("a turn failed: {error}"));
+                    }
+                    _ => {}
+                },
+                Frame::Snapshot(_) | Frame::Live(_) | Frame::Reconnecting { .. } => {}
+                Frame::Error(error) => return Err(anyhow!("the stream failed: {error:?}")),
             }
         }
     })

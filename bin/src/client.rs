@@ -110,6 +110,13 @@ impl Client {
         }
     }
 
+    /// The same daemon and token through a connection pool of its own: its
+    /// first request opens a new connection, as a client in another
+    /// process would.
+    pub fn fresh(&self) -> Client {
+        Client::with_hint(&self.addr, self.token.clone(), self.token_hint.clone())
+    }
+
     /// The daemon the environment names, as `keel serve` reads it:
     /// `KEEL_ADDR` (default `127.0.0.1:7777`), and the token from
     /// `KEEL_TOKEN` or else the `token` file in `KEEL_DATA_DIR` (default

@@ -84,6 +84,9 @@ impl ChildDaemon {
             .env("KEEL_TOKEN", &self.token)
             .env("KEEL_PROVIDER", "mock")
             .env("KEEL_MOCK_URL", &self.mock_url)
+            // The fake provider speaks OpenAI's wire too; a conversation
+            // created with `provider: openai` reaches it there.
+            .env("OPENAI_BASE_URL", format!("{}/v1", self.mock_url))
             .env("KEEL_SHUTDOWN_GRACE_MS", "2000")
             .env(LIFE_ENV, self.life.to_string())
             // Not to outlive this process, however it ends.
