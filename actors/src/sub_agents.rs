@@ -7,9 +7,12 @@
 //! how many); what is decided here is only how to carry it out so that it
 //! survives a crash:
 //!
-//! - A child's id is derived from (parent, tool call id, task index). A
-//!   parent restarted mid-call re-dispatches the call with its original id
-//!   (recovery `resume`), so the same children are found, not made again:
+//! - A child's id is derived from (parent, the seq of the response that
+//!   made the call, task index): unique in the parent's log, where a
+//!   provider's tool call ids need not be (one that numbers its calls
+//!   reuses them). A parent restarted mid-call re-dispatches the call from
+//!   the same response (recovery `resume`), so the same children are
+//!   found, not made again:
 //!   a child is created only if its log is empty, and given its task only
 //!   if it has no message yet. One that already finished is read from its
 //!   log: results that arrived early are kept.
@@ -23,7 +26,9 @@
 //!   that is no longer running is ignored by the core.
 //! - Cancelling the parent's call (a cancel, a deadline, a shutdown: the
 //!   core's `AbortTool`) aborts the task and cancels every child through
-//!   the door, so each child's log records the cancel.
+//!   the door, so each child's log records the cancel. So does a call an
+//!   earlier life dispatched that recovery closed (`CancelSubAgents`):
+//!   nobody waits for its children any more.
 
 use std::fmt::Write as _;
 use std::future::Future;
@@ -39,7 +44,7 @@ use sha2::{Digest, Sha256};
 
 use keel_core::builtin::{self, SpawnTask};
 use keel_core::event::{EventKind, Outcome};
-use keel_core::ids::{ConversationId, ToolCallId};
+use keel_core::ids::{ConversationId, Seq, ToolCallId};
 use keel_core::message::ToolCall;
 use keel_core::{ConversationConfig, LiveEvent, StateName};
 
@@ -84,6 +89,9 @@ pub(crate) struct SpawnArgs {
     /// system prompt, limits).
     pub(crate) config: ConversationConfig,
     pub(crate) call: ToolCall,
+    /// Seq of the parent's `AssistantMessage` holding the call: the
+    /// children are named after it.
+    pub(crate) call_seq: Seq,
     /// The parent's mailbox: child states and the call's result go there.
     pub(crate) report: Mailbox,
 }
@@ -92,9 +100,7 @@ pub(crate) struct SpawnArgs {
 pub(crate) fn start(args: SpawnArgs) -> SpawnWork {
     // The core accepted the call, so its tasks read; the cap was its to check.
     let tasks = builtin::spawn_tasks(&args.call, u32::MAX, true).unwrap_or_default();
-    let children: Vec<ConversationId> = (0..tasks.len())
-        .map(|task_idx| child_id(&args.parent, &args.call.id, task_idx))
-        .collect();
+    let children = children_of(&args.parent, args.call_seq, tasks.len());
     let key = args.call.id.clone();
     let alive = args.shared.alive();
     let task = tokio::spawn(Counted {
@@ -117,21 +123,38 @@ impl SpawnWork {
             children, _task, ..
         } = self;
         drop(_task);
-        let alive = shared.alive();
-        let shared = shared.clone();
-        tokio::spawn(Counted {
-            work: Box::pin(async move {
-                let Some(supervisor) = door::supervisor(&shared) else {
-                    return;
-                };
-                let cancels = children
-                    .iter()
-                    .map(|child| cancel_child(&shared, &supervisor, child));
-                futures_util::future::join_all(cancels).await;
-            }),
-            _alive: alive,
-        });
+        cancel_children(shared, children);
     }
+}
+
+/// Cancel the children of a call that nothing follows (`CancelSubAgents`:
+/// an earlier life of the parent dispatched it, and recovery closed it).
+pub(crate) fn cancel_unfollowed(
+    shared: &Arc<Shared>,
+    parent: &ConversationId,
+    call: &ToolCall,
+    call_seq: Seq,
+) {
+    let n_tasks = builtin::spawn_tasks(call, u32::MAX, true).map_or(0, |tasks| tasks.len());
+    cancel_children(shared, children_of(parent, call_seq, n_tasks));
+}
+
+/// Cancel each of `children` through the door, off the caller's mailbox.
+fn cancel_children(shared: &Arc<Shared>, children: Vec<ConversationId>) {
+    let alive = shared.alive();
+    let shared = shared.clone();
+    tokio::spawn(Counted {
+        work: Box::pin(async move {
+            let Some(supervisor) = door::supervisor(&shared) else {
+                return;
+            };
+            let cancels = children
+                .iter()
+                .map(|child| cancel_child(&shared, &supervisor, child));
+            futures_util::future::join_all(cancels).await;
+        }),
+        _alive: alive,
+    });
 }
 
 async fn cancel_child(shared: &Arc<Shared>, supervisor: &ActorCell, child: &ConversationId) {
@@ -154,19 +177,28 @@ async fn cancel_child(shared: &Arc<Shared>, supervisor: &ActorCell, child: &Conv
     }
 }
 
-/// The id of the child for task `task_idx` of call `call` in `parent`: the
-/// same every time the call is carried out, and shaped like any other
-/// conversation id (`c-` and 16 hex digits).
-pub(crate) fn child_id(
+/// The children of the call made by the response at `call_seq` in
+/// `parent`, in task order.
+pub(crate) fn children_of(
     parent: &ConversationId,
-    call: &ToolCallId,
-    task_idx: usize,
-) -> ConversationId {
+    call_seq: Seq,
+    n_tasks: usize,
+) -> Vec<ConversationId> {
+    (0..n_tasks)
+        .map(|task_idx| child_id(parent, call_seq, task_idx))
+        .collect()
+}
+
+/// The id of the child for task `task_idx` of the call made by the
+/// response at `call_seq` in `parent`: the same every time the call is
+/// carried out, different for every call whatever its tool call id, and
+/// shaped like any other conversation id (`c-` and 16 hex digits).
+pub(crate) fn child_id(parent: &ConversationId, call_seq: Seq, task_idx: usize) -> ConversationId {
     let mut hasher = Sha256::new();
-    hasher.update(b"keel sub-agent\0");
+    hasher.update(b"keel sub-agent by seq\0");
     hasher.update(parent.as_str().as_bytes());
     hasher.update(b"\0");
-    hasher.update(call.as_str().as_bytes());
+    hasher.update(call_seq.to_be_bytes());
     hasher.update(b"\0");
     hasher.update(task_idx.to_be_bytes());
     let digest = hasher.finalize();
@@ -495,12 +527,15 @@ mod tests {
     #[test]
     fn a_child_id_is_the_same_for_the_same_call_and_task_and_differs_otherwise() {
         let parent = id("c-parent");
-        let call = ToolCallId::new("toolu_1");
-        let first = child_id(&parent, &call, 0);
-        assert_eq!(first, child_id(&parent, &call, 0));
-        assert_ne!(first, child_id(&parent, &call, 1));
-        assert_ne!(first, child_id(&parent, &ToolCallId::new("toolu_2"), 0));
-        assert_ne!(first, child_id(&id("c-other"), &call, 0));
+        let first = child_id(&parent, 7, 0);
+        assert_eq!(first, child_id(&parent, 7, 0));
+        assert_ne!(first, child_id(&parent, 7, 1));
+        assert_ne!(first, child_id(&parent, 12, 0));
+        assert_ne!(first, child_id(&id("c-other"), 7, 0));
+        assert_eq!(
+            children_of(&parent, 7, 2),
+            [first.clone(), child_id(&parent, 7, 1)]
+        );
         assert!(first.as_str().starts_with("c-") && first.as_str().len() == 18);
     }
 

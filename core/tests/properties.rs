@@ -655,7 +655,7 @@ impl Driver {
         for effect in &step.effects {
             match effect {
                 Effect::StartStream { generation, .. } => self.generations.push(*generation),
-                Effect::StartTool { call } | Effect::SpawnSubAgents { call } => {
+                Effect::StartTool { call } | Effect::SpawnSubAgents { call, .. } => {
                     self.running_tool = Some(call.id.clone());
                 }
                 Effect::SetTimer { timer, at } => self.timers.push(ArmedTimer {
@@ -675,6 +675,7 @@ impl Driver {
                 | Effect::Publish { .. }
                 | Effect::AbortStream { .. }
                 | Effect::AbortTool { .. }
+                | Effect::CancelSubAgents { .. }
                 | Effect::SaveSnapshot
                 | Effect::Stop => {}
             }
@@ -1153,6 +1154,13 @@ proptest! {
             let after = &step.state;
             let sub_agent = before.working.is_sub_agent();
             match &before.phase {
+                // A sub-agent fails in every state but a terminal one:
+                // before its task came too.
+                Phase::Idle | Phase::Error { .. } | Phase::Debouncing { .. } if sub_agent => {
+                    prop_assert!(matches!(after.phase, Phase::Failed { .. }),
+                        "cancelled sub-agent is {:?}", after.phase);
+                    prop_assert!(after.working.untriggered.is_empty(), "owes {:?}", after.working.untriggered);
+                }
                 Phase::Idle
                 | Phase::Error { .. }
                 | Phase::Terminating

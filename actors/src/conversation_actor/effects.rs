@@ -196,6 +196,7 @@ async fn run_effect(
         Effect::Publish { .. }
             | Effect::AbortStream { .. }
             | Effect::AbortTool { .. }
+            | Effect::CancelSubAgents { .. }
             | Effect::SetTimer { .. }
             | Effect::CancelTimer { .. }
     ) {
@@ -223,7 +224,10 @@ async fn run_effect(
             }
         }
         Effect::StartTool { call } => start_tool(myself, state, call).await?,
-        Effect::SpawnSubAgents { call } => start_sub_agents(myself, state, call)?,
+        Effect::SpawnSubAgents { call, seq } => start_sub_agents(myself, state, call, seq)?,
+        Effect::CancelSubAgents { call, seq } => {
+            sub_agents::cancel_unfollowed(&state.shared, &state.id, &call, seq);
+        }
         Effect::AbortTool { tool_call_id } => {
             if let Some(worker) = state.tool.take_if(|worker| worker.key == tool_call_id) {
                 // Killing drops the tool's future, and with it the process
@@ -391,6 +395,7 @@ fn start_sub_agents(
     myself: &ActorRef<ConversationMsg>,
     state: &mut ConversationState,
     call: ToolCall,
+    call_seq: Seq,
 ) -> Result<(), ActorProcessingErr> {
     let working = &state
         .conversation
@@ -403,6 +408,7 @@ fn start_sub_agents(
         parent_cwd: working.cwd.clone(),
         config: working.config.clone(),
         call,
+        call_seq,
         report: state.mailbox(myself),
     };
     // A call still followed is one the core moved on from: let it go

@@ -849,6 +849,7 @@ pub fn interrupt_reason_name(reason: InterruptReason) -> &'static str {
         InterruptReason::ResumeLimit => "resume_limit",
         InterruptReason::RequestLimit { .. } => "request_limit",
         InterruptReason::Timeout => "timeout",
+        InterruptReason::Finished => "finished",
         InterruptReason::Shutdown => "shutdown",
     }
 }

@@ -80,7 +80,8 @@ fn run(ctx: &mut Ctx, call: ToolCall, spawn: bool) {
         output_tail: String::new(),
     });
     ctx.effect(if spawn {
-        Effect::SpawnSubAgents { call }
+        let seq = ctx.conv.working.calls_seq;
+        Effect::SpawnSubAgents { call, seq }
     } else {
         Effect::StartTool { call }
     });

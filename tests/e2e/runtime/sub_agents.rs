@@ -631,3 +631,89 @@ async fn a_task_directory_is_taken_from_the_parents_and_may_not_lead_out_of_it()
         cwd.join("sub").as_path()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_that_reuses_tool_call_ids_still_gets_new_sub_agents_for_a_new_call() {
+    // Both spawn calls come back under the id `spawn1`, as from a provider
+    // that numbers its calls (keel's fake provider after a restart, local
+    // OpenAI-compatible servers).
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([
+            spawn_entry(&["TASK-FIRST"]),
+            submit_entry("TASK-FIRST", "first result"),
+            {"when": PARENT, "text": "first done"},
+            spawn_entry(&["TASK-SECOND"]),
+            submit_entry("TASK-SECOND", "second result"),
+            {"when": PARENT, "text": "second done"},
+        ]))
+        .await;
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let parent = runtime.create(rig.cwd(), parent_config()).await.unwrap();
+    let (first, _) = run_parent(&parent).await;
+    positions(&first, &["1 of 1 sub-agent completed", "first result"]);
+
+    let (second, _) = run_parent(&parent).await;
+    positions(&second, &["1 of 1 sub-agent completed", "second result"]);
+    assert!(!second.contains("first result"), "{second}");
+    assert_eq!(children_of(&runtime, parent.id()).await.len(), 2);
+    child_for(&runtime, parent.id(), "TASK-SECOND").await;
+}
+
+/// Waits until `child` has finished; returns its outcome.
+async fn finished(runtime: &Runtime, child: &ConversationId) -> Outcome {
+    let waited = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let events = runtime.store().read_all(child).await.unwrap();
+            if let Some(outcome) = events.iter().find_map(|event| match &event.kind {
+                EventKind::Finished { outcome } => Some(outcome.clone()),
+                _ => None,
+            }) {
+                return outcome;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    waited.unwrap_or_else(|_| panic!("{child} did not finish within {PATIENCE:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_recovered_idle_cancels_the_sub_agents_it_no_longer_waits_for() {
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([
+            spawn_entry(&["TASK-ABANDONED"]),
+            {"when": "TASK-ABANDONED", "hang": true},
+        ]))
+        .await;
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let config = ConversationConfig {
+        recovery: RecoveryPolicy::Idle,
+        ..parent_config()
+    };
+    let parent = runtime.create(rig.cwd(), config).await.unwrap();
+    let mut parent_watch = watch(&parent).await;
+    parent.send(PARENT, Vec::new()).await.unwrap();
+    let children = child_ids_seen(&mut parent_watch, 1).await;
+    eventually_requests_with(&rig, "TASK-ABANDONED").await;
+    drop(parent_watch);
+    // The parent alone crashes; its child runs on, live. Recovered under
+    // `idle`, the parent answers its call "interrupted by restart": nobody
+    // waits for the child any more, so it is cancelled at once, not left
+    // to its deadline (ten minutes by default).
+    parent.crash().await.unwrap();
+
+    assert_eq!(
+        finished(&runtime, &children[0]).await,
+        Outcome::Failed {
+            reason: "cancelled".to_owned()
+        }
+    );
+    let results = tool_results(&log(&runtime, &parent).await);
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert!(
+        results[0].1.contains("interrupted by restart"),
+        "{results:?}"
+    );
+}
