@@ -439,6 +439,10 @@ impl Actor for ConversationActor {
         state: &mut ConversationState,
     ) -> Result<(), ActorProcessingErr> {
         if std::mem::take(&mut state.recover_on_start) {
+            // A cancel asked for before this life began (`door::cancel`
+            // starts the actor to carry it out) comes first: what the log
+            // left in flight is called off, not resumed.
+            cancel_if_requested(&myself, state).await?;
             effects::step(&myself, state, Input::Started).await?;
         }
         rest_at_once(state).await?;

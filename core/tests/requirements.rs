@@ -2877,3 +2877,28 @@ fn a_changed_sub_agent_timeout_re_arms_its_deadline() {
     assert_eq!(step.appended().len(), 1);
     assert_eq!(timer_of(&step), None);
 }
+
+/// `recovery::awaited_spawn`: a parent's log waits for the sub-agents of
+/// the spawn call its turn in flight has open, and for no others: not
+/// once a cancel closed the call, and never a sub-agent's.
+#[test]
+fn a_parent_waits_for_the_sub_agents_of_its_open_spawn_call_only() {
+    use keel_core::recovery::awaited_spawn;
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("split the work");
+    assert_eq!(awaited_spawn(harness.working()), None);
+    harness.respond(
+        vec![tool_block("sp1", "spawn_agents", json!({"tasks": ["a"]}))],
+        Usage::default(),
+    );
+    let seq = assistant_seqs(&harness)[0];
+    let awaited = awaited_spawn(harness.working()).map(|(seq, call)| (seq, call.id.0.clone()));
+    assert_eq!(awaited, Some((seq, "sp1".to_owned())));
+    harness.step(Input::Cancel);
+    assert_eq!(awaited_spawn(harness.working()), None);
+
+    let mut child = Harness::sub_agent(sub_agent_config(5));
+    child.send("task");
+    child.call_tools(&[("sp", "spawn_agents")]);
+    assert_eq!(awaited_spawn(child.working()), None);
+}

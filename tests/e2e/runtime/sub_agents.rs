@@ -717,3 +717,64 @@ async fn a_parent_recovered_idle_cancels_the_sub_agents_it_no_longer_waits_for()
         "{results:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agent_whose_parent_was_cancelled_before_a_crash_is_cancelled_at_boot_not_resumed() {
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([
+            spawn_entry(&["TASK-ORPHAN"]),
+            {"when": "TASK-ORPHAN", "hang": true},
+        ]))
+        .await;
+    let (parent_id, child) = {
+        let runtime = rig.runtime(rig.store(BackendKind::Redb)).await;
+        let parent = runtime.create(rig.cwd(), parent_config()).await.unwrap();
+        let mut parent_watch = watch(&parent).await;
+        parent.send(PARENT, Vec::new()).await.unwrap();
+        let children = child_ids_seen(&mut parent_watch, 1).await;
+        eventually_requests_with(&rig, "TASK-ORPHAN").await;
+        let id = parent.id().clone();
+        drop(parent_watch);
+        drop(parent);
+        runtime.crash().await;
+        (id, children[0].clone())
+    };
+    // The parent's cancel was durable, the cancel of its sub-agent was
+    // not: what a crash right after a cancel leaves. The parent's log gets
+    // the very events the core records for a cancel.
+    {
+        let store = rig.store(BackendKind::Redb);
+        let events = store.read_all(&parent_id).await.unwrap();
+        let conversation = keel_actors::core::Conversation::replay(&events).unwrap();
+        let now = events.last().unwrap().at;
+        let step =
+            keel_actors::core::transition(conversation, keel_actors::core::Input::Cancel, now);
+        store
+            .append(&parent_id, step.appended().to_vec())
+            .await
+            .unwrap();
+    }
+    let (runtime, report) = Runtime::open(rig.runtime_config(rig.store(BackendKind::Redb)))
+        .await
+        .unwrap();
+    assert_eq!(report.cancelled, vec![child.clone()], "{report:?}");
+    assert!(!report.recovered.contains(&child), "{report:?}");
+    assert_eq!(
+        finished(&runtime, &child).await,
+        Outcome::Failed {
+            reason: "cancelled".to_owned()
+        }
+    );
+    // Nothing of it was sent to the provider again.
+    let requests = rig.mock.requests().await;
+    let asked = requests
+        .iter()
+        .filter(|request| {
+            request["body"]["messages"][0]["content"]
+                .to_string()
+                .contains("TASK-ORPHAN")
+        })
+        .count();
+    assert_eq!(asked, 1, "the orphan was resumed");
+}
