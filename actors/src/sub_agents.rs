@@ -46,7 +46,7 @@ use keel_core::builtin::{self, SpawnTask};
 use keel_core::event::{EventKind, Outcome};
 use keel_core::ids::{ConversationId, Seq, ToolCallId};
 use keel_core::message::ToolCall;
-use keel_core::{ConversationConfig, LiveEvent, StateName};
+use keel_core::{ConversationConfig, LiveEvent, Rejection, StateName};
 
 use crate::conversation_actor::{AbortOnDrop, ConversationMsg};
 use crate::door;
@@ -216,8 +216,9 @@ enum ChildEnd {
     Finished(Outcome),
     /// It could not be created or followed; why, in words for the model.
     Lost(String),
-    /// The runtime is stopping: the call is left for the next start to
-    /// carry out again, and nothing is reported.
+    /// The runtime is stopping (it refused to start or create the child,
+    /// or the child refused its task for that reason): the call is left
+    /// for the next start to carry out again, and nothing is reported.
     Stopping,
 }
 
@@ -407,7 +408,7 @@ async fn attach(
         match sent {
             Ok(CallResult::Success(Ok(_))) => {}
             Ok(CallResult::Success(Err(rejection))) => {
-                return Attached::Ended(ChildEnd::Lost(format!("refused its task: {rejection}")))
+                return Attached::Ended(refused_task(rejection))
             }
             Ok(CallResult::Timeout) => return Attached::Closed("it did not answer".to_owned()),
             Ok(CallResult::SenderError) | Err(_) => {
@@ -437,6 +438,19 @@ async fn attach(
             Received::CatchUpFailed { error } => return Attached::Closed(error),
             Received::Closed => return Attached::Closed("its actor stopped".to_owned()),
         }
+    }
+}
+
+/// How a child that refused its task ended, as far as the call is
+/// concerned. A child refuses because keel is stopping when a graceful
+/// stop began between its creation and its task: that is transient, not
+/// the child's failure, so nothing is reported and the call is left for
+/// recovery to carry out again (the child is found, and given its task
+/// then). Any other refusal ends the child for this call.
+fn refused_task(rejection: Rejection) -> ChildEnd {
+    match rejection {
+        Rejection::ShuttingDown => ChildEnd::Stopping,
+        other => ChildEnd::Lost(format!("refused its task: {other}")),
     }
 }
 
@@ -537,6 +551,19 @@ mod tests {
             [first.clone(), child_id(&parent, 7, 1)]
         );
         assert!(first.as_str().starts_with("c-") && first.as_str().len() == 18);
+    }
+
+    /// A child refuses its task when keel is stopping (a graceful stop
+    /// began between its creation and its task): that is no failure of the
+    /// child, and the call is left for the next start to carry out again.
+    /// Any other refusal is the child's end.
+    #[test]
+    fn a_task_refused_because_keel_is_stopping_is_no_failure() {
+        assert_eq!(refused_task(Rejection::ShuttingDown), ChildEnd::Stopping);
+        assert!(matches!(
+            refused_task(Rejection::Finished),
+            ChildEnd::Lost(why) if why.starts_with("refused its task")
+        ));
     }
 
     #[test]
