@@ -2902,3 +2902,31 @@ fn a_parent_waits_for_the_sub_agents_of_its_open_spawn_call_only() {
     child.call_tools(&[("sp", "spawn_agents")]);
     assert_eq!(awaited_spawn(child.working()), None);
 }
+
+/// No client is connected to a sub-agent: a call to a client tool it
+/// inherited from its parent is refused at once with a result it can act
+/// on, never left waiting until its deadline.
+#[test]
+fn a_sub_agent_calling_a_client_tool_is_told_it_is_not_available() {
+    let mut config = sub_agent_config(5);
+    config
+        .tools
+        .insert("client_tool".to_owned(), ToolPolicy::Client);
+    let mut harness = Harness::sub_agent(config);
+    harness.send("task");
+    let step = harness.call_tools(&[("c1", "client_tool")]);
+    let results = tool_results(&step);
+    assert_eq!(results.len(), 1);
+    assert!(
+        results[0]
+            .1
+            .contains("client tools are not available to sub-agents"),
+        "{results:?}"
+    );
+    assert!(harness.working().pending.is_empty());
+    assert_eq!(
+        started_streams(&step).len(),
+        1,
+        "the model hears of it at once"
+    );
+}
