@@ -186,6 +186,9 @@ pub struct View {
     pub usage: Usage,
     /// Calls waiting on a human or a client.
     pub pending: Vec<PendingCall>,
+    /// Calls the sub-agents of its running `spawn_agents` call wait on;
+    /// resolved through this conversation.
+    pub child_pending: Vec<keel_core::ChildPendingCall>,
     /// The latest messages (at most [`VIEW_MESSAGES`]).
     pub recent_messages: Vec<Message>,
     /// Messages before `recent_messages` that the view leaves out.
@@ -838,6 +841,7 @@ mod tests {
             cwd: String::new(),
             usage: Usage::default(),
             pending: Vec::new(),
+            child_pending: Vec::new(),
             recent_messages: Vec::new(),
             omitted_messages: 0,
         }

@@ -21,6 +21,10 @@
 //!   restarted by the supervisor and only makes this task subscribe again,
 //!   and a parent's crash leaves its children running for the next life of
 //!   the call to find.
+//! - A child inherits its parent's gates, and nobody watches the child: the
+//!   calls it waits on are reported to the parent (`ChildPending`), which
+//!   lists them, publishes them and passes a resolution of one on to the
+//!   child.
 //! - The result goes back as `ToolFinished` for the call's id through the
 //!   parent's mailbox, the way a tool worker reports: a result for a call
 //!   that is no longer running is ignored by the core.
@@ -43,7 +47,7 @@ use ractor::ActorCell;
 use sha2::{Digest, Sha256};
 
 use keel_core::builtin::{self, SpawnTask};
-use keel_core::event::{EventKind, Outcome};
+use keel_core::event::{EventKind, Outcome, PendingCall};
 use keel_core::ids::{ConversationId, Seq, ToolCallId};
 use keel_core::message::ToolCall;
 use keel_core::{ConversationConfig, LiveEvent, Rejection, StateName};
@@ -279,7 +283,7 @@ async fn follow(
     }
     let mut lost = 0;
     loop {
-        match attach(args, &supervisor, task_idx, task, child).await {
+        match attach(args, &supervisor, task_idx, task, child, lost > 0).await {
             Attached::Ended(end) => return end,
             Attached::Closed(why) => {
                 lost += 1;
@@ -368,6 +372,7 @@ async fn attach(
     task_idx: usize,
     task: &SpawnTask,
     child: &ConversationId,
+    reattached: bool,
 ) -> Attached {
     let actor = match door::ensure_started(&args.shared, supervisor, child).await {
         Ok(actor) => actor,
@@ -389,6 +394,14 @@ async fn attach(
     };
     let state = subscription.view.state;
     report_state(args, task_idx, child, state);
+    // What the child waits on, as of this attachment (a parent that
+    // attached again after a crash learns it here; attached again, it
+    // replaces what may have changed unseen), then kept up to date from
+    // its events.
+    let mut pending = subscription.view.pending.clone();
+    if reattached || !pending.is_empty() {
+        report_pending(args, child, &pending);
+    }
     if matches!(state, StateName::Completed | StateName::Failed) {
         return Attached::Ended(finished_from_log(args, child).await);
     }
@@ -422,6 +435,9 @@ async fn attach(
                 event: LiveEvent::StateChanged { state },
             }) => report_state(args, task_idx, child, state),
             Received::Update(Update::Event { event }) => {
+                if follow_pending(&mut pending, &event.kind) {
+                    report_pending(args, child, &pending);
+                }
                 if let EventKind::Finished { outcome } = &event.kind {
                     // Said now: the state change comes after the event, and
                     // this subscription ends here.
@@ -464,6 +480,47 @@ async fn finished_from_log(args: &SpawnArgs, child: &ConversationId) -> ChildEnd
         Ok(None) => ChildEnd::Lost("its log is gone".to_owned()),
         Err(error) => ChildEnd::Lost(format!("its log could not be read: {error}")),
     }
+}
+
+/// Keep `pending`, a child's calls that wait, in step with its event
+/// `kind` as its reducer does; whether it changed.
+fn follow_pending(pending: &mut Vec<PendingCall>, kind: &EventKind) -> bool {
+    let before = pending.len();
+    match kind {
+        EventKind::Suspended { pending: more } => {
+            pending.extend(more.iter().cloned());
+            return true;
+        }
+        EventKind::Resolved { tool_call_id, .. } | EventKind::ToolResult { tool_call_id, .. } => {
+            pending.retain(|waiting| waiting.call.id != *tool_call_id);
+        }
+        // A turn's end (or the child's) leaves nothing waiting.
+        EventKind::TurnCompleted { .. }
+        | EventKind::TurnInterrupted { .. }
+        | EventKind::TurnFailed { .. }
+        | EventKind::Finished { .. } => pending.clear(),
+        EventKind::Created { .. }
+        | EventKind::SessionStarted
+        | EventKind::SessionEnded
+        | EventKind::UserMessage { .. }
+        | EventKind::TurnStarted { .. }
+        | EventKind::AssistantMessage { .. }
+        | EventKind::ConfigChanged { .. }
+        | EventKind::Recovered { .. }
+        | EventKind::Nudge { .. }
+        | EventKind::DebounceCancelled
+        | EventKind::Unanswered { .. } => {}
+    }
+    pending.len() != before
+}
+
+/// Tell the parent what a child waits on now (all of it).
+fn report_pending(args: &SpawnArgs, child: &ConversationId, pending: &[PendingCall]) {
+    let _ = args.report.cast(ConversationMsg::ChildPending {
+        tool_call_id: args.call.id.clone(),
+        child: child.clone(),
+        pending: pending.to_vec(),
+    });
 }
 
 /// Tell the parent's watchers that a child is in `state` now.

@@ -237,6 +237,7 @@ async fn run_effect(
             if let Some(spawn) = state.spawn.take_if(|spawn| spawn.key == tool_call_id) {
                 // No sub-agent outlives its parent's cancel.
                 spawn.cancel(&state.shared);
+                forget_children(state);
             }
         }
         Effect::SetTimer { timer, at } => {
@@ -413,6 +414,7 @@ fn start_sub_agents(
     };
     // A call still followed is one the core moved on from: let it go
     // (its children keep running; only a cancel stops them).
+    forget_children(state);
     state.spawn = Some(sub_agents::start(args));
     Ok(())
 }
@@ -486,5 +488,18 @@ pub(crate) fn finish_tool(state: &mut ConversationState, tool_call_id: &ToolCall
     if let Some(worker) = state.tool.take_if(|worker| &worker.key == tool_call_id) {
         worker.cell.stop(None);
     }
-    state.spawn.take_if(|spawn| &spawn.key == tool_call_id);
+    if state
+        .spawn
+        .take_if(|spawn| &spawn.key == tool_call_id)
+        .is_some()
+    {
+        forget_children(state);
+    }
+}
+
+/// The spawn call is over: what its sub-agents waited on is no longer
+/// this conversation's to list or pass on.
+fn forget_children(state: &mut ConversationState) {
+    state.child_pending.clear();
+    state.child_calls.clear();
 }

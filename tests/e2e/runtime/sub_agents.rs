@@ -778,3 +778,83 @@ async fn a_sub_agent_whose_parent_was_cancelled_before_a_crash_is_cancelled_at_b
         .count();
     assert_eq!(asked, 1, "the orphan was resumed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agents_gated_call_is_listed_shown_and_resolved_through_its_parent() {
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([
+            spawn_entry(&["TASK-GATED"]),
+            {"when": "TASK-GATED", "tool_calls": [{"id": "gated1", "name": "bash", "input": {"command": "echo gated-ran"}}]},
+            submit_entry("TASK-GATED", "ran it"),
+            {"when": PARENT, "text": "done"},
+        ]))
+        .await;
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let mut config = parent_config();
+    config.tools.insert(
+        "bash".to_owned(),
+        keel_actors::core::config::ToolPolicy::Approve,
+    );
+    let parent = runtime.create(rig.cwd(), config).await.unwrap();
+    let mut parent_watch = watch(&parent).await;
+    parent.send(PARENT, Vec::new()).await.unwrap();
+
+    // The parent's watchers are shown the child's call.
+    let waited = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Received::Update(Update::Live {
+                event: LiveEvent::ChildPending { child, pending, .. },
+            }) = parent_watch.next().await
+            {
+                if !pending.is_empty() {
+                    return (child, pending);
+                }
+            }
+        }
+    })
+    .await;
+    let (child, pending) = waited.expect("the parent never showed its child's pending call");
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].call.id.as_str(), "gated1");
+    // Listed with the parent's pending calls, naming the child.
+    let inspection = parent.inspect().await.unwrap();
+    assert!(inspection.pending.is_empty(), "the parent's own calls");
+    assert_eq!(inspection.child_pending.len(), 1);
+    assert_eq!(inspection.child_pending[0].child, child);
+    assert_eq!(
+        inspection.child_pending[0].pending.call.id.as_str(),
+        "gated1"
+    );
+    let subscription = parent.subscribe().await.unwrap();
+    assert_eq!(subscription.view.child_pending, inspection.child_pending);
+    drop(subscription);
+
+    // Resolved through the parent: the decision reaches the child.
+    parent
+        .resolve(
+            keel_actors::core::ids::ToolCallId::new("gated1"),
+            Decision::Approve,
+        )
+        .await
+        .unwrap();
+    // Asked again after a lost answer: the same decision succeeds.
+    parent
+        .resolve(
+            keel_actors::core::ids::ToolCallId::new("gated1"),
+            Decision::Approve,
+        )
+        .await
+        .unwrap();
+    let results = wait_aggregate(&runtime, &parent).await;
+    assert_eq!(results.len(), 1, "{results:?}");
+    positions(&results[0].1, &["1 of 1 sub-agent completed", "ran it"]);
+    let child_results = tool_results(&runtime.store().read_all(&child).await.unwrap());
+    assert!(
+        child_results
+            .iter()
+            .any(|(id, content, _)| id == "gated1" && content.contains("gated-ran")),
+        "{child_results:?}"
+    );
+    assert!(parent.inspect().await.unwrap().child_pending.is_empty());
+}
