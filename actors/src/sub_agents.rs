@@ -8,9 +8,9 @@
 //! survives a crash:
 //!
 //! - A child's id is derived from (parent, the seq of the response that
-//!   made the call, task index): unique in the parent's log, where a
-//!   provider's tool call ids need not be (one that numbers its calls
-//!   reuses them). A parent restarted mid-call re-dispatches the call from
+//!   made the call, the call's id, task index): unique in the parent's
+//!   log, where a provider's tool call ids need not be (one that numbers
+//!   its calls reuses them in later responses). A parent restarted mid-call re-dispatches the call from
 //!   the same response (recovery `resume`), so the same children are
 //!   found, not made again:
 //!   a child is created only if its log is empty, and given its task only
@@ -104,7 +104,7 @@ pub(crate) struct SpawnArgs {
 pub(crate) fn start(args: SpawnArgs) -> SpawnWork {
     // The core accepted the call, so its tasks read; the cap was its to check.
     let tasks = builtin::spawn_tasks(&args.call, u32::MAX, true).unwrap_or_default();
-    let children = children_of(&args.parent, args.call_seq, tasks.len());
+    let children = children_of(&args.parent, args.call_seq, &args.call.id, tasks.len());
     let key = args.call.id.clone();
     let alive = args.shared.alive();
     let task = tokio::spawn(Counted {
@@ -140,7 +140,7 @@ pub(crate) fn cancel_unfollowed(
     call_seq: Seq,
 ) {
     let n_tasks = builtin::spawn_tasks(call, u32::MAX, true).map_or(0, |tasks| tasks.len());
-    cancel_children(shared, children_of(parent, call_seq, n_tasks));
+    cancel_children(shared, children_of(parent, call_seq, &call.id, n_tasks));
 }
 
 /// Cancel each of `children` through the door, off the caller's mailbox.
@@ -181,28 +181,38 @@ async fn cancel_child(shared: &Arc<Shared>, supervisor: &ActorCell, child: &Conv
     }
 }
 
-/// The children of the call made by the response at `call_seq` in
+/// The children of call `call` made by the response at `call_seq` in
 /// `parent`, in task order.
 pub(crate) fn children_of(
     parent: &ConversationId,
     call_seq: Seq,
+    call: &ToolCallId,
     n_tasks: usize,
 ) -> Vec<ConversationId> {
     (0..n_tasks)
-        .map(|task_idx| child_id(parent, call_seq, task_idx))
+        .map(|task_idx| child_id(parent, call_seq, call, task_idx))
         .collect()
 }
 
-/// The id of the child for task `task_idx` of the call made by the
+/// The id of the child for task `task_idx` of call `call` made by the
 /// response at `call_seq` in `parent`: the same every time the call is
-/// carried out, different for every call whatever its tool call id, and
-/// shaped like any other conversation id (`c-` and 16 hex digits).
-pub(crate) fn child_id(parent: &ConversationId, call_seq: Seq, task_idx: usize) -> ConversationId {
+/// carried out, different for every call (the seq tells calls of
+/// different responses apart whatever their tool call ids, the id tells
+/// two calls of one response apart), and shaped like any other
+/// conversation id (`c-` and 16 hex digits).
+pub(crate) fn child_id(
+    parent: &ConversationId,
+    call_seq: Seq,
+    call: &ToolCallId,
+    task_idx: usize,
+) -> ConversationId {
     let mut hasher = Sha256::new();
     hasher.update(b"keel sub-agent by seq\0");
     hasher.update(parent.as_str().as_bytes());
     hasher.update(b"\0");
     hasher.update(call_seq.to_be_bytes());
+    hasher.update(b"\0");
+    hasher.update(call.as_str().as_bytes());
     hasher.update(b"\0");
     hasher.update(task_idx.to_be_bytes());
     let digest = hasher.finalize();
@@ -598,14 +608,18 @@ mod tests {
     #[test]
     fn a_child_id_is_the_same_for_the_same_call_and_task_and_differs_otherwise() {
         let parent = id("c-parent");
-        let first = child_id(&parent, 7, 0);
-        assert_eq!(first, child_id(&parent, 7, 0));
-        assert_ne!(first, child_id(&parent, 7, 1));
-        assert_ne!(first, child_id(&parent, 12, 0));
-        assert_ne!(first, child_id(&id("c-other"), 7, 0));
+        let call = ToolCallId::new("call_1");
+        let first = child_id(&parent, 7, &call, 0);
+        assert_eq!(first, child_id(&parent, 7, &call, 0));
+        assert_ne!(first, child_id(&parent, 7, &call, 1));
+        // The same tool call id in a later response (a provider that
+        // numbers its calls), and two calls of one response.
+        assert_ne!(first, child_id(&parent, 12, &call, 0));
+        assert_ne!(first, child_id(&parent, 7, &ToolCallId::new("call_2"), 0));
+        assert_ne!(first, child_id(&id("c-other"), 7, &call, 0));
         assert_eq!(
-            children_of(&parent, 7, 2),
-            [first.clone(), child_id(&parent, 7, 1)]
+            children_of(&parent, 7, &call, 2),
+            [first.clone(), child_id(&parent, 7, &call, 1)]
         );
         assert!(first.as_str().starts_with("c-") && first.as_str().len() == 18);
     }

@@ -33,10 +33,11 @@ pub enum Effect {
     /// their aggregated results as this call's result.
     SpawnSubAgents {
         call: ToolCall,
-        /// Seq of the `AssistantMessage` holding the call: with the task's
-        /// index, what each child's id is derived from. A provider may
-        /// reuse tool call ids; a seq is unique in the parent's log, and
-        /// the same when the call is re-dispatched after a restart.
+        /// Seq of the `AssistantMessage` holding the call: with the call's
+        /// id and the task's index, what each child's id is derived from.
+        /// A provider may reuse tool call ids across responses; a seq is
+        /// unique in the parent's log, and the same when the call is
+        /// re-dispatched after a restart.
         seq: Seq,
     },
     /// Cancel the sub-agents of a `spawn_agents` call nothing follows any

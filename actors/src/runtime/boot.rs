@@ -117,7 +117,7 @@ async fn parent_waits(runtime: &Runtime, parent: &ConversationId, child: &Conver
     };
     awaited_spawn(&working).is_some_and(|(call_seq, call)| {
         let n_tasks = builtin::spawn_tasks(call, u32::MAX, true).map_or(0, |tasks| tasks.len());
-        sub_agents::children_of(parent, call_seq, n_tasks).contains(child)
+        sub_agents::children_of(parent, call_seq, &call.id, n_tasks).contains(child)
     })
 }
 
