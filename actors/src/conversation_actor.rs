@@ -837,12 +837,21 @@ fn forward_resolve(
     by: Option<String>,
     reply: RpcReplyPort<Result<(), Rejection>>,
 ) {
-    let Some(child) = state
-        .child_calls
+    // A call that waits now first: two sub-agents may have had calls
+    // under the same id (a provider that numbers its calls), and the one
+    // still waiting is the one a person is deciding.
+    let waiting = state
+        .child_pending
         .iter()
-        .find(|(id, _)| *id == tool_call_id)
-        .map(|(_, child)| child.clone())
-    else {
+        .find(|waiting| waiting.pending.call.id == tool_call_id)
+        .map(|waiting| waiting.child.clone());
+    let Some(child) = waiting.or_else(|| {
+        state
+            .child_calls
+            .iter()
+            .rfind(|(id, _)| *id == tool_call_id)
+            .map(|(_, child)| child.clone())
+    }) else {
         return;
     };
     let shared = state.shared.clone();
