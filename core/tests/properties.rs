@@ -1077,6 +1077,25 @@ proptest! {
         })?;
     }
 
+    /// A sub-agent takes no turn once it has finished, so it owes none:
+    /// every message it acknowledged got a turn or was named `Unanswered`
+    /// (a submission, a failure, a cancel or a stop with messages queued).
+    #[test]
+    fn a_finished_sub_agent_owes_no_message(setup in setup(), moves in moves(1)) {
+        run(&setup, &moves, |driver, _| {
+            if driver.state.phase.is_terminal() {
+                let working = &driver.state.working;
+                prop_assert!(
+                    working.untriggered.is_empty() && working.queued.is_empty(),
+                    "a finished sub-agent owes {:?}, queued {:?}",
+                    working.untriggered,
+                    working.queued.len()
+                );
+            }
+            Ok(())
+        })?;
+    }
+
     /// The log's encoding: every event a random run appends decodes back to
     /// itself, from the current record version and from version 1.
     #[test]
