@@ -46,6 +46,9 @@ pub struct Inspection {
     /// The history as the model sees it.
     pub messages: Vec<Message>,
     pub pending: Vec<PendingCall>,
+    /// Calls the sub-agents of its running `spawn_agents` call wait on
+    /// (empty when it is not live); resolved through this conversation.
+    pub child_pending: Vec<keel_core::ChildPendingCall>,
     /// Messages waiting for a turn (`busy_policy = queue`).
     pub queued: usize,
     pub parent: Option<ConversationId>,
@@ -119,6 +122,7 @@ impl Inspection {
             usage: working.usage,
             messages: working.messages,
             pending: working.pending,
+            child_pending: Vec::new(),
             subscribers: 0,
             hibernated: false,
             live: false,

@@ -26,6 +26,7 @@ use keel_core::ids::{ConversationId, EventId, Seq, ToolCallId};
 use keel_core::message::{ContentBlock, ImageRef};
 use keel_core::state::{Conversation, Phase};
 use keel_core::time::Timestamp;
+use keel_core::ChildPendingCall;
 use keel_core::{
     AssistantResponse, ConversationConfig, Generation, Input, LiveEvent, LlmFailure,
     NewConversation, Rejection, StateName, StreamDelta, Timer,
@@ -166,6 +167,15 @@ pub(crate) enum ConversationMsg {
     ChildState {
         event: LiveEvent,
     },
+    /// What a sub-agent of the running `spawn_agents` call `tool_call_id`
+    /// waits on now, all of it: listed with this conversation's own
+    /// pending calls, published (`LiveEvent::ChildPending`), and a
+    /// resolution of one of them is passed on to the sub-agent.
+    ChildPending {
+        tool_call_id: ToolCallId,
+        child: ConversationId,
+        pending: Vec<keel_core::event::PendingCall>,
+    },
     TimerFired {
         timer: Timer,
     },
@@ -236,6 +246,13 @@ pub(crate) struct ConversationState {
     pub(crate) tool: Option<Worker<ToolCallId>>,
     /// The `spawn_agents` call being carried out (`sub_agents.rs`).
     pub(crate) spawn: Option<SpawnWork>,
+    /// The calls the sub-agents of `spawn` wait on now (they inherit this
+    /// conversation's gates and nobody watches them).
+    pub(crate) child_pending: Vec<ChildPendingCall>,
+    /// Every call a sub-agent of `spawn` has waited on, and whose it is:
+    /// where a resolution sent here for it goes (also when asked again
+    /// after a lost answer, once the call no longer waits).
+    pub(crate) child_calls: Vec<(ToolCallId, ConversationId)>,
     pub(crate) timers: HashMap<Timer, AbortOnDrop>,
     pub(crate) publisher: Publisher,
     /// The flush the publisher's held live updates are owed.
@@ -288,6 +305,8 @@ impl ConversationState {
             stream: None,
             tool: None,
             spawn: None,
+            child_pending: Vec::new(),
+            child_calls: Vec::new(),
             timers: HashMap::new(),
             publisher: Publisher::new(shared.settings.live_interval),
             live_flush: None,
@@ -460,6 +479,10 @@ impl Actor for ConversationActor {
         state: &mut ConversationState,
     ) -> Result<(), ActorProcessingErr> {
         if std::mem::take(&mut state.recover_on_start) {
+            // A cancel asked for before this life began (`door::cancel`
+            // starts the actor to carry it out) comes first: what the log
+            // left in flight is called off, not resumed.
+            cancel_if_requested(&myself, state).await?;
             effects::step(&myself, state, Input::Started).await?;
         }
         rest_at_once(state).await?;
@@ -497,6 +520,7 @@ impl Actor for ConversationActor {
                 | ConversationMsg::Unsubscribed
                 | ConversationMsg::Stats { .. }
                 | ConversationMsg::ChildState { .. }
+                | ConversationMsg::ChildPending { .. }
                 | ConversationMsg::FlushLive
         ) {
             hydrate(state).await?;
@@ -538,6 +562,14 @@ impl Actor for ConversationActor {
                     (None, None) => Ok(state.id.event_id(state.conversation()?.working.last_seq)),
                 };
                 let _ = reply.send(answer);
+            }
+            ConversationMsg::Resolve {
+                tool_call_id,
+                decision,
+                by,
+                reply,
+            } if state.child_calls.iter().any(|(id, _)| *id == tool_call_id) => {
+                forward_resolve(state, tool_call_id, decision, by, reply);
             }
             ConversationMsg::Resolve {
                 tool_call_id,
@@ -686,6 +718,37 @@ impl Actor for ConversationActor {
                     state.publisher.publish(Update::Live { event });
                 }
             }
+            ConversationMsg::ChildPending {
+                tool_call_id,
+                child,
+                pending,
+            } => {
+                let current = state
+                    .spawn
+                    .as_ref()
+                    .is_some_and(|spawn| spawn.key == tool_call_id);
+                if current {
+                    state.child_pending.retain(|waiting| waiting.child != child);
+                    for call in &pending {
+                        if !state.child_calls.iter().any(|(id, _)| *id == call.call.id) {
+                            state
+                                .child_calls
+                                .push((call.call.id.clone(), child.clone()));
+                        }
+                        state.child_pending.push(ChildPendingCall {
+                            child: child.clone(),
+                            pending: call.clone(),
+                        });
+                    }
+                    state.publisher.publish(Update::Live {
+                        event: LiveEvent::ChildPending {
+                            tool_call_id,
+                            child,
+                            pending,
+                        },
+                    });
+                }
+            }
             ConversationMsg::TimerFired { timer } => {
                 state.timers.remove(&timer);
                 effects::step(&myself, state, Input::TimerFired { timer }).await?;
@@ -788,6 +851,64 @@ async fn settle_drain(
     }
     Ok(())
 }
+
+/// Pass a resolution of a sub-agent's call on to the sub-agent, off this
+/// actor's mailbox; the sub-agent's answer is the answer.
+fn forward_resolve(
+    state: &ConversationState,
+    tool_call_id: ToolCallId,
+    decision: Decision,
+    by: Option<String>,
+    reply: RpcReplyPort<Result<(), Rejection>>,
+) {
+    // A call that waits now first: two sub-agents may have had calls
+    // under the same id (a provider that numbers its calls), and the one
+    // still waiting is the one a person is deciding.
+    let waiting = state
+        .child_pending
+        .iter()
+        .find(|waiting| waiting.pending.call.id == tool_call_id)
+        .map(|waiting| waiting.child.clone());
+    let Some(child) = waiting.or_else(|| {
+        state
+            .child_calls
+            .iter()
+            .rfind(|(id, _)| *id == tool_call_id)
+            .map(|(_, child)| child.clone())
+    }) else {
+        return;
+    };
+    let shared = state.shared.clone();
+    let alive = shared.alive();
+    tokio::spawn(async move {
+        let _alive = alive;
+        let answer = match door::supervisor(&shared) {
+            None => Err(Rejection::ShuttingDown),
+            Some(supervisor) => match door::ensure_started(&shared, &supervisor, &child).await {
+                Err(_) => Err(Rejection::ShuttingDown),
+                Ok(actor) => match actor
+                    .call(
+                        |reply| ConversationMsg::Resolve {
+                            tool_call_id,
+                            decision,
+                            by,
+                            reply,
+                        },
+                        Some(RESOLVE_PATIENCE),
+                    )
+                    .await
+                {
+                    Ok(ractor::rpc::CallResult::Success(answer)) => answer,
+                    Ok(_) | Err(_) => Err(Rejection::ShuttingDown),
+                },
+            },
+        };
+        let _ = reply.send(answer);
+    });
+}
+
+/// How long a resolution passed on to a sub-agent waits for its answer.
+const RESOLVE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Carry out a cancel that a handle asked for, before the message at hand.
 async fn cancel_if_requested(
@@ -934,7 +1055,9 @@ async fn rebuild(state: &mut ConversationState) -> Result<(), ActorProcessingErr
 
 fn view(state: &ConversationState) -> Result<View, ActorProcessingErr> {
     let conversation = state.conversation()?;
-    Ok(View::of(&conversation.working, conversation.state_name()))
+    let mut view = View::of(&conversation.working, conversation.state_name());
+    view.child_pending = state.child_pending.clone();
+    Ok(view)
 }
 
 fn stats(state: &ConversationState) -> ActorStats {
@@ -1005,6 +1128,7 @@ fn inspect(state: &ConversationState) -> Result<Inspection, ActorProcessingErr> 
         usage: working.usage,
         messages: working.messages.clone(),
         pending: working.pending.clone(),
+        child_pending: state.child_pending.clone(),
         queued: working.queued.len(),
         parent: working.parent_conversation.clone(),
         turn: working.turn,

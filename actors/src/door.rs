@@ -274,10 +274,18 @@ pub(crate) async fn cancel(
     supervisor: &ActorCell,
     id: &ConversationId,
 ) -> Result<Mailbox, Error> {
-    let actor = ensure_started(shared, supervisor, id).await?;
-    control(shared, id)
-        .cancel_requested
-        .store(true, Ordering::SeqCst);
+    // Marked before the actor is started, so that an actor rebuilt for the
+    // cancel carries it out before it recovers anything (a turn left in
+    // flight is not resumed only to be cancelled).
+    let control = control(shared, id);
+    control.cancel_requested.store(true, Ordering::SeqCst);
+    let actor = match ensure_started(shared, supervisor, id).await {
+        Ok(actor) => actor,
+        Err(error) => {
+            control.cancel_requested.store(false, Ordering::SeqCst);
+            return Err(error);
+        }
+    };
     for worker in actor.actor().get_children() {
         worker.kill();
     }

@@ -192,6 +192,9 @@ pub struct View {
     pub usage: Usage,
     /// Calls waiting on a human or a client.
     pub pending: Vec<PendingCall>,
+    /// Calls the sub-agents of its running `spawn_agents` call wait on;
+    /// resolved through this conversation.
+    pub child_pending: Vec<keel_core::ChildPendingCall>,
     /// The latest messages (at most [`VIEW_MESSAGES`]).
     pub recent_messages: Vec<Message>,
     /// Messages before `recent_messages` that the view leaves out.
@@ -209,6 +212,8 @@ impl View {
             cwd: working.cwd.clone(),
             usage: working.usage,
             pending: working.pending.clone(),
+            // Only a live parent follows its children's calls.
+            child_pending: Vec::new(),
             recent_messages: working.messages[skip..].to_vec(),
             omitted_messages: skip,
         }
@@ -905,6 +910,7 @@ mod tests {
             cwd: String::new(),
             usage: Usage::default(),
             pending: Vec::new(),
+            child_pending: Vec::new(),
             recent_messages: Vec::new(),
             omitted_messages: 0,
         }

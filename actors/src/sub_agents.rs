@@ -7,9 +7,12 @@
 //! how many); what is decided here is only how to carry it out so that it
 //! survives a crash:
 //!
-//! - A child's id is derived from (parent, tool call id, task index). A
-//!   parent restarted mid-call re-dispatches the call with its original id
-//!   (recovery `resume`), so the same children are found, not made again:
+//! - A child's id is derived from (parent, the seq of the response that
+//!   made the call, the call's id, task index): unique in the parent's
+//!   log, where a provider's tool call ids need not be (one that numbers
+//!   its calls reuses them in later responses). A parent restarted mid-call re-dispatches the call from
+//!   the same response (recovery `resume`), so the same children are
+//!   found, not made again:
 //!   a child is created only if its log is empty, and given its task only
 //!   if it has no message yet. One that already finished is read from its
 //!   log: results that arrived early are kept.
@@ -18,12 +21,18 @@
 //!   restarted by the supervisor and only makes this task subscribe again,
 //!   and a parent's crash leaves its children running for the next life of
 //!   the call to find.
+//! - A child inherits its parent's gates, and nobody watches the child: the
+//!   calls it waits on are reported to the parent (`ChildPending`), which
+//!   lists them, publishes them and passes a resolution of one on to the
+//!   child.
 //! - The result goes back as `ToolFinished` for the call's id through the
 //!   parent's mailbox, the way a tool worker reports: a result for a call
 //!   that is no longer running is ignored by the core.
 //! - Cancelling the parent's call (a cancel, a deadline, a shutdown: the
 //!   core's `AbortTool`) aborts the task and cancels every child through
-//!   the door, so each child's log records the cancel.
+//!   the door, so each child's log records the cancel. So does a call an
+//!   earlier life dispatched that recovery closed (`CancelSubAgents`):
+//!   nobody waits for its children any more.
 
 use std::fmt::Write as _;
 use std::future::Future;
@@ -38,10 +47,10 @@ use ractor::ActorCell;
 use sha2::{Digest, Sha256};
 
 use keel_core::builtin::{self, SpawnTask};
-use keel_core::event::{EventKind, Outcome};
-use keel_core::ids::{ConversationId, ToolCallId};
+use keel_core::event::{EventKind, Outcome, PendingCall};
+use keel_core::ids::{ConversationId, Seq, ToolCallId};
 use keel_core::message::ToolCall;
-use keel_core::{ConversationConfig, LiveEvent, StateName};
+use keel_core::{ConversationConfig, LiveEvent, Rejection, StateName};
 
 use crate::conversation_actor::{AbortOnDrop, ConversationMsg};
 use crate::door;
@@ -84,6 +93,9 @@ pub(crate) struct SpawnArgs {
     /// system prompt, limits).
     pub(crate) config: ConversationConfig,
     pub(crate) call: ToolCall,
+    /// Seq of the parent's `AssistantMessage` holding the call: the
+    /// children are named after it.
+    pub(crate) call_seq: Seq,
     /// The parent's mailbox: child states and the call's result go there.
     pub(crate) report: Mailbox,
 }
@@ -92,9 +104,7 @@ pub(crate) struct SpawnArgs {
 pub(crate) fn start(args: SpawnArgs) -> SpawnWork {
     // The core accepted the call, so its tasks read; the cap was its to check.
     let tasks = builtin::spawn_tasks(&args.call, u32::MAX, true).unwrap_or_default();
-    let children: Vec<ConversationId> = (0..tasks.len())
-        .map(|task_idx| child_id(&args.parent, &args.call.id, task_idx))
-        .collect();
+    let children = children_of(&args.parent, args.call_seq, &args.call.id, tasks.len());
     let key = args.call.id.clone();
     let alive = args.shared.alive();
     let task = tokio::spawn(Counted {
@@ -117,21 +127,38 @@ impl SpawnWork {
             children, _task, ..
         } = self;
         drop(_task);
-        let alive = shared.alive();
-        let shared = shared.clone();
-        tokio::spawn(Counted {
-            work: Box::pin(async move {
-                let Some(supervisor) = door::supervisor(&shared) else {
-                    return;
-                };
-                let cancels = children
-                    .iter()
-                    .map(|child| cancel_child(&shared, &supervisor, child));
-                futures_util::future::join_all(cancels).await;
-            }),
-            _alive: alive,
-        });
+        cancel_children(shared, children);
     }
+}
+
+/// Cancel the children of a call that nothing follows (`CancelSubAgents`:
+/// an earlier life of the parent dispatched it, and recovery closed it).
+pub(crate) fn cancel_unfollowed(
+    shared: &Arc<Shared>,
+    parent: &ConversationId,
+    call: &ToolCall,
+    call_seq: Seq,
+) {
+    let n_tasks = builtin::spawn_tasks(call, u32::MAX, true).map_or(0, |tasks| tasks.len());
+    cancel_children(shared, children_of(parent, call_seq, &call.id, n_tasks));
+}
+
+/// Cancel each of `children` through the door, off the caller's mailbox.
+fn cancel_children(shared: &Arc<Shared>, children: Vec<ConversationId>) {
+    let alive = shared.alive();
+    let shared = shared.clone();
+    tokio::spawn(Counted {
+        work: Box::pin(async move {
+            let Some(supervisor) = door::supervisor(&shared) else {
+                return;
+            };
+            let cancels = children
+                .iter()
+                .map(|child| cancel_child(&shared, &supervisor, child));
+            futures_util::future::join_all(cancels).await;
+        }),
+        _alive: alive,
+    });
 }
 
 async fn cancel_child(shared: &Arc<Shared>, supervisor: &ActorCell, child: &ConversationId) {
@@ -154,17 +181,36 @@ async fn cancel_child(shared: &Arc<Shared>, supervisor: &ActorCell, child: &Conv
     }
 }
 
-/// The id of the child for task `task_idx` of call `call` in `parent`: the
-/// same every time the call is carried out, and shaped like any other
+/// The children of call `call` made by the response at `call_seq` in
+/// `parent`, in task order.
+pub(crate) fn children_of(
+    parent: &ConversationId,
+    call_seq: Seq,
+    call: &ToolCallId,
+    n_tasks: usize,
+) -> Vec<ConversationId> {
+    (0..n_tasks)
+        .map(|task_idx| child_id(parent, call_seq, call, task_idx))
+        .collect()
+}
+
+/// The id of the child for task `task_idx` of call `call` made by the
+/// response at `call_seq` in `parent`: the same every time the call is
+/// carried out, different for every call (the seq tells calls of
+/// different responses apart whatever their tool call ids, the id tells
+/// two calls of one response apart), and shaped like any other
 /// conversation id (`c-` and 16 hex digits).
 pub(crate) fn child_id(
     parent: &ConversationId,
+    call_seq: Seq,
     call: &ToolCallId,
     task_idx: usize,
 ) -> ConversationId {
     let mut hasher = Sha256::new();
-    hasher.update(b"keel sub-agent\0");
+    hasher.update(b"keel sub-agent by seq\0");
     hasher.update(parent.as_str().as_bytes());
+    hasher.update(b"\0");
+    hasher.update(call_seq.to_be_bytes());
     hasher.update(b"\0");
     hasher.update(call.as_str().as_bytes());
     hasher.update(b"\0");
@@ -184,8 +230,9 @@ enum ChildEnd {
     Finished(Outcome),
     /// It could not be created or followed; why, in words for the model.
     Lost(String),
-    /// The runtime is stopping: the call is left for the next start to
-    /// carry out again, and nothing is reported.
+    /// The runtime is stopping (it refused to start or create the child,
+    /// or the child refused its task for that reason): the call is left
+    /// for the next start to carry out again, and nothing is reported.
     Stopping,
 }
 
@@ -246,7 +293,7 @@ async fn follow(
     }
     let mut lost = 0;
     loop {
-        match attach(args, &supervisor, task_idx, task, child).await {
+        match attach(args, &supervisor, task_idx, task, child, lost > 0).await {
             Attached::Ended(end) => return end,
             Attached::Closed(why) => {
                 lost += 1;
@@ -335,6 +382,7 @@ async fn attach(
     task_idx: usize,
     task: &SpawnTask,
     child: &ConversationId,
+    reattached: bool,
 ) -> Attached {
     let actor = match door::ensure_started(&args.shared, supervisor, child).await {
         Ok(actor) => actor,
@@ -356,6 +404,14 @@ async fn attach(
     };
     let state = subscription.view.state;
     report_state(args, task_idx, child, state);
+    // What the child waits on, as of this attachment (a parent that
+    // attached again after a crash learns it here; attached again, it
+    // replaces what may have changed unseen), then kept up to date from
+    // its events.
+    let mut pending = subscription.view.pending.clone();
+    if reattached || !pending.is_empty() {
+        report_pending(args, child, &pending);
+    }
     if matches!(state, StateName::Completed | StateName::Failed) {
         return Attached::Ended(finished_from_log(args, child).await);
     }
@@ -377,7 +433,7 @@ async fn attach(
         match sent {
             Ok(CallResult::Success(Ok(_))) => {}
             Ok(CallResult::Success(Err(rejection))) => {
-                return Attached::Ended(ChildEnd::Lost(format!("refused its task: {rejection}")))
+                return Attached::Ended(refused_task(rejection))
             }
             Ok(CallResult::Timeout) => return Attached::Closed("it did not answer".to_owned()),
             Ok(CallResult::SenderError) | Err(_) => {
@@ -391,6 +447,9 @@ async fn attach(
                 event: LiveEvent::StateChanged { state },
             }) => report_state(args, task_idx, child, state),
             Received::Update(Update::Event { event }) => {
+                if follow_pending(&mut pending, &event.kind) {
+                    report_pending(args, child, &pending);
+                }
                 if let EventKind::Finished { outcome } = &event.kind {
                     // Said now: the state change comes after the event, and
                     // this subscription ends here.
@@ -410,6 +469,19 @@ async fn attach(
     }
 }
 
+/// How a child that refused its task ended, as far as the call is
+/// concerned. A child refuses because keel is stopping when a graceful
+/// stop began between its creation and its task: that is transient, not
+/// the child's failure, so nothing is reported and the call is left for
+/// recovery to carry out again (the child is found, and given its task
+/// then). Any other refusal ends the child for this call.
+fn refused_task(rejection: Rejection) -> ChildEnd {
+    match rejection {
+        Rejection::ShuttingDown => ChildEnd::Stopping,
+        other => ChildEnd::Lost(format!("refused its task: {other}")),
+    }
+}
+
 /// The outcome of a child that finished, from its log.
 async fn finished_from_log(args: &SpawnArgs, child: &ConversationId) -> ChildEnd {
     match keel_store::load(args.shared.store.as_ref(), child).await {
@@ -420,6 +492,47 @@ async fn finished_from_log(args: &SpawnArgs, child: &ConversationId) -> ChildEnd
         Ok(None) => ChildEnd::Lost("its log is gone".to_owned()),
         Err(error) => ChildEnd::Lost(format!("its log could not be read: {error}")),
     }
+}
+
+/// Keep `pending`, a child's calls that wait, in step with its event
+/// `kind` as its reducer does; whether it changed.
+fn follow_pending(pending: &mut Vec<PendingCall>, kind: &EventKind) -> bool {
+    let before = pending.len();
+    match kind {
+        EventKind::Suspended { pending: more } => {
+            pending.extend(more.iter().cloned());
+            return true;
+        }
+        EventKind::Resolved { tool_call_id, .. } | EventKind::ToolResult { tool_call_id, .. } => {
+            pending.retain(|waiting| waiting.call.id != *tool_call_id);
+        }
+        // A turn's end (or the child's) leaves nothing waiting.
+        EventKind::TurnCompleted { .. }
+        | EventKind::TurnInterrupted { .. }
+        | EventKind::TurnFailed { .. }
+        | EventKind::Finished { .. } => pending.clear(),
+        EventKind::Created { .. }
+        | EventKind::SessionStarted
+        | EventKind::SessionEnded
+        | EventKind::UserMessage { .. }
+        | EventKind::TurnStarted { .. }
+        | EventKind::AssistantMessage { .. }
+        | EventKind::ConfigChanged { .. }
+        | EventKind::Recovered { .. }
+        | EventKind::Nudge { .. }
+        | EventKind::DebounceCancelled
+        | EventKind::Unanswered { .. } => {}
+    }
+    pending.len() != before
+}
+
+/// Tell the parent what a child waits on now (all of it).
+fn report_pending(args: &SpawnArgs, child: &ConversationId, pending: &[PendingCall]) {
+    let _ = args.report.cast(ConversationMsg::ChildPending {
+        tool_call_id: args.call.id.clone(),
+        child: child.clone(),
+        pending: pending.to_vec(),
+    });
 }
 
 /// Tell the parent's watchers that a child is in `state` now.
@@ -497,13 +610,33 @@ mod tests {
     #[test]
     fn a_child_id_is_the_same_for_the_same_call_and_task_and_differs_otherwise() {
         let parent = id("c-parent");
-        let call = ToolCallId::new("toolu_1");
-        let first = child_id(&parent, &call, 0);
-        assert_eq!(first, child_id(&parent, &call, 0));
-        assert_ne!(first, child_id(&parent, &call, 1));
-        assert_ne!(first, child_id(&parent, &ToolCallId::new("toolu_2"), 0));
-        assert_ne!(first, child_id(&id("c-other"), &call, 0));
+        let call = ToolCallId::new("call_1");
+        let first = child_id(&parent, 7, &call, 0);
+        assert_eq!(first, child_id(&parent, 7, &call, 0));
+        assert_ne!(first, child_id(&parent, 7, &call, 1));
+        // The same tool call id in a later response (a provider that
+        // numbers its calls), and two calls of one response.
+        assert_ne!(first, child_id(&parent, 12, &call, 0));
+        assert_ne!(first, child_id(&parent, 7, &ToolCallId::new("call_2"), 0));
+        assert_ne!(first, child_id(&id("c-other"), 7, &call, 0));
+        assert_eq!(
+            children_of(&parent, 7, &call, 2),
+            [first.clone(), child_id(&parent, 7, &call, 1)]
+        );
         assert!(first.as_str().starts_with("c-") && first.as_str().len() == 18);
+    }
+
+    /// A child refuses its task when keel is stopping (a graceful stop
+    /// began between its creation and its task): that is no failure of the
+    /// child, and the call is left for the next start to carry out again.
+    /// Any other refusal is the child's end.
+    #[test]
+    fn a_task_refused_because_keel_is_stopping_is_no_failure() {
+        assert_eq!(refused_task(Rejection::ShuttingDown), ChildEnd::Stopping);
+        assert!(matches!(
+            refused_task(Rejection::Finished),
+            ChildEnd::Lost(why) if why.starts_with("refused its task")
+        ));
     }
 
     #[test]

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::ModelRef;
 use crate::event::Event;
-use crate::ids::ToolCallId;
+use crate::ids::{Seq, ToolCallId};
 use crate::input::Timer;
 use crate::live::LiveEvent;
 use crate::message::ToolCall;
@@ -31,7 +31,20 @@ pub enum Effect {
     StartTool { call: ToolCall },
     /// Run `spawn_agents`: start sub-agent conversations in parallel and report
     /// their aggregated results as this call's result.
-    SpawnSubAgents { call: ToolCall },
+    SpawnSubAgents {
+        call: ToolCall,
+        /// Seq of the `AssistantMessage` holding the call: with the call's
+        /// id and the task's index, what each child's id is derived from.
+        /// A provider may reuse tool call ids across responses; a seq is
+        /// unique in the parent's log, and the same when the call is
+        /// re-dispatched after a restart.
+        seq: Seq,
+    },
+    /// Cancel the sub-agents of a `spawn_agents` call nothing follows any
+    /// more: an earlier life of the actor dispatched it, and recovery
+    /// closed it (`recovery = idle`, a resume limit, a repaired log). The
+    /// children are found as `SpawnSubAgents` names them; none may exist.
+    CancelSubAgents { call: ToolCall, seq: Seq },
     /// Kill a running tool (its whole process group) or its sub-agents.
     AbortTool { tool_call_id: ToolCallId },
     /// Feed `Input::TimerFired { timer }` back at `at`.

@@ -190,6 +190,9 @@ pub enum InterruptReason {
     /// The runtime stopped gracefully and the turn did not finish before
     /// the shutdown deadline.
     Shutdown,
+    /// A sub-agent reached its terminal state (it submitted its result or
+    /// failed): messages still owed a turn will get none.
+    Finished,
 }
 
 /// Why a completed turn ended the way it did, when the user should know.

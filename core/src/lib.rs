@@ -35,7 +35,7 @@ pub use event::{
 };
 pub use ids::{ConversationId, EventId, Seq, ToolCallId};
 pub use input::{AssistantResponse, Input, LlmFailure, Timer};
-pub use live::{LiveEvent, StreamDelta};
+pub use live::{ChildPendingCall, LiveEvent, StreamDelta};
 pub use rejection::Rejection;
 pub use state::{Conversation, Generation, Phase, StateName};
 pub use time::Timestamp;

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::ModelRef;
+use crate::event::PendingCall;
 use crate::ids::{ConversationId, ToolCallId};
 use crate::state::{Generation, StateName};
 
@@ -69,6 +70,26 @@ pub enum LiveEvent {
         /// Set when this response crossed 80% or 95% of the window.
         warning: Option<ContextWarning>,
     },
+    /// The calls a sub-agent of the running `spawn_agents` call now waits
+    /// on (an approval: it inherits the parent's gates), all of them, empty
+    /// once none waits. Published on the parent, because nobody watches the
+    /// sub-agent: whoever watches the parent decides them, through the
+    /// parent (a resolution for the sub-agent's call is passed on to it).
+    ChildPending {
+        /// The `spawn_agents` call that started it.
+        tool_call_id: ToolCallId,
+        child: ConversationId,
+        pending: Vec<PendingCall>,
+    },
+}
+
+/// A call a sub-agent of a conversation's running `spawn_agents` call
+/// waits on, as its parent lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChildPendingCall {
+    /// The sub-agent whose call it is.
+    pub child: ConversationId,
+    pub pending: PendingCall,
 }
 
 /// A fragment of a streamed response, as the provider decoders produce it.

@@ -2,9 +2,11 @@
 //! a crash or restart, under its recovery policy (docs/requirements.md,
 //! "Recovery after a crash or restart").
 
+use crate::builtin::SPAWN_AGENTS;
 use crate::config::RecoveryPolicy;
 use crate::event::InterruptReason;
 use crate::ids::Seq;
+use crate::message::ToolCall;
 use crate::working::{Status, WorkingSet};
 
 /// Automatic resumes allowed in a row without new user input.
@@ -64,4 +66,23 @@ pub fn plan_recovery(working: &WorkingSet) -> RecoveryPlan {
             RecoveryPolicy::Resume => RecoveryPlan::Redispatch,
         },
     }
+}
+
+/// The `spawn_agents` call a parent's log says it still waits on, with the
+/// seq of the response that made it (what its sub-agents are named after):
+/// the first open call of a turn in flight. Its sub-agents are recovered
+/// with it (the parent's own recovery re-dispatches the call, or closes it
+/// and cancels them: `Effect::CancelSubAgents`); any other sub-agent of
+/// this parent that a restart finds mid-turn is waited for by nobody (the
+/// parent's cancel was durable, the cancel of its children was not) and is
+/// cancelled, not resumed.
+pub fn awaited_spawn(parent: &WorkingSet) -> Option<(Seq, &ToolCall)> {
+    if parent.is_sub_agent() || parent.status() != Status::TurnInFlight {
+        return None;
+    }
+    parent
+        .open_calls
+        .first()
+        .filter(|call| call.name == SPAWN_AGENTS)
+        .map(|call| (parent.calls_seq, call))
 }

@@ -30,7 +30,7 @@ use crate::time::Timestamp;
 /// whenever the same events would give a different working set, or one
 /// with other fields: checkpoints (`codec::checkpoint`) written by another
 /// version are then ignored and the log replayed.
-pub const REDUCER_VERSION: u32 = 5;
+pub const REDUCER_VERSION: u32 = 6;
 
 /// How many of the latest resolutions the working set keeps on record
 /// (`WorkingSet::resolved`).
@@ -57,6 +57,12 @@ pub struct WorkingSet {
     /// Tool calls of the latest assistant message that have no result yet, in
     /// request order. Tools run serially, so the first is the one running or waiting.
     pub open_calls: Vec<ToolCall>,
+    /// Seq of the `AssistantMessage` that made the calls of `open_calls`
+    /// (0 before the first): unique in the log where a provider's tool call
+    /// ids need not be, so a `spawn_agents` call's children are named
+    /// after it (`Effect::SpawnSubAgents`).
+    #[serde(default)]
+    pub calls_seq: Seq,
     /// Open calls suspended on a human or a client, in order.
     pub pending: Vec<PendingCall>,
     /// Open calls a human approved that have not produced a result yet.
@@ -189,6 +195,7 @@ impl WorkingSet {
             turn: 0,
             current_turn: None,
             open_calls: Vec::new(),
+            calls_seq: 0,
             pending: Vec::new(),
             approved: Vec::new(),
             resolved: Vec::new(),
@@ -387,6 +394,7 @@ impl WorkingSet {
                     .iter()
                     .filter_map(|block| block.tool_call().cloned())
                     .collect();
+                self.calls_seq = seq;
                 let content = match blocks {
                     Cow::Borrowed(blocks) => {
                         blocks.iter().map(AssistantBlock::to_content).collect()

@@ -655,7 +655,7 @@ impl Driver {
         for effect in &step.effects {
             match effect {
                 Effect::StartStream { generation, .. } => self.generations.push(*generation),
-                Effect::StartTool { call } | Effect::SpawnSubAgents { call } => {
+                Effect::StartTool { call } | Effect::SpawnSubAgents { call, .. } => {
                     self.running_tool = Some(call.id.clone());
                 }
                 Effect::SetTimer { timer, at } => self.timers.push(ArmedTimer {
@@ -675,6 +675,7 @@ impl Driver {
                 | Effect::Publish { .. }
                 | Effect::AbortStream { .. }
                 | Effect::AbortTool { .. }
+                | Effect::CancelSubAgents { .. }
                 | Effect::SaveSnapshot
                 | Effect::Stop => {}
             }
@@ -1076,6 +1077,25 @@ proptest! {
         })?;
     }
 
+    /// A sub-agent takes no turn once it has finished, so it owes none:
+    /// every message it acknowledged got a turn or was named `Unanswered`
+    /// (a submission, a failure, a cancel or a stop with messages queued).
+    #[test]
+    fn a_finished_sub_agent_owes_no_message(setup in setup(), moves in moves(1)) {
+        run(&setup, &moves, |driver, _| {
+            if driver.state.phase.is_terminal() {
+                let working = &driver.state.working;
+                prop_assert!(
+                    working.untriggered.is_empty() && working.queued.is_empty(),
+                    "a finished sub-agent owes {:?}, queued {:?}",
+                    working.untriggered,
+                    working.queued.len()
+                );
+            }
+            Ok(())
+        })?;
+    }
+
     /// The log's encoding: every event a random run appends decodes back to
     /// itself, from the current record version and from version 1.
     #[test]
@@ -1153,6 +1173,13 @@ proptest! {
             let after = &step.state;
             let sub_agent = before.working.is_sub_agent();
             match &before.phase {
+                // A sub-agent fails in every state but a terminal one:
+                // before its task came too.
+                Phase::Idle | Phase::Error { .. } | Phase::Debouncing { .. } if sub_agent => {
+                    prop_assert!(matches!(after.phase, Phase::Failed { .. }),
+                        "cancelled sub-agent is {:?}", after.phase);
+                    prop_assert!(after.working.untriggered.is_empty(), "owes {:?}", after.working.untriggered);
+                }
                 Phase::Idle
                 | Phase::Error { .. }
                 | Phase::Terminating

@@ -894,7 +894,7 @@ fn req_bed_008_parent_spawns_sub_agents_through_a_dedicated_effect() {
     assert!(step
         .effects
         .iter()
-        .any(|effect| matches!(effect, Effect::SpawnSubAgents { call } if call.id.0 == "sp1")));
+        .any(|effect| matches!(effect, Effect::SpawnSubAgents { call, .. } if call.id.0 == "sp1")));
     // The aggregated results come back as the call's result.
     let step = harness.tool_done("sp1", "[{\"task\":1,\"result\":\"ok\"}]", false);
     assert_eq!(started_streams(&step).len(), 1);
@@ -2692,4 +2692,241 @@ fn a_running_tool_keeps_the_last_8_kib_of_its_output_whole_characters_only() {
     let tail = output_tail(&harness);
     assert_eq!(tail.len(), 8_190);
     assert!(tail.chars().all(|c| c == '€'));
+}
+
+// --- Sub-agents: ids, cancels, owed messages, deadlines --------------------------------------
+
+fn spawn_effects(step: &Step) -> Vec<(String, Seq)> {
+    step.effects
+        .iter()
+        .filter_map(|effect| match effect {
+            Effect::SpawnSubAgents { call, seq } => Some((call.id.0.clone(), *seq)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn assistant_seqs(harness: &Harness) -> Vec<Seq> {
+    harness
+        .log
+        .iter()
+        .filter(|event| matches!(event.kind, EventKind::AssistantMessage { .. }))
+        .map(|event| event.seq)
+        .collect()
+}
+
+/// A provider may reuse tool call ids (one that numbers its calls): a
+/// spawn call is named by the seq of the response that made it, which is
+/// unique in the log and the same when a restart re-dispatches the call.
+#[test]
+fn a_spawn_call_is_named_by_the_seq_of_its_response_not_its_tool_call_id() {
+    let spawn = |harness: &mut Harness| {
+        harness.respond(
+            vec![tool_block("sp1", "spawn_agents", json!({"tasks": ["a"]}))],
+            Usage::default(),
+        )
+    };
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("split the work");
+    let first = spawn_effects(&spawn(&mut harness));
+    harness.tool_done("sp1", "done", false);
+    harness.reply("ok");
+    harness.send("again");
+    let second = spawn_effects(&spawn(&mut harness));
+    let seqs = assistant_seqs(&harness);
+    assert_eq!(first, vec![("sp1".to_owned(), seqs[0])]);
+    assert_eq!(second, vec![("sp1".to_owned(), seqs[2])]);
+    // A restart mid-call re-dispatches it under the same name.
+    let step = harness.restart();
+    assert_eq!(spawn_effects(&step), second);
+}
+
+/// A spawn call an earlier life dispatched and recovery closes (`recovery
+/// = idle`) has sub-agents nobody waits for: they are cancelled at once.
+/// Resumed, the call is carried out again and nothing is cancelled.
+#[test]
+fn a_spawn_call_closed_by_recovery_cancels_its_sub_agents() {
+    let cancels = |step: &Step| -> Vec<(String, Seq)> {
+        step.effects
+            .iter()
+            .filter_map(|effect| match effect {
+                Effect::CancelSubAgents { call, seq } => Some((call.id.0.clone(), *seq)),
+                _ => None,
+            })
+            .collect()
+    };
+    for recovery in [RecoveryPolicy::Idle, RecoveryPolicy::Resume] {
+        let mut harness = Harness::new(ConversationConfig {
+            recovery,
+            ..ConversationConfig::default()
+        });
+        harness.send("split the work");
+        harness.respond(
+            vec![tool_block("sp1", "spawn_agents", json!({"tasks": ["a"]}))],
+            Usage::default(),
+        );
+        let seq = assistant_seqs(&harness)[0];
+        let step = harness.restart();
+        match recovery {
+            RecoveryPolicy::Idle => {
+                assert_eq!(cancels(&step), vec![("sp1".to_owned(), seq)]);
+                assert!(spawn_effects(&step).is_empty());
+            }
+            RecoveryPolicy::Resume => {
+                assert!(cancels(&step).is_empty());
+                assert_eq!(spawn_effects(&step), vec![("sp1".to_owned(), seq)]);
+            }
+        }
+    }
+}
+
+/// A cancel fails a sub-agent in every moment, also before its task came
+/// and while its task waits out `busy_policy = interrupt`'s debounce:
+/// nobody would ever give it work again, and it must not idle until its
+/// deadline.
+#[test]
+fn a_sub_agent_cancelled_before_its_task_or_while_it_debounces_fails() {
+    let mut harness = Harness::sub_agent(sub_agent_config(5));
+    let step = harness.step(Input::Cancel);
+    assert_eq!(
+        harness.phase(),
+        &Phase::Failed {
+            reason: "cancelled".to_owned()
+        }
+    );
+    assert!(cancelled_timers(&step).contains(&Timer::Deadline));
+
+    let mut harness = Harness::sub_agent(ConversationConfig {
+        busy_policy: BusyPolicy::Interrupt,
+        ..sub_agent_config(5)
+    });
+    harness.send("task");
+    let task = harness.log.last().unwrap().seq;
+    assert!(matches!(harness.phase(), Phase::Debouncing { .. }));
+    let step = harness.step(Input::Cancel);
+    assert_eq!(
+        harness.phase(),
+        &Phase::Failed {
+            reason: "cancelled".to_owned()
+        }
+    );
+    assert!(cancelled_timers(&step).contains(&Timer::Debounce { token: task }));
+    assert!(harness.kinds().iter().any(|kind| matches!(kind,
+        EventKind::Unanswered { messages, reason: InterruptReason::Cancelled } if messages == &[task])));
+    assert!(harness.working().untriggered.is_empty());
+    // And a restart leaves it failed, owing nothing.
+    harness.restart();
+    assert!(matches!(harness.phase(), Phase::Failed { .. }));
+}
+
+/// Messages queued behind a sub-agent's last turn get no turn (it
+/// submitted, failed or was stopped): they are named `Unanswered`, as
+/// every acknowledged message that gets no turn is.
+#[test]
+fn a_sub_agent_that_finishes_names_its_queued_messages_unanswered() {
+    for ending in ["submit", "fail", "shutdown"] {
+        let mut harness = Harness::sub_agent(ConversationConfig {
+            busy_policy: BusyPolicy::Queue,
+            ..sub_agent_config(5)
+        });
+        harness.send("task");
+        harness.send("and this too");
+        let queued = harness.log.last().unwrap().seq;
+        match ending {
+            "submit" => {
+                harness.respond(
+                    vec![tool_block("s1", "submit_result", json!({"result": "done"}))],
+                    Usage::default(),
+                );
+            }
+            "fail" => {
+                harness.fail(false, None);
+            }
+            _ => {
+                harness.step(Input::Shutdown);
+            }
+        }
+        assert!(harness.phase().is_terminal(), "{ending}");
+        assert!(
+            harness.kinds().iter().any(|kind| matches!(kind,
+                EventKind::Unanswered { messages, .. } if messages.contains(&queued))),
+            "{ending}: {:?}",
+            harness.kinds()
+        );
+        assert!(harness.working().untriggered.is_empty(), "{ending}");
+    }
+}
+
+/// A sub-agent's deadline follows a changed timeout at once; another
+/// change arms nothing.
+#[test]
+fn a_changed_sub_agent_timeout_re_arms_its_deadline() {
+    let mut harness = Harness::sub_agent(sub_agent_config(5));
+    harness.send("task");
+    let mut config = sub_agent_config(5);
+    config.sub_agent.timeout_ms = 120_000;
+    let step = harness.step(Input::ChangeConfig {
+        config: config.clone(),
+    });
+    assert_eq!(
+        timer_of(&step),
+        Some((Timer::Deadline, Timestamp(T0 + 120_000)))
+    );
+    config.max_requests_per_turn += 1;
+    let step = harness.step(Input::ChangeConfig { config });
+    assert_eq!(step.appended().len(), 1);
+    assert_eq!(timer_of(&step), None);
+}
+
+/// `recovery::awaited_spawn`: a parent's log waits for the sub-agents of
+/// the spawn call its turn in flight has open, and for no others: not
+/// once a cancel closed the call, and never a sub-agent's.
+#[test]
+fn a_parent_waits_for_the_sub_agents_of_its_open_spawn_call_only() {
+    use keel_core::recovery::awaited_spawn;
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("split the work");
+    assert_eq!(awaited_spawn(harness.working()), None);
+    harness.respond(
+        vec![tool_block("sp1", "spawn_agents", json!({"tasks": ["a"]}))],
+        Usage::default(),
+    );
+    let seq = assistant_seqs(&harness)[0];
+    let awaited = awaited_spawn(harness.working()).map(|(seq, call)| (seq, call.id.0.clone()));
+    assert_eq!(awaited, Some((seq, "sp1".to_owned())));
+    harness.step(Input::Cancel);
+    assert_eq!(awaited_spawn(harness.working()), None);
+
+    let mut child = Harness::sub_agent(sub_agent_config(5));
+    child.send("task");
+    child.call_tools(&[("sp", "spawn_agents")]);
+    assert_eq!(awaited_spawn(child.working()), None);
+}
+
+/// No client is connected to a sub-agent: a call to a client tool it
+/// inherited from its parent is refused at once with a result it can act
+/// on, never left waiting until its deadline.
+#[test]
+fn a_sub_agent_calling_a_client_tool_is_told_it_is_not_available() {
+    let mut config = sub_agent_config(5);
+    config
+        .tools
+        .insert("client_tool".to_owned(), ToolPolicy::Client);
+    let mut harness = Harness::sub_agent(config);
+    harness.send("task");
+    let step = harness.call_tools(&[("c1", "client_tool")]);
+    let results = tool_results(&step);
+    assert_eq!(results.len(), 1);
+    assert!(
+        results[0]
+            .1
+            .contains("client tools are not available to sub-agents"),
+        "{results:?}"
+    );
+    assert!(harness.working().pending.is_empty());
+    assert_eq!(
+        started_streams(&step).len(),
+        1,
+        "the model hears of it at once"
+    );
 }

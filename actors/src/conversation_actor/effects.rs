@@ -239,6 +239,7 @@ async fn run_effect(
         Effect::Publish { .. }
             | Effect::AbortStream { .. }
             | Effect::AbortTool { .. }
+            | Effect::CancelSubAgents { .. }
             | Effect::SetTimer { .. }
             | Effect::CancelTimer { .. }
     ) {
@@ -266,7 +267,10 @@ async fn run_effect(
             }
         }
         Effect::StartTool { call } => start_tool(myself, state, call).await?,
-        Effect::SpawnSubAgents { call } => start_sub_agents(myself, state, call)?,
+        Effect::SpawnSubAgents { call, seq } => start_sub_agents(myself, state, call, seq)?,
+        Effect::CancelSubAgents { call, seq } => {
+            sub_agents::cancel_unfollowed(&state.shared, &state.id, &call, seq);
+        }
         Effect::AbortTool { tool_call_id } => {
             if let Some(worker) = state.tool.take_if(|worker| worker.key == tool_call_id) {
                 // Killing drops the tool's future, and with it the process
@@ -276,6 +280,7 @@ async fn run_effect(
             if let Some(spawn) = state.spawn.take_if(|spawn| spawn.key == tool_call_id) {
                 // No sub-agent outlives its parent's cancel.
                 spawn.cancel(&state.shared);
+                forget_children(state);
             }
         }
         Effect::SetTimer { timer, at } => {
@@ -436,6 +441,7 @@ fn start_sub_agents(
     myself: &ActorRef<ConversationMsg>,
     state: &mut ConversationState,
     call: ToolCall,
+    call_seq: Seq,
 ) -> Result<(), ActorProcessingErr> {
     let working = &state
         .conversation
@@ -448,10 +454,12 @@ fn start_sub_agents(
         parent_cwd: working.cwd.clone(),
         config: working.config.clone(),
         call,
+        call_seq,
         report: state.mailbox(myself),
     };
     // A call still followed is one the core moved on from: let it go
     // (its children keep running; only a cancel stops them).
+    forget_children(state);
     state.spawn = Some(sub_agents::start(args));
     Ok(())
 }
@@ -525,5 +533,18 @@ pub(crate) fn finish_tool(state: &mut ConversationState, tool_call_id: &ToolCall
     if let Some(worker) = state.tool.take_if(|worker| &worker.key == tool_call_id) {
         worker.cell.stop(None);
     }
-    state.spawn.take_if(|spawn| &spawn.key == tool_call_id);
+    if state
+        .spawn
+        .take_if(|spawn| &spawn.key == tool_call_id)
+        .is_some()
+    {
+        forget_children(state);
+    }
+}
+
+/// The spawn call is over: what its sub-agents waited on is no longer
+/// this conversation's to list or pass on.
+fn forget_children(state: &mut ConversationState) {
+    state.child_pending.clear();
+    state.child_calls.clear();
 }

@@ -10,12 +10,19 @@
 //! re-runs the request, re-dispatches the dangling tool calls with the same
 //! ids or starts the owed turn; `idle` closes open calls with synthetic
 //! results and records owed messages as unanswered), and pending approvals
-//! are simply there again.
+//! are simply there again. A sub-agent whose parent's log no longer waits
+//! for it (a crash came between the parent's durable cancel and the cancel
+//! of its sub-agents) is cancelled instead: nobody would read its result.
 
+use keel_core::builtin;
 use keel_core::ids::ConversationId;
+use keel_core::recovery::awaited_spawn;
 
 use super::Runtime;
+use crate::conversation_actor::ConversationMsg;
+use crate::door;
 use crate::process_group::{self, Reaped};
+use crate::sub_agents;
 use crate::Error;
 
 /// How long boot waits for the groups it killed to be gone.
@@ -29,6 +36,10 @@ pub struct BootReport {
     pub reaped: Vec<Reaped>,
     /// Conversations that were mid-turn or owed a turn, started again.
     pub recovered: Vec<ConversationId>,
+    /// Sub-agents found mid-turn whose parent no longer waits for them
+    /// (its cancel was durable, the cancel of its sub-agents was not):
+    /// cancelled instead of resumed.
+    pub cancelled: Vec<ConversationId>,
     /// Conversations that could not be started, with why.
     pub failed: Vec<(ConversationId, String)>,
 }
@@ -62,6 +73,18 @@ pub(super) async fn recover(runtime: &Runtime) -> Result<BootReport, Error> {
         if !entry.needs_recovery() {
             continue;
         }
+        if let Some(parent) = &entry.parent {
+            if !parent_waits(runtime, parent, &entry.id).await {
+                match cancel_orphan(runtime, &entry.id).await {
+                    Ok(()) => report.cancelled.push(entry.id),
+                    Err(error) => {
+                        tracing::error!(conversation = %entry.id, %error, "could not cancel");
+                        report.failed.push((entry.id, error.to_string()));
+                    }
+                }
+                continue;
+            }
+        }
         match runtime.ensure_started(&entry.id).await {
             Ok(_) => report.recovered.push(entry.id),
             Err(error) => {
@@ -78,3 +101,40 @@ pub(super) async fn recover(runtime: &Runtime) -> Result<BootReport, Error> {
     }
     Ok(report)
 }
+
+/// Whether `parent`'s log still waits for `child`: its open `spawn_agents`
+/// call (`keel_core::recovery::awaited_spawn`) is the one `child` was
+/// created for. A parent that cannot be read is given the benefit of the
+/// doubt: the child is recovered as before.
+async fn parent_waits(runtime: &Runtime, parent: &ConversationId, child: &ConversationId) -> bool {
+    let working = match keel_store::load(runtime.shared.store.as_ref(), parent).await {
+        Ok(Some(working)) => working,
+        Ok(None) => return false,
+        Err(error) => {
+            tracing::warn!(conversation = %child, %parent, %error, "cannot read the parent; recovering the sub-agent");
+            return true;
+        }
+    };
+    awaited_spawn(&working).is_some_and(|(call_seq, call)| {
+        let n_tasks = builtin::spawn_tasks(call, u32::MAX, true).map_or(0, |tasks| tasks.len());
+        sub_agents::children_of(parent, call_seq, &call.id, n_tasks).contains(child)
+    })
+}
+
+/// Cancel a sub-agent nobody waits for: its actor is started to record the
+/// cancel, which it carries out before recovering anything.
+async fn cancel_orphan(runtime: &Runtime, child: &ConversationId) -> Result<(), Error> {
+    let supervisor = door::supervisor(&runtime.shared).ok_or(Error::ShuttingDown)?;
+    let actor = door::cancel(&runtime.shared, &supervisor, child).await?;
+    let _ = actor
+        .call(
+            |reply| ConversationMsg::Cancel { reply },
+            Some(CANCEL_PATIENCE),
+        )
+        .await;
+    tracing::info!(conversation = %child, "cancelled a sub-agent its parent no longer waits for");
+    Ok(())
+}
+
+/// How long boot waits for an orphaned sub-agent to record its cancel.
+const CANCEL_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);

@@ -18,7 +18,7 @@ use keel_actors::core::event::{
     Decision, Event, EventKind, InterruptReason, NudgeReason, Outcome, PendingCall, PendingKind,
     RecoveryAction, TurnNote,
 };
-use keel_actors::core::live::{ContextWarning, LiveEvent, StreamDelta};
+use keel_actors::core::live::{ChildPendingCall, ContextWarning, LiveEvent, StreamDelta};
 use keel_actors::core::message::{
     AssistantBlock, ContentBlock, ImageRef, Message, Role, StopReason, ToolCall, Usage,
 };
@@ -409,7 +409,7 @@ impl From<Inspection> for ConversationDetail {
             usage: inspection.usage.into(),
             context_window: inspection.config.context_window,
             messages: inspection.messages.into_iter().map(Into::into).collect(),
-            pending: inspection.pending.into_iter().map(Into::into).collect(),
+            pending: all_pending(inspection.pending, inspection.child_pending),
             queued: inspection.queued,
             parent: inspection.parent.map(String::from),
             live: inspection.live,
@@ -554,6 +554,12 @@ pub struct ApiPendingCall {
     pub kind: ApiPendingKind,
     /// The question, for `elicitation`.
     pub prompt: Option<String>,
+    /// Set when a sub-agent of this conversation's running `spawn_agents`
+    /// call waits on it: the sub-agent's id. It is resolved through this
+    /// conversation all the same (`POST /v1/conversations/{id}/resolve`
+    /// passes the decision on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, ToSchema)]
@@ -579,8 +585,27 @@ impl From<PendingCall> for ApiPendingCall {
                 PendingKind::ClientExec => ApiPendingKind::ClientExec,
             },
             prompt: pending.prompt,
+            conversation: None,
         }
     }
+}
+
+impl From<ChildPendingCall> for ApiPendingCall {
+    fn from(waiting: ChildPendingCall) -> ApiPendingCall {
+        ApiPendingCall {
+            conversation: Some(waiting.child.to_string()),
+            ..waiting.pending.into()
+        }
+    }
+}
+
+/// A conversation's pending calls as the API lists them: its own, then
+/// those its sub-agents wait on.
+fn all_pending(own: Vec<PendingCall>, children: Vec<ChildPendingCall>) -> Vec<ApiPendingCall> {
+    own.into_iter()
+        .map(ApiPendingCall::from)
+        .chain(children.into_iter().map(ApiPendingCall::from))
+        .collect()
 }
 
 /// `GET /v1/conversations/{id}/log`.
@@ -857,6 +882,7 @@ pub fn interrupt_reason_name(reason: InterruptReason) -> &'static str {
         InterruptReason::ResumeLimit => "resume_limit",
         InterruptReason::RequestLimit { .. } => "request_limit",
         InterruptReason::Timeout => "timeout",
+        InterruptReason::Finished => "finished",
         InterruptReason::Shutdown => "shutdown",
     }
 }
@@ -935,6 +961,14 @@ pub enum ApiLiveEvent {
         task_idx: usize,
         child: String,
         state: ApiState,
+    },
+    /// What a sub-agent of this conversation's `spawn_agents` call
+    /// `tool_call_id` waits on now, all of it (empty once nothing waits).
+    /// Decide each call through this conversation, as its own.
+    ChildPending {
+        tool_call_id: String,
+        child: String,
+        pending: Vec<ApiPendingCall>,
     },
     /// This client fell behind: live-only events were lost, canonical
     /// events it missed follow from the log.
@@ -1033,6 +1067,21 @@ impl From<LiveEvent> for ApiLiveEvent {
                 child: child.to_string(),
                 state: state.into(),
             },
+            LiveEvent::ChildPending {
+                tool_call_id,
+                child,
+                pending,
+            } => ApiLiveEvent::ChildPending {
+                tool_call_id: tool_call_id.0,
+                pending: pending
+                    .into_iter()
+                    .map(|pending| ApiPendingCall {
+                        conversation: Some(child.to_string()),
+                        ..pending.into()
+                    })
+                    .collect(),
+                child: child.to_string(),
+            },
         }
     }
 }
@@ -1061,7 +1110,7 @@ impl From<View> for Snapshot {
             last_seq: view.last_seq,
             cwd: view.cwd,
             usage: view.usage.into(),
-            pending: view.pending.into_iter().map(Into::into).collect(),
+            pending: all_pending(view.pending, view.child_pending),
             recent_messages: view.recent_messages.into_iter().map(Into::into).collect(),
             omitted_messages: view.omitted_messages,
         }

@@ -175,10 +175,13 @@ impl Session {
             .prompt
             .clone()
             .unwrap_or_else(|| tool_input(&call.input));
+        let who = match &call.conversation {
+            Some(child) => format!("sub-agent {child}: {}", call.name),
+            None => call.name.clone(),
+        };
         println!(
             "{}",
-            self.paint
-                .yellow(&format!("{} wants to run: {what}", call.name))
+            self.paint.yellow(&format!("{who} wants to run: {what}"))
         );
         loop {
             let (decision, text) = match call.kind {

@@ -84,6 +84,15 @@ impl TurnWatch {
 
     /// The ending `frame` means, if it is one.
     pub fn observe(&mut self, frame: &Frame) -> Option<Ending> {
+        // A sub-agent of the turn's `spawn_agents` call waits for a
+        // decision: the turn waits on it as on its own calls (nobody
+        // watches the sub-agent), and it is decided through this
+        // conversation.
+        if let Frame::Live(ApiLiveEvent::ChildPending { pending, .. }) = frame {
+            return (self.started && !pending.is_empty()).then(|| Ending::Pending {
+                calls: pending.clone(),
+            });
+        }
         let Frame::Canonical(event) = frame else {
             return None;
         };
@@ -241,7 +250,10 @@ impl Printer {
                 let line = format!("sub-agent {} ({child}) {ended}", task_idx + 1);
                 self.note(&self.paint.dim(&line));
             }
+            // What it waits on is said where the turn stops for it
+            // (`pending_help`, or `keel chat`'s question).
             ApiLiveEvent::StateChanged { .. }
+            | ApiLiveEvent::ChildPending { .. }
             | ApiLiveEvent::ChildState { .. }
             | ApiLiveEvent::ThinkingDelta { .. }
             | ApiLiveEvent::ToolUseStarted { .. }
@@ -324,8 +336,12 @@ impl Printer {
                     call_id = call.tool_call_id
                 ),
             };
+            let whose = match &call.conversation {
+                Some(child) => format!(" (sub-agent {child})"),
+                None => String::new(),
+            };
             self.note(&self.paint.yellow(&format!(
-                "waiting for a decision on {} {}: {}",
+                "waiting for a decision on {} {}{whose}: {}",
                 call.name,
                 call.tool_call_id,
                 call.prompt.clone().unwrap_or_else(|| tool_input(&call.input))

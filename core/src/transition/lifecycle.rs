@@ -151,8 +151,16 @@ pub(super) fn change_config(ctx: &mut Ctx, config: ConversationConfig) {
         return ctx.reject(Rejection::ShuttingDown);
     }
     if config != ctx.conv.working.config {
+        let timeout_changed =
+            config.sub_agent.timeout_ms != ctx.conv.working.config.sub_agent.timeout_ms;
         // Takes effect with the next request; a request in flight goes on.
         ctx.emit(EventKind::ConfigChanged { config });
+        // A sub-agent's deadline moves with its timeout, at once: the timer
+        // armed for the old one would fire early and change nothing, or
+        // late (`SetTimer` replaces it).
+        if timeout_changed {
+            arm_deadline(ctx);
+        }
     }
 }
 

@@ -68,6 +68,16 @@ pub(super) fn advance(ctx: &mut Ctx) {
             ToolPolicy::Approve if !approved => {
                 return suspend(ctx, call, PendingKind::Approval, None);
             }
+            // No client is connected to a sub-agent: nobody would ever
+            // run the call, so it is refused at once, not waited on.
+            ToolPolicy::Client if sub_agent => {
+                refuse(
+                    ctx,
+                    call,
+                    "client tools are not available to sub-agents: no client runs them. Do without it, or submit_result saying what you need",
+                );
+                continue;
+            }
             ToolPolicy::Client => return suspend(ctx, call, PendingKind::ClientExec, None),
             ToolPolicy::Approve | ToolPolicy::Auto => return run(ctx, call, false),
         }
@@ -80,7 +90,8 @@ fn run(ctx: &mut Ctx, call: ToolCall, spawn: bool) {
         output_tail: String::new(),
     });
     ctx.effect(if spawn {
-        Effect::SpawnSubAgents { call }
+        let seq = ctx.conv.working.calls_seq;
+        Effect::SpawnSubAgents { call, seq }
     } else {
         Effect::StartTool { call }
     });

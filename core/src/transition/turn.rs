@@ -235,7 +235,8 @@ pub(super) fn end_interrupted(ctx: &mut Ctx, reason: InterruptReason, stopped: S
         | InterruptReason::Cancelled
         | InterruptReason::Restart
         | InterruptReason::ResumeLimit
-        | InterruptReason::Timeout => unanswered(ctx, queued, reason),
+        | InterruptReason::Timeout
+        | InterruptReason::Finished => unanswered(ctx, queued, reason),
     }
 }
 
@@ -247,8 +248,19 @@ pub(super) fn unanswered(ctx: &mut Ctx, messages: Vec<Seq>, reason: InterruptRea
 }
 
 /// Give every tool call still open a synthetic error result, in order, so the
-/// history stays valid for every provider (invariant 3).
+/// history stays valid for every provider (invariant 3). The first open call
+/// is the one an earlier life of the actor may have dispatched: if it is a
+/// parent's `spawn_agents`, its sub-agents are cancelled too, since nobody
+/// waits for them any more (a running call is not open here: `stop_work`
+/// aborted it and its result was recorded first).
 pub(super) fn close_open_calls(ctx: &mut Ctx, why: &str) {
+    let working = &ctx.conv.working;
+    if let Some(call) = working.open_calls.first() {
+        if call.name == builtin::SPAWN_AGENTS && !working.is_sub_agent() {
+            let (call, seq) = (call.clone(), working.calls_seq);
+            ctx.effect(Effect::CancelSubAgents { call, seq });
+        }
+    }
     let open: Vec<ToolCallId> = ctx
         .conv
         .working
@@ -278,8 +290,12 @@ pub(super) fn fail_sub_agent(
 }
 
 /// A sub-agent reached its terminal state: record it, and drop its
-/// deadline, which can no longer change anything.
+/// deadline, which can no longer change anything. Messages still owed a
+/// turn (queued behind the turn that submitted or failed, or left owed by
+/// a graceful stop) never get one now: they are named `Unanswered`.
 pub(super) fn finish_sub_agent(ctx: &mut Ctx, outcome: Outcome) {
+    let owed = ctx.conv.working.untriggered.clone();
+    unanswered(ctx, owed, InterruptReason::Finished);
     ctx.emit(EventKind::Finished {
         outcome: outcome.clone(),
     });
@@ -323,6 +339,7 @@ fn synthetic_reason(reason: InterruptReason) -> String {
             format!("not run: the turn reached its limit of {limit} requests")
         }
         InterruptReason::Timeout => "cancelled: the time limit passed".to_owned(),
+        InterruptReason::Finished => "not run: the sub-agent had finished".to_owned(),
         InterruptReason::Shutdown => {
             "interrupted: keel shut down before the turn finished".to_owned()
         }

@@ -178,3 +178,86 @@ async fn a_daemon_killed_while_sub_agents_run_finds_them_again_after_a_restart()
         .count();
     assert_eq!(done_asked, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agents_gated_call_reaches_whoever_watches_its_parent() {
+    let rig = Rig::start();
+    let daemon = &rig.daemon;
+    rig.mock
+        .push_script(json!([
+            {
+                "when": "PARENT",
+                "tool_calls": [{"id": "spawn1", "name": "spawn_agents", "input": {"tasks": [
+                    {"task": "TASK-GATED"}
+                ]}}]
+            },
+            {"when": "TASK-GATED", "tool_calls": [{"id": "gated1", "name": "bash", "input": {"command": "echo gated-ran"}}]},
+            {"when": "TASK-GATED", "tool_calls": [{"name": "submit_result", "input": {"result": "ran it"}}]},
+            {"when": "PARENT", "text": "all done"},
+        ]))
+        .await;
+    // The child inherits `bash = approve`.
+    let parent = daemon
+        .create(&rig.site, json!({"tools": {"bash": "approve"}}))
+        .await;
+    let mut stream = daemon.events(&parent, Resume::Now).await;
+
+    // `keel send` stops at the child's call and says how to decide it,
+    // through the parent.
+    let sent = rig.keel(&["send", &parent, "PARENT: split the work"]);
+    let stdout = String::from_utf8_lossy(&sent.stdout).into_owned();
+    assert_eq!(
+        sent.status.code(),
+        Some(5),
+        "{}",
+        crate::cli::describe(&sent)
+    );
+    assert!(
+        stdout.contains("gated1") && stdout.contains("sub-agent"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("keel approve {parent} gated1")),
+        "{stdout}"
+    );
+
+    // The parent's stream showed it, naming the child.
+    let frames = stream
+        .until("the child's pending call", |frame| {
+            frame.is_live("child_pending") && frame.json()["pending"] != json!([])
+        })
+        .await;
+    let shown = frames.last().unwrap().json();
+    let child = shown["child"].as_str().unwrap().to_owned();
+    assert_eq!(shown["pending"][0]["tool_call_id"], "gated1", "{shown:#}");
+    assert_eq!(shown["pending"][0]["conversation"], child.as_str());
+
+    // Listed with the parent's pending calls.
+    let detail = daemon
+        .get(&format!("/v1/conversations/{parent}"))
+        .await
+        .body;
+    let pending = detail["pending"].as_array().unwrap();
+    assert_eq!(pending.len(), 1, "{detail:#}");
+    assert_eq!(pending[0]["tool_call_id"], "gated1");
+    assert_eq!(pending[0]["conversation"], child.as_str());
+
+    // `keel approve PARENT CALL` reaches the child, which runs the call.
+    rig.ok(&["approve", &parent, "gated1"]);
+    let log = daemon
+        .wait_log(&parent, "the parent's answer", |event| {
+            kind(event) == "assistant_message" && event.to_string().contains("all done")
+        })
+        .await;
+    let results = of_kind(&log, "tool_result");
+    assert_eq!(results.len(), 1, "{log:#?}");
+    assert!(
+        results[0]["content"].as_str().unwrap().contains("ran it"),
+        "{results:#?}"
+    );
+    let detail = daemon
+        .get(&format!("/v1/conversations/{parent}"))
+        .await
+        .body;
+    assert_eq!(detail["pending"], json!([]), "{detail:#}");
+}

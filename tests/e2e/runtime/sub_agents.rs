@@ -631,3 +631,230 @@ async fn a_task_directory_is_taken_from_the_parents_and_may_not_lead_out_of_it()
         cwd.join("sub").as_path()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_that_reuses_tool_call_ids_still_gets_new_sub_agents_for_a_new_call() {
+    // Both spawn calls come back under the id `spawn1`, as from a provider
+    // that numbers its calls (keel's fake provider after a restart, local
+    // OpenAI-compatible servers).
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([
+            spawn_entry(&["TASK-FIRST"]),
+            submit_entry("TASK-FIRST", "first result"),
+            {"when": PARENT, "text": "first done"},
+            spawn_entry(&["TASK-SECOND"]),
+            submit_entry("TASK-SECOND", "second result"),
+            {"when": PARENT, "text": "second done"},
+        ]))
+        .await;
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let parent = runtime.create(rig.cwd(), parent_config()).await.unwrap();
+    let (first, _) = run_parent(&parent).await;
+    positions(&first, &["1 of 1 sub-agent completed", "first result"]);
+
+    let (second, _) = run_parent(&parent).await;
+    positions(&second, &["1 of 1 sub-agent completed", "second result"]);
+    assert!(!second.contains("first result"), "{second}");
+    assert_eq!(children_of(&runtime, parent.id()).await.len(), 2);
+    child_for(&runtime, parent.id(), "TASK-SECOND").await;
+}
+
+/// Waits until `child` has finished; returns its outcome.
+async fn finished(runtime: &Runtime, child: &ConversationId) -> Outcome {
+    let waited = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let events = runtime.store().read_all(child).await.unwrap();
+            if let Some(outcome) = events.iter().find_map(|event| match &event.kind {
+                EventKind::Finished { outcome } => Some(outcome.clone()),
+                _ => None,
+            }) {
+                return outcome;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    waited.unwrap_or_else(|_| panic!("{child} did not finish within {PATIENCE:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_recovered_idle_cancels_the_sub_agents_it_no_longer_waits_for() {
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([
+            spawn_entry(&["TASK-ABANDONED"]),
+            {"when": "TASK-ABANDONED", "hang": true},
+        ]))
+        .await;
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let config = ConversationConfig {
+        recovery: RecoveryPolicy::Idle,
+        ..parent_config()
+    };
+    let parent = runtime.create(rig.cwd(), config).await.unwrap();
+    let mut parent_watch = watch(&parent).await;
+    parent.send(PARENT, Vec::new()).await.unwrap();
+    let children = child_ids_seen(&mut parent_watch, 1).await;
+    eventually_requests_with(&rig, "TASK-ABANDONED").await;
+    drop(parent_watch);
+    // The parent alone crashes; its child runs on, live. Recovered under
+    // `idle`, the parent answers its call "interrupted by restart": nobody
+    // waits for the child any more, so it is cancelled at once, not left
+    // to its deadline (ten minutes by default).
+    parent.crash().await.unwrap();
+
+    assert_eq!(
+        finished(&runtime, &children[0]).await,
+        Outcome::Failed {
+            reason: "cancelled".to_owned()
+        }
+    );
+    let results = tool_results(&log(&runtime, &parent).await);
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert!(
+        results[0].1.contains("interrupted by restart"),
+        "{results:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agent_whose_parent_was_cancelled_before_a_crash_is_cancelled_at_boot_not_resumed() {
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([
+            spawn_entry(&["TASK-ORPHAN"]),
+            {"when": "TASK-ORPHAN", "hang": true},
+        ]))
+        .await;
+    let (parent_id, child) = {
+        let runtime = rig.runtime(rig.store(BackendKind::Redb)).await;
+        let parent = runtime.create(rig.cwd(), parent_config()).await.unwrap();
+        let mut parent_watch = watch(&parent).await;
+        parent.send(PARENT, Vec::new()).await.unwrap();
+        let children = child_ids_seen(&mut parent_watch, 1).await;
+        eventually_requests_with(&rig, "TASK-ORPHAN").await;
+        let id = parent.id().clone();
+        drop(parent_watch);
+        drop(parent);
+        runtime.crash().await;
+        (id, children[0].clone())
+    };
+    // The parent's cancel was durable, the cancel of its sub-agent was
+    // not: what a crash right after a cancel leaves. The parent's log gets
+    // the very events the core records for a cancel.
+    {
+        let store = rig.store(BackendKind::Redb);
+        let events = store.read_all(&parent_id).await.unwrap();
+        let conversation = keel_actors::core::Conversation::replay(&events).unwrap();
+        let now = events.last().unwrap().at;
+        let step =
+            keel_actors::core::transition(conversation, keel_actors::core::Input::Cancel, now);
+        store
+            .append(&parent_id, step.appended().to_vec())
+            .await
+            .unwrap();
+    }
+    let (runtime, report) = Runtime::open(rig.runtime_config(rig.store(BackendKind::Redb)))
+        .await
+        .unwrap();
+    assert_eq!(report.cancelled, vec![child.clone()], "{report:?}");
+    assert!(!report.recovered.contains(&child), "{report:?}");
+    assert_eq!(
+        finished(&runtime, &child).await,
+        Outcome::Failed {
+            reason: "cancelled".to_owned()
+        }
+    );
+    // Nothing of it was sent to the provider again.
+    let requests = rig.mock.requests().await;
+    let asked = requests
+        .iter()
+        .filter(|request| {
+            request["body"]["messages"][0]["content"]
+                .to_string()
+                .contains("TASK-ORPHAN")
+        })
+        .count();
+    assert_eq!(asked, 1, "the orphan was resumed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agents_gated_call_is_listed_shown_and_resolved_through_its_parent() {
+    let rig = Rig::new();
+    rig.mock
+        .push_script(json!([
+            spawn_entry(&["TASK-GATED"]),
+            {"when": "TASK-GATED", "tool_calls": [{"id": "gated1", "name": "bash", "input": {"command": "echo gated-ran"}}]},
+            submit_entry("TASK-GATED", "ran it"),
+            {"when": PARENT, "text": "done"},
+        ]))
+        .await;
+    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let mut config = parent_config();
+    config.tools.insert(
+        "bash".to_owned(),
+        keel_actors::core::config::ToolPolicy::Approve,
+    );
+    let parent = runtime.create(rig.cwd(), config).await.unwrap();
+    let mut parent_watch = watch(&parent).await;
+    parent.send(PARENT, Vec::new()).await.unwrap();
+
+    // The parent's watchers are shown the child's call.
+    let waited = tokio::time::timeout(PATIENCE, async {
+        loop {
+            if let Received::Update(Update::Live {
+                event: LiveEvent::ChildPending { child, pending, .. },
+            }) = parent_watch.next().await
+            {
+                if !pending.is_empty() {
+                    return (child, pending);
+                }
+            }
+        }
+    })
+    .await;
+    let (child, pending) = waited.expect("the parent never showed its child's pending call");
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].call.id.as_str(), "gated1");
+    // Listed with the parent's pending calls, naming the child.
+    let inspection = parent.inspect().await.unwrap();
+    assert!(inspection.pending.is_empty(), "the parent's own calls");
+    assert_eq!(inspection.child_pending.len(), 1);
+    assert_eq!(inspection.child_pending[0].child, child);
+    assert_eq!(
+        inspection.child_pending[0].pending.call.id.as_str(),
+        "gated1"
+    );
+    let subscription = parent.subscribe().await.unwrap();
+    assert_eq!(subscription.view.child_pending, inspection.child_pending);
+    drop(subscription);
+
+    // Resolved through the parent: the decision reaches the child.
+    parent
+        .resolve(
+            keel_actors::core::ids::ToolCallId::new("gated1"),
+            Decision::Approve,
+        )
+        .await
+        .unwrap();
+    // Asked again after a lost answer: the same decision succeeds.
+    parent
+        .resolve(
+            keel_actors::core::ids::ToolCallId::new("gated1"),
+            Decision::Approve,
+        )
+        .await
+        .unwrap();
+    let results = wait_aggregate(&runtime, &parent).await;
+    assert_eq!(results.len(), 1, "{results:?}");
+    positions(&results[0].1, &["1 of 1 sub-agent completed", "ran it"]);
+    let child_results = tool_results(&runtime.store().read_all(&child).await.unwrap());
+    assert!(
+        child_results
+            .iter()
+            .any(|(id, content, _)| id == "gated1" && content.contains("gated-ran")),
+        "{child_results:?}"
+    );
+    assert!(parent.inspect().await.unwrap().child_pending.is_empty());
+}
