@@ -170,9 +170,11 @@ impl Client {
     /// `all` adds sub-agents. The result holds them all (`next_cursor`
     /// null).
     pub async fn list(&self, all: bool) -> Result<ConversationList, Error> {
-        let mut list = self.list_page(all, None, None).await?;
+        // The largest pages: every page costs the daemon a read of its index.
+        let limit = Some(crate::api::paging::MAX_LIMIT);
+        let mut list = self.list_page(all, limit, None).await?;
         while let Some(cursor) = list.next_cursor.take() {
-            let mut page = self.list_page(all, None, Some(&cursor)).await?;
+            let mut page = self.list_page(all, limit, Some(&cursor)).await?;
             list.conversations.append(&mut page.conversations);
             list.next_cursor = page.next_cursor;
         }
@@ -283,9 +285,10 @@ impl Client {
     /// `GET /admin/actors`, every page: the live actors (`next_cursor`
     /// null).
     pub async fn actors(&self) -> Result<ActorList, Error> {
-        let mut list = self.actors_page(None, None).await?;
+        let limit = Some(crate::api::paging::MAX_LIMIT);
+        let mut list = self.actors_page(limit, None).await?;
         while let Some(cursor) = list.next_cursor.take() {
-            let mut page = self.actors_page(None, Some(&cursor)).await?;
+            let mut page = self.actors_page(limit, Some(&cursor)).await?;
             list.actors.append(&mut page.actors);
             list.next_cursor = page.next_cursor;
         }

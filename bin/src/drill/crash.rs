@@ -831,26 +831,23 @@ impl Worker {
                         .push(accepted.seq);
                     let after = accepted.seq;
                     let ended = self
-                        .follow_until(&mut events, |event| {
-                            event.seq > after
-                                && matches!(
-                                    event.kind,
-                                    ApiEventKind::TurnCompleted { .. }
-                                        | ApiEventKind::TurnFailed { .. }
-                                        | ApiEventKind::TurnInterrupted { .. }
-                                        | ApiEventKind::Unanswered { .. }
-                                )
-                        })
+                        .follow_until(&mut events, |event| event.seq > after && ends_a_turn(event))
                         .await;
                     match ended {
                         Ok(()) => self.shared.book().turns += 1,
                         Err(error) => {
-                            self.shared.violation(
-                                "no conversation stays busy",
-                                Some(&self.id),
-                                Some(after),
-                                error,
-                            );
+                            // The log says whether the turn ended: if it
+                            // did, what failed is the stream's delivery.
+                            let ended_in_log = read_log(&self.client, &self.id, after + 1)
+                                .await
+                                .is_ok_and(|events| events.iter().any(ends_a_turn));
+                            let check = if ended_in_log {
+                                "every event in the log reaches the client's stream"
+                            } else {
+                                "no conversation stays busy"
+                            };
+                            self.shared
+                                .violation(check, Some(&self.id), Some(after), error);
                             return;
                         }
                     }
@@ -911,17 +908,32 @@ impl Worker {
         let started = Instant::now();
         let mut reconnecting = false;
         loop {
-            if started.elapsed() > TURN_PATIENCE {
-                return Err(format!("no end of the turn within {TURN_PATIENCE:?}"));
-            }
-            if let Some(call) = self.approvals.next_due(Instant::now()) {
-                self.approve(&call).await;
-            }
-            let next = tokio::time::timeout(Duration::from_millis(10), events.next()).await;
+            // One `next` is polled until it gives a frame, approvals given
+            // as they fall due meanwhile. It is never dropped half-way: a
+            // reconnection in progress (a connect, a backoff) that was
+            // started over every few milliseconds would never finish on a
+            // loaded machine, and the drill would call its own impatience
+            // a stuck conversation.
+            let next = {
+                let next = events.next();
+                tokio::pin!(next);
+                loop {
+                    if started.elapsed() > TURN_PATIENCE {
+                        return Err(format!("no end of the turn within {TURN_PATIENCE:?}"));
+                    }
+                    if let Some(call) = self.approvals.next_due(Instant::now()) {
+                        self.approve(&call).await;
+                    }
+                    if let Ok(next) =
+                        tokio::time::timeout(Duration::from_millis(10), &mut next).await
+                    {
+                        break next;
+                    }
+                }
+            };
             let frame = match next {
-                Err(_) => continue,
-                Ok(Ok(frame)) => frame,
-                Ok(Err(error)) => return Err(format!("the event stream failed: {error}")),
+                Ok(frame) => frame,
+                Err(error) => return Err(format!("the event stream failed: {error}")),
             };
             match frame {
                 Frame::Snapshot(snapshot) => {
@@ -1213,6 +1225,17 @@ async fn check_log(client: &Client, shared: &Shared, id: &str, full: bool) {
         *seen = seen.split_off(&next_seq);
     }
     book.checked.insert(id.to_owned(), checked);
+}
+
+/// Whether `event` ends the turn of a message (or says it got none).
+fn ends_a_turn(event: &ApiEvent) -> bool {
+    matches!(
+        event.kind,
+        ApiEventKind::TurnCompleted { .. }
+            | ApiEventKind::TurnFailed { .. }
+            | ApiEventKind::TurnInterrupted { .. }
+            | ApiEventKind::Unanswered { .. }
+    )
 }
 
 fn kind_name(event: &ApiEvent) -> String {
