@@ -580,6 +580,7 @@ fn library_turns(mock_url: &str, sizes: &Sizes) -> Turns {
             },
             tools: ToolRegistry::with_defaults(),
             process_dir: Some(data.join("processes")),
+            spawner: None,
             settings: Settings::default(),
         };
         let (runtime, _) = Runtime::open(config).await.unwrap();

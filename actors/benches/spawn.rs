@@ -1,0 +1,2 @@
+//! Placeholder until the spawn bench lands.
+fn main() {}
