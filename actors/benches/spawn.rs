@@ -6,6 +6,7 @@
 //! ```text
 //! cargo bench -p keel-actors --bench spawn
 //! KEEL_BENCH_QUICK=1 cargo bench -p keel-actors --bench spawn   # smoke run
+//! KEEL_BENCH_WAY=spawner cargo bench -p keel-actors --bench spawn # one way only
 //! ```
 //!
 //! One call is `Bash.run` of `true` to its result: spawn behind the gate,
@@ -18,6 +19,11 @@
 //! (5,000 Unix socket pairs, standing for a daemon's connected clients;
 //! close-on-exec, as every descriptor Rust opens).
 //!
+//! Each case is measured twice: `Spawner::spawn` of `true` alone (until
+//! the pid is known; a direct spawn holds its thread until the child has
+//! exec'd, its inherited descriptors closed), its exit waited for; and a
+//! whole `bash` call.
+//!
 //! The four cases are interleaved, round after round, so that a busy spell
 //! of the (shared) machine falls on all of them. Per case and round: the
 //! wall time of each call (p50, p90) and this process's CPU time (user +
@@ -25,12 +31,12 @@
 //! descriptor table is charged. A summary gives the median over the rounds.
 
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use keel_actors::core::message::ToolCall;
 use keel_actors::core::ToolCallId;
-use keel_actors::spawner::{Spawner, SpawnerCommand};
+use keel_actors::spawner::{Launch, Spawner, SpawnerCommand};
 use keel_actors::tool::{Bash, Tool, ToolContext, ToolOutcome, ToolOutput};
 
 /// Calls per case and round, rounds, extra descriptors; `KEEL_BENCH_QUICK=1`
@@ -55,6 +61,11 @@ const QUICK: Counts = Counts {
 
 /// One case's samples in one round.
 struct Sample {
+    /// `Spawner::spawn` of `true` alone: until the pid is known.
+    spawn_wall: Vec<Duration>,
+    /// This process's CPU per spawn of `true`, its exit waited for.
+    cpu_per_spawn: Duration,
+    /// A whole `bash` call.
     wall: Vec<Duration>,
     cpu_per_call: Duration,
 }
@@ -86,7 +97,13 @@ fn main() {
         })
         .await;
         assert!(helper.uses_helper().await, "keel-spawner did not start");
-        let ways = [("direct", Spawner::direct()), ("spawner", helper)];
+        // `KEEL_BENCH_WAY=direct` or `=spawner` measures that way alone
+        // (for a profile of one).
+        let only = std::env::var("KEEL_BENCH_WAY").unwrap_or_default();
+        let ways: Vec<(&str, Spawner)> = [("direct", Spawner::direct()), ("spawner", helper)]
+            .into_iter()
+            .filter(|(way, _)| only.is_empty() || only == *way)
+            .collect();
         // (extra fds, way) -> samples of each round.
         let mut results: Vec<((usize, &str), Vec<Sample>)> = Vec::new();
         for extra in [0, counts.extra_fds] {
@@ -95,8 +112,16 @@ fn main() {
             }
         }
         println!(
-            "\n{:>5} {:>7} {:>8} {:>6} {:>10} {:>10} {:>12}",
-            "round", "fds", "way", "calls", "p50 wall", "p90 wall", "CPU/call"
+            "\n{:>5} {:>7} {:>8} {:>6} {:>11} {:>11} {:>10} {:>10} {:>10}",
+            "round",
+            "fds",
+            "way",
+            "n",
+            "spawn p50",
+            "spawn CPU",
+            "call p50",
+            "call p90",
+            "call CPU"
         );
         for round in 1..=counts.rounds {
             for extra in [0, counts.extra_fds] {
@@ -109,8 +134,10 @@ fn main() {
                     run_true(spawner).await;
                     let sample = measure(spawner, counts.calls).await;
                     println!(
-                        "{round:>5} {n_fds:>7} {way:>8} {:>6} {:>10} {:>10} {:>12}",
+                        "{round:>5} {n_fds:>7} {way:>8} {:>6} {:>11} {:>11} {:>10} {:>10} {:>10}",
                         counts.calls,
+                        format_duration(percentile(&sample.spawn_wall, 50)),
+                        format_duration(sample.cpu_per_spawn),
                         format_duration(percentile(&sample.wall, 50)),
                         format_duration(percentile(&sample.wall, 90)),
                         format_duration(sample.cpu_per_call),
@@ -126,25 +153,45 @@ fn main() {
         }
         println!("\nmedian over {} rounds:", counts.rounds);
         println!(
-            "{:>13} {:>8} {:>10} {:>10} {:>12}",
-            "extra fds", "way", "p50 wall", "p90 wall", "CPU/call"
+            "{:>9} {:>8} {:>11} {:>11} {:>10} {:>10} {:>10}",
+            "extra fds", "way", "spawn p50", "spawn CPU", "call p50", "call p90", "call CPU"
         );
         for ((extra, way), samples) in &results {
-            let p50s: Vec<Duration> = samples.iter().map(|s| percentile(&s.wall, 50)).collect();
-            let p90s: Vec<Duration> = samples.iter().map(|s| percentile(&s.wall, 90)).collect();
-            let cpus: Vec<Duration> = samples.iter().map(|s| s.cpu_per_call).collect();
+            let median = |of: &dyn Fn(&Sample) -> Duration| {
+                let values: Vec<Duration> = samples.iter().map(of).collect();
+                format_duration(percentile(&values, 50))
+            };
             println!(
-                "{extra:>13} {way:>8} {:>10} {:>10} {:>12}",
-                format_duration(percentile(&p50s, 50)),
-                format_duration(percentile(&p90s, 50)),
-                format_duration(percentile(&cpus, 50)),
+                "{extra:>9} {way:>8} {:>11} {:>11} {:>10} {:>10} {:>10}",
+                median(&|s| percentile(&s.spawn_wall, 50)),
+                median(&|s| s.cpu_per_spawn),
+                median(&|s| percentile(&s.wall, 50)),
+                median(&|s| percentile(&s.wall, 90)),
+                median(&|s| s.cpu_per_call),
             );
         }
     });
 }
 
-/// `calls` calls of `true`, one after the other.
+/// `calls` spawns of `true`, then `calls` bash calls of `true`, one after
+/// the other.
 async fn measure(spawner: &Spawner, calls: usize) -> Sample {
+    let argv = ["true".into()];
+    let launch = Launch {
+        argv: &argv,
+        env: &[],
+        cwd: Path::new("/"),
+    };
+    let mut spawn_wall = Vec::with_capacity(calls);
+    let cpu_before = process_cpu();
+    for _ in 0..calls {
+        let started = Instant::now();
+        let launched = spawner.spawn(&launch).await.unwrap();
+        spawn_wall.push(started.elapsed());
+        let mut exit = launched.exit;
+        assert!(exit.wait().await.unwrap().success());
+    }
+    let cpu_per_spawn = process_cpu().saturating_sub(cpu_before) / u32::try_from(calls).unwrap();
     let mut wall = Vec::with_capacity(calls);
     let cpu_before = process_cpu();
     for _ in 0..calls {
@@ -154,6 +201,8 @@ async fn measure(spawner: &Spawner, calls: usize) -> Sample {
     }
     let cpu = process_cpu().saturating_sub(cpu_before);
     Sample {
+        spawn_wall,
+        cpu_per_spawn,
         wall,
         cpu_per_call: cpu / u32::try_from(calls).unwrap(),
     }

@@ -12,16 +12,20 @@
 //! connections (BENCHMARKS.md, "Tool spawns and open connections").
 //!
 //! *The protocol* (`spawner/protocol.rs`): the runtime creates the child's
-//! three pipes, sends a `spawn` request (argv, cwd, the whole environment:
-//! the child's is exactly what a direct spawn would give it) over a
-//! `SOCK_SEQPACKET` socket pair with the child's ends attached
-//! (`SCM_RIGHTS`), and gets back the pid, which leads a new process group.
+//! three pipes and a socket pair of its own, sends a `spawn` request (argv,
+//! cwd, the whole environment: the child's is exactly what a direct spawn
+//! would give it) over the spawner's `SOCK_SEQPACKET` socket with the
+//! child's ends attached (`SCM_RIGHTS`), and gets back the pid, which leads
+//! a new process group, on the child's socket.
 //! The caller then adopts the group (`ProcessGroup`, recorded in the ledger)
 //! as it would a child of its own; the command itself still waits behind
-//! `bash`'s gate until then. Exit statuses come back over the socket. The
-//! spawner does not reap an exited child until the runtime releases it
-//! (after its `killpg`), so a process group id the runtime may still signal
-//! never names anyone else (`spawner/serve.rs`).
+//! `bash`'s gate until then. The exit status comes back on the child's
+//! socket too. The spawner does not reap an exited child until the runtime
+//! closes that socket (after its `killpg`), so a process group id the
+//! runtime may still signal never names anyone else (`spawner/serve.rs`).
+//! One socket per child keeps the runtime's side to a task awaiting its own
+//! descriptor: no reader task, no routing table, and a spawner that dies
+//! closes every child's socket, which is how the waiting calls hear of it.
 //!
 //! *Failures.* A spawner that cannot be started (no such program, it does
 //! not answer) leaves the runtime spawning directly, logged once. One that
@@ -32,14 +36,13 @@
 mod protocol;
 mod serve;
 
-use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -47,7 +50,6 @@ use rustix::net::{AddressFamily, SocketFlags, SocketType};
 use rustix::pipe::PipeFlags;
 use tokio::io::Interest;
 use tokio::net::unix::pipe;
-use tokio::sync::mpsc;
 
 use protocol::{Reply, Request, MAX_MESSAGE};
 pub use serve::{serve, serve_stdin};
@@ -141,11 +143,17 @@ impl Spawner {
     /// [`ProcessGroup::adopt`](crate::process_group::ProcessGroup::adopt)).
     pub async fn spawn(&self, launch: &Launch<'_>) -> io::Result<Launched> {
         if let Some(slot) = &self.helper {
-            if let Some(helper) = slot.helper().await {
+            // A spawner found gone when it is handed the request is started
+            // again once, and the request sent again: nothing had started.
+            for _ in 0..2 {
+                let Some(helper) = slot.helper().await else {
+                    break;
+                };
                 match helper.spawn(launch).await {
-                    Err(SpawnError::TooLarge) => {}
-                    Err(SpawnError::Io(error)) => return Err(error),
                     Ok(launched) => return Ok(launched),
+                    Err(SpawnError::Io(error)) => return Err(error),
+                    Err(SpawnError::Gone) => continue,
+                    Err(SpawnError::TooLarge) => break,
                 }
             }
         }
@@ -298,6 +306,8 @@ enum SpawnError {
     /// The request does not fit in one message (a huge environment):
     /// start it directly instead.
     TooLarge,
+    /// The spawner was gone before it took the request: nothing started.
+    Gone,
     Io(io::Error),
 }
 
@@ -310,41 +320,19 @@ impl From<io::Error> for SpawnError {
 /// A running spawner process and the runtime's end of its socket.
 #[derive(Debug)]
 struct Helper {
-    link: Arc<Link>,
-    /// Reads replies and routes them to their children.
-    reader: tokio::task::JoinHandle<()>,
+    /// Where spawn requests go (see `Helper::start`).
+    socket: tokio::net::UnixStream,
     /// The spawner process; killed when the helper is dropped (it would
     /// exit anyway, its socket closed).
-    _process: tokio::process::Child,
-    next_id: AtomicU64,
-}
-
-/// What the helper and its reader task share.
-#[derive(Debug)]
-struct Link {
-    /// Our end of the socket pair (see `Helper::start`).
-    socket: tokio::net::UnixStream,
-    /// Where each child's replies go, by request id.
-    children: Mutex<HashMap<u64, mpsc::UnboundedSender<Reply>>>,
-    /// Set when the socket closed or failed: the spawner is gone.
+    process: Mutex<tokio::process::Child>,
+    /// Set once the spawner failed a request or a child's reply socket
+    /// closed early: it is gone.
     dead: AtomicBool,
-}
-
-impl Drop for Helper {
-    fn drop(&mut self) {
-        self.reader.abort();
-    }
 }
 
 impl Helper {
     async fn start(command: &SpawnerCommand) -> io::Result<Helper> {
-        let (ours, theirs) = rustix::net::socketpair(
-            AddressFamily::UNIX,
-            SocketType::SEQPACKET,
-            SocketFlags::CLOEXEC,
-            None,
-        )?;
-        rustix::io::ioctl_fionbio(&ours, true)?;
+        let (ours, theirs) = seqpacket_pair()?;
         let process = tokio::process::Command::new(&command.program)
             .args(&command.args)
             // Its children get the environment each request carries, and
@@ -356,49 +344,45 @@ impl Helper {
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()?;
-        let link = Arc::new(Link {
-            // tokio's `UnixStream` is only the readiness of the descriptor
-            // here (its reads and writes are never used: each message goes
-            // through `sendmsg` and `recvmsg` in `async_io`), which holds
-            // for a `SOCK_SEQPACKET` socket as for a stream; its `AsyncFd`
-            // would need unsafe code to register.
-            socket: tokio::net::UnixStream::from_std(std::os::unix::net::UnixStream::from(ours))?,
-            children: Mutex::new(HashMap::new()),
+        let helper = Helper {
+            socket: ours,
+            process: Mutex::new(process),
             dead: AtomicBool::new(false),
-        });
-        let mut buffer = vec![0_u8; MAX_MESSAGE];
-        match tokio::time::timeout(PATIENCE, link.receive(&mut buffer)).await {
-            Ok(Ok(Some(Reply::Ready))) => {}
-            Ok(Ok(_)) => {
-                return Err(io::Error::other(
-                    "the spawner exited or spoke out of turn instead of saying it is ready",
-                ))
-            }
-            Ok(Err(error)) => return Err(error),
-            Err(_) => return Err(io::Error::other("the spawner did not say it is ready")),
+        };
+        match tokio::time::timeout(PATIENCE, receive(&helper.socket)).await {
+            Ok(Ok(Some(Reply::Ready))) => Ok(helper),
+            Ok(Ok(_)) => Err(io::Error::other(
+                "the spawner exited or spoke out of turn instead of saying it is ready",
+            )),
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(io::Error::other("the spawner did not say it is ready")),
         }
-        let reader = tokio::spawn(read_replies(link.clone(), buffer));
-        Ok(Helper {
-            link,
-            reader,
-            _process: process,
-            next_id: AtomicU64::new(1),
-        })
     }
 
+    /// Whether the spawner is known gone: it failed us, or its process
+    /// exited (a `waitpid(WNOHANG)`).
     fn is_dead(&self) -> bool {
-        self.link.dead.load(Ordering::Acquire)
+        if self.dead.load(Ordering::Acquire) {
+            return true;
+        }
+        let exited = self
+            .process
+            .lock()
+            .map(|mut process| !matches!(process.try_wait(), Ok(None)))
+            .unwrap_or(true);
+        if exited {
+            self.dead.store(true, Ordering::Release);
+        }
+        exited
     }
 
     async fn spawn(self: &Arc<Helper>, launch: &Launch<'_>) -> Result<Launched, SpawnError> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         // The child's environment: ours, with the launch's on top.
         let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
             .filter(|(name, _)| launch.env.iter().all(|(added, _)| added != name))
             .collect();
         env.extend(launch.env.iter().cloned());
         let request = Request::Spawn {
-            id,
             cwd: launch.cwd.as_os_str().to_owned(),
             argv: launch.argv.to_vec(),
             env,
@@ -408,51 +392,47 @@ impl Helper {
             return Err(SpawnError::TooLarge);
         }
         let Pipes {
-            child,
+            child: [child_stdin, child_stdout, child_stderr],
             stdin,
             stdout,
             stderr,
         } = pipes()?;
-        let (replies_to, mut replies) = mpsc::unbounded_channel();
-        self.link.lock().insert(id, replies_to);
-        let [child_stdin, child_stdout, child_stderr] = &child;
+        // The child's own socket: its replies come back here, and closing
+        // our end releases it.
+        let (replies, theirs) = seqpacket_pair()?;
         let fds = [
             child_stdin.as_fd(),
             child_stdout.as_fd(),
             child_stderr.as_fd(),
+            theirs.as_fd(),
         ];
         let sent = self
-            .link
             .socket
             .async_io(Interest::WRITABLE, || {
-                protocol::send(self.link.socket.as_fd(), &request, &fds)
+                protocol::send(self.socket.as_fd(), &request, &fds)
             })
             .await;
         // Our copies of the child's ends: the child holds its own now, and
         // its output ends only when every write end is closed.
-        drop(child);
-        if let Err(error) = sent {
-            self.link.lock().remove(&id);
-            self.link.dead.store(true, Ordering::Release);
-            return Err(SpawnError::Io(io::Error::new(
-                error.kind(),
-                format!("cannot reach the process spawner: {error}"),
-            )));
+        drop((child_stdin, child_stdout, child_stderr, theirs));
+        if sent.is_err() {
+            self.dead.store(true, Ordering::Release);
+            return Err(SpawnError::Gone);
         }
-        let pid = match tokio::time::timeout(PATIENCE, replies.recv()).await {
-            Ok(Some(Reply::Spawned { pid, .. })) => pid,
-            Ok(Some(Reply::Failed { errno, .. })) if errno != 0 => {
+        let pid = match tokio::time::timeout(PATIENCE, receive(&replies)).await {
+            Ok(Ok(Some(Reply::Spawned { pid }))) => pid,
+            Ok(Ok(Some(Reply::Failed { errno }))) if errno != 0 => {
                 return Err(SpawnError::Io(io::Error::from_raw_os_error(errno)))
             }
-            Ok(Some(_)) => return Err(SpawnError::Io(io::Error::other("the spawner failed"))),
-            Ok(None) => {
+            Ok(Ok(Some(_))) => return Err(SpawnError::Io(io::Error::other("the spawner failed"))),
+            Ok(Ok(None) | Err(_)) => {
+                self.dead.store(true, Ordering::Release);
                 return Err(SpawnError::Io(io::Error::other(
                     "the process spawner died before it answered",
-                )))
+                )));
             }
             Err(_) => {
-                self.link.lock().remove(&id);
-                self.link.dead.store(true, Ordering::Release);
+                self.dead.store(true, Ordering::Release);
                 return Err(SpawnError::Io(io::Error::other(format!(
                     "the process spawner did not answer within {} s",
                     PATIENCE.as_secs()
@@ -465,7 +445,6 @@ impl Helper {
             stdout,
             stderr,
             exit: ChildExit(Exit::Helper(HelperChild {
-                id,
                 pid,
                 replies,
                 helper: self.clone(),
@@ -475,99 +454,52 @@ impl Helper {
     }
 }
 
-impl Link {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, mpsc::UnboundedSender<Reply>>> {
-        // The map is consistent after every step, so a panic elsewhere
-        // while it was held changes nothing.
-        self.children
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// The next reply; `None` when the spawner is gone.
-    async fn receive(&self, buffer: &mut [u8]) -> io::Result<Option<Reply>> {
-        loop {
-            let received = self
-                .socket
-                .async_io(Interest::READABLE, || {
-                    protocol::receive(self.socket.as_fd(), &mut *buffer)
-                })
-                .await?;
-            let Some(received) = received else {
-                return Ok(None);
-            };
-            // Replies carry no descriptors; a malformed one is skipped.
-            if let Some(reply) = Reply::decode(&received.bytes) {
-                return Ok(Some(reply));
-            }
-        }
-    }
-
-    /// Tell the spawner it may reap child `id`: at once if the socket takes
-    /// it (it nearly always does), else from a task.
-    fn release(self: &Arc<Link>, id: u64) {
-        let message = Request::Release { id }.encode();
-        match protocol::send(self.socket.as_fd(), &message, &[]) {
-            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    let link = self.clone();
-                    runtime.spawn(async move {
-                        let _ = link
-                            .socket
-                            .async_io(Interest::WRITABLE, || {
-                                protocol::send(link.socket.as_fd(), &message, &[])
-                            })
-                            .await;
-                    });
-                }
-                // With no runtime left the spawner's socket closes soon,
-                // and a spawner whose runtime is gone reaps everything.
-            }
-            _ => {}
-        }
-    }
+/// A `SOCK_SEQPACKET` socket pair, both ends close-on-exec: ours
+/// non-blocking, in tokio's reactor, theirs for the spawner. tokio's
+/// `UnixStream` is only the readiness of the descriptor here (its reads and
+/// writes are never used: each message goes through `sendmsg` and `recvmsg`
+/// in `async_io`), which holds for a `SOCK_SEQPACKET` socket as for a
+/// stream; its `AsyncFd` would need unsafe code to register.
+fn seqpacket_pair() -> io::Result<(tokio::net::UnixStream, OwnedFd)> {
+    let (ours, theirs) = rustix::net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )?;
+    rustix::io::ioctl_fionbio(&ours, true)?;
+    let ours = tokio::net::UnixStream::from_std(std::os::unix::net::UnixStream::from(ours))?;
+    Ok((ours, theirs))
 }
 
-/// Route the spawner's replies to the children they are about, until it
-/// is gone; then every child still waiting hears so (its channel closes).
-async fn read_replies(link: Arc<Link>, mut buffer: Vec<u8>) {
-    while let Ok(Some(reply)) = link.receive(&mut buffer).await {
-        match reply {
-            Reply::Ready => {}
-            Reply::Spawned { id, .. } => {
-                let mut children = link.lock();
-                if children.get(&id).is_some_and(|to| to.send(reply).is_err()) {
-                    // The caller gave up (cancelled) before the answer: its
-                    // child stays behind its gate, whose stdin just closed,
-                    // and exits; that exit is released below.
-                    children.remove(&id);
-                }
-            }
-            Reply::Failed { id, .. } => {
-                if let Some(to) = link.lock().remove(&id) {
-                    let _ = to.send(reply);
-                }
-            }
-            Reply::Exited { id, .. } => {
-                let to = link.lock().remove(&id);
-                if to.is_none_or(|to| to.send(reply).is_err()) {
-                    // Nobody waits for it: nobody will release it either.
-                    link.release(id);
-                }
-            }
+/// The next reply on `socket`; `None` when the other end closed. Replies
+/// carry no descriptors; a malformed one is skipped.
+async fn receive(socket: &tokio::net::UnixStream) -> io::Result<Option<Reply>> {
+    let mut buffer = [0_u8; 256];
+    loop {
+        let received = socket
+            .async_io(Interest::READABLE, || {
+                protocol::receive(socket.as_fd(), &mut buffer)
+            })
+            .await?;
+        let Some(received) = received else {
+            return Ok(None);
+        };
+        if let Some(reply) = Reply::decode(&received.bytes) {
+            return Ok(Some(reply));
         }
     }
-    link.dead.store(true, Ordering::Release);
-    link.lock().clear();
 }
 
 /// The exit to come of a child of the spawner.
 #[derive(Debug)]
 struct HelperChild {
-    id: u64,
     pid: u32,
-    replies: mpsc::UnboundedReceiver<Reply>,
-    /// Keeps the spawner (and its socket) for as long as the child is ours.
+    /// The child's own socket: its exit comes here; dropping it is the
+    /// release (the spawner may reap the leader).
+    replies: tokio::net::UnixStream,
+    /// Keeps the spawner for as long as the child is ours, and hears of
+    /// its death.
     helper: Arc<Helper>,
     /// Set once the exit was reported.
     exited: bool,
@@ -575,18 +507,17 @@ struct HelperChild {
 
 impl HelperChild {
     async fn wait(&mut self) -> io::Result<ExitStatus> {
-        loop {
-            match self.replies.recv().await {
-                Some(Reply::Exited { status, .. }) => {
-                    self.exited = true;
-                    return Ok(ExitStatus::from_raw(status));
-                }
-                Some(_) => {}
-                None => {
-                    return Err(io::Error::other(
-                        "the process spawner died, so the command's exit status is unknown",
-                    ))
-                }
+        match receive(&self.replies).await {
+            Ok(Some(Reply::Exited { status })) => {
+                self.exited = true;
+                Ok(ExitStatus::from_raw(status))
+            }
+            Ok(_) | Err(_) => {
+                // Only the spawner's end closing ends this socket early.
+                self.helper.dead.store(true, Ordering::Release);
+                Err(io::Error::other(
+                    "the process spawner died, so the command's exit status is unknown",
+                ))
             }
         }
     }
@@ -595,8 +526,9 @@ impl HelperChild {
 impl Drop for HelperChild {
     fn drop(&mut self) {
         if !self.exited && !self.helper.is_dead() {
-            // Unreleased, the leader is not reaped, so its pid is still
-            // its own: the same promise as `kill_on_drop`.
+            // Unreleased (our socket is still open), the leader is not
+            // reaped, so its pid is still its own: the same promise as
+            // `kill_on_drop`.
             if let Some(pid) = i32::try_from(self.pid)
                 .ok()
                 .and_then(rustix::process::Pid::from_raw)
@@ -604,6 +536,6 @@ impl Drop for HelperChild {
                 let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
             }
         }
-        self.helper.link.release(self.id);
+        // Then `replies` closes: the release.
     }
 }

@@ -419,6 +419,17 @@ fn handed_on_at_exec() -> Vec<String> {
     found
 }
 
+/// The state letter of process `pid` (field 3 of its stat line).
+fn state_of(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
+}
+
 /// The parent of process `pid` (field 4 of its stat line).
 fn parent_of(pid: u32) -> u32 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -443,9 +454,11 @@ const LIST_FDS_THEN_WAIT: &str = "ls /proc/$$/fd; echo pid $$; sleep 30 & sleep 
 async fn a_command_started_by_the_spawner_inherits_nothing_and_is_cancelled_in_time() {
     // As a runtime does: the spawner starts before the descriptors that
     // stand for open connections exist.
-    let started_with = handed_on_at_exec();
     let spawner = Spawner::start(spawner_command()).await;
     assert!(spawner.uses_helper().await);
+    // What the spawner could have inherited: at most this (other tests of
+    // this binary run at the same time and may leak one too).
+    let started_with = handed_on_at_exec();
     let (_leaked, leaked_number) = leak_a_descriptor();
     let connections: Vec<_> = (0..200)
         .map(|_| std::os::unix::net::UnixStream::pair().unwrap())
@@ -552,6 +565,46 @@ async fn a_spawner_that_dies_mid_call_ends_the_call_with_an_error_and_is_started
         .unwrap();
     assert!(!outcome.is_error, "{outcome:?}");
     assert!(spawner.uses_helper().await);
+}
+
+#[tokio::test]
+async fn a_spawner_that_died_between_calls_is_started_again_for_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let spawner = Spawner::start(spawner_command()).await;
+    let parent = |spawner: &Spawner| {
+        let mut call = context(
+            json!({"command": "echo $PPID"}),
+            dir.path(),
+            ToolOutput::discard(),
+        );
+        call.spawner = spawner.clone();
+        async move {
+            let outcome = tokio::time::timeout(PATIENCE, Bash.run(call))
+                .await
+                .unwrap();
+            assert!(!outcome.is_error, "{outcome:?}");
+            pgid_of(&outcome.content)
+        }
+    };
+    let first = parent(&spawner).await;
+    nix::sys::signal::kill(
+        Pid::from_raw(first as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // Dead (a zombie until the runtime reaps it) before the next call.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while state_of(first) != Some('Z') {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the spawner never died"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let second = parent(&spawner).await;
+    assert_ne!(second, first);
+    assert_ne!(second, std::process::id(), "not spawned directly");
 }
 
 #[tokio::test]

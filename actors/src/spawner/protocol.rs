@@ -1,13 +1,15 @@
-//! What the runtime and its spawner process say to each other over their
-//! `SOCK_SEQPACKET` socket pair: one message per datagram, its fields
+//! What the runtime and its spawner process say to each other over
+//! `SOCK_SEQPACKET` socket pairs: one message per datagram, its fields
 //! NUL-terminated byte strings (argv, environment entries and paths
 //! cannot hold a NUL, and may not be UTF-8), the first field the kind.
 //!
-//! The runtime asks: `spawn` (with the child's stdin, stdout and stderr
-//! attached as `SCM_RIGHTS`) and `release` (it is done with a child's
-//! process group, so the spawner may reap the leader). The spawner says:
-//! `ready` once at start, `spawned` with the pid or `failed` with the
-//! errno, and `exited` with the raw wait status.
+//! On the spawner's socket (its stdin) the spawner says `ready` once, and
+//! the runtime sends `spawn` requests with four descriptors attached
+//! (`SCM_RIGHTS`): the child's stdin, stdout and stderr, and one end of a
+//! socket pair of the child's own. On that one the spawner answers
+//! `spawned` with the pid or `failed` with the errno, then `exited` with
+//! the raw wait status; the runtime closing its end is the release (it is
+//! done with the child's process group: the leader may be reaped).
 
 use std::ffi::{OsStr, OsString};
 use std::io::{self, IoSlice, IoSliceMut};
@@ -29,16 +31,13 @@ pub(crate) const MAX_MESSAGE: usize = 128 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Request {
     /// Start `argv` in `cwd` with exactly `env`, leading a new process
-    /// group, with the three descriptors that came along as its stdio.
+    /// group, with the first three descriptors that came along as its
+    /// stdio; the fourth is where its replies go.
     Spawn {
-        id: u64,
         cwd: OsString,
         argv: Vec<OsString>,
         env: Vec<(OsString, OsString)>,
     },
-    /// The runtime killed the group of child `id` (or never needs to):
-    /// the leader may be reaped once it has exited.
-    Release { id: u64 },
 }
 
 /// A reply from the spawner.
@@ -47,18 +46,15 @@ pub(crate) enum Reply {
     /// Sent once, when the spawner is up.
     Ready,
     Spawned {
-        id: u64,
         pid: u32,
     },
     /// `errno` is the OS error of the failed spawn (0 if there was none).
     Failed {
-        id: u64,
         errno: i32,
     },
     /// The child exited; `status` is its raw wait status
     /// (`ExitStatus::from_raw`). It stays unreaped until released.
     Exited {
-        id: u64,
         status: i32,
     },
 }
@@ -67,9 +63,8 @@ impl Request {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         match self {
-            Request::Spawn { id, cwd, argv, env } => {
+            Request::Spawn { cwd, argv, env } => {
                 field(&mut out, b"spawn");
-                field(&mut out, id.to_string().as_bytes());
                 field(&mut out, cwd.as_bytes());
                 field(&mut out, argv.len().to_string().as_bytes());
                 for arg in argv {
@@ -82,10 +77,6 @@ impl Request {
                     field(&mut out, &entry);
                 }
             }
-            Request::Release { id } => {
-                field(&mut out, b"release");
-                field(&mut out, id.to_string().as_bytes());
-            }
         }
         out
     }
@@ -94,7 +85,6 @@ impl Request {
         let mut fields = fields(bytes)?.into_iter();
         match fields.next()? {
             b"spawn" => {
-                let id = number(fields.next()?)?;
                 let cwd = OsStr::from_bytes(fields.next()?).to_owned();
                 let argc: usize = number(fields.next()?)?;
                 let mut argv = Vec::with_capacity(argc.min(1024));
@@ -111,11 +101,7 @@ impl Request {
                         OsString::from_vec(value.get(1..)?.to_vec()),
                     ));
                 }
-                Some(Request::Spawn { id, cwd, argv, env })
-            }
-            b"release" => {
-                let id = number(fields.next()?)?;
-                fields.next().is_none().then_some(Request::Release { id })
+                Some(Request::Spawn { cwd, argv, env })
             }
             _ => None,
         }
@@ -130,17 +116,17 @@ impl Reply {
                 field(&mut out, b"ready");
                 Vec::new()
             }
-            Reply::Spawned { id, pid } => {
+            Reply::Spawned { pid } => {
                 field(&mut out, b"spawned");
-                vec![id.to_string(), pid.to_string()]
+                vec![pid.to_string()]
             }
-            Reply::Failed { id, errno } => {
+            Reply::Failed { errno } => {
                 field(&mut out, b"failed");
-                vec![id.to_string(), errno.to_string()]
+                vec![errno.to_string()]
             }
-            Reply::Exited { id, status } => {
+            Reply::Exited { status } => {
                 field(&mut out, b"exited");
-                vec![id.to_string(), status.to_string()]
+                vec![status.to_string()]
             }
         };
         for number in numbers {
@@ -153,16 +139,11 @@ impl Reply {
         let fields = fields(bytes)?;
         let reply = match fields.as_slice() {
             [b"ready"] => Reply::Ready,
-            [b"spawned", id, pid] => Reply::Spawned {
-                id: number(id)?,
-                pid: number(pid)?,
-            },
-            [b"failed", id, errno] => Reply::Failed {
-                id: number(id)?,
+            [b"spawned", pid] => Reply::Spawned { pid: number(pid)? },
+            [b"failed", errno] => Reply::Failed {
                 errno: number(errno)?,
             },
-            [b"exited", id, status] => Reply::Exited {
-                id: number(id)?,
+            [b"exited", status] => Reply::Exited {
                 status: number(status)?,
             },
             _ => return None,
@@ -193,7 +174,7 @@ pub(crate) fn send(
     message: &[u8],
     fds: &[BorrowedFd<'_>],
 ) -> io::Result<()> {
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
         return Err(io::Error::new(
@@ -225,7 +206,7 @@ pub(crate) struct Received {
 /// Receive one message into `buffer`; `None` at end of stream (the peer is
 /// gone). A message cut short (longer than the buffer) is an error.
 pub(crate) fn receive(socket: impl AsFd, buffer: &mut [u8]) -> io::Result<Option<Received>> {
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(3))];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let received = rustix::net::recvmsg(
         socket,
@@ -259,7 +240,6 @@ mod tests {
     #[test]
     fn requests_round_trip_with_bytes_that_are_not_utf8() {
         let spawn = Request::Spawn {
-            id: 7,
             cwd: OsString::from_vec(b"/tmp/\xff".to_vec()),
             argv: vec!["bash".into(), "-c".into(), "echo a=b".into(), "".into()],
             env: vec![
@@ -269,17 +249,15 @@ mod tests {
             ],
         };
         assert_eq!(Request::decode(&spawn.encode()), Some(spawn));
-        let release = Request::Release { id: u64::MAX };
-        assert_eq!(Request::decode(&release.encode()), Some(release));
     }
 
     #[test]
     fn replies_round_trip() {
         for reply in [
             Reply::Ready,
-            Reply::Spawned { id: 1, pid: 4242 },
-            Reply::Failed { id: 2, errno: 2 },
-            Reply::Exited { id: 3, status: 9 },
+            Reply::Spawned { pid: 4242 },
+            Reply::Failed { errno: 2 },
+            Reply::Exited { status: 9 },
         ] {
             assert_eq!(Reply::decode(&reply.encode()), Some(reply));
         }
@@ -288,11 +266,12 @@ mod tests {
     #[test]
     fn malformed_messages_decode_to_nothing() {
         assert_eq!(Request::decode(b"spawn\0"), None);
-        assert_eq!(Request::decode(b"release\x001"), None);
-        assert_eq!(Request::decode(b"spawn\x001\0/\x002\0bash\0"), None);
-        assert_eq!(Request::decode(b"spawn\x001\0/\x000\0NOEQUALS\0"), None);
-        assert_eq!(Reply::decode(b"spawned\x001\0"), None);
-        assert_eq!(Reply::decode(b"exited\x00x\x001\0"), None);
+        assert_eq!(Request::decode(b"release\x001\0"), None);
+        assert_eq!(Request::decode(b"spawn\0/\x002\0bash\0"), None);
+        assert_eq!(Request::decode(b"spawn\0/\x000\0NOEQUALS\0"), None);
+        assert_eq!(Reply::decode(b"spawned\0"), None);
+        assert_eq!(Reply::decode(b"exited\0x\0"), None);
+        assert_eq!(Reply::decode(b"spawned\x001"), None);
         assert_eq!(Reply::decode(b""), None);
     }
 }

@@ -10,19 +10,18 @@
 //! One thread per running child waits for its exit with
 //! `waitid(WEXITED | WNOWAIT)`, which leaves it a zombie: the pid (and so
 //! the process group id the runtime kills by) stays the child's until the
-//! runtime says `release`, after its own `killpg`. Only then is it reaped.
+//! runtime closes the child's reply socket, after its own `killpg`. Only
+//! then is it reaped.
 //! When the runtime's end of the socket closes (it exited or crashed), the
 //! spawner exits; its children live on, reparented, as they would have
 //! after a crash of a runtime that started them itself, and the next
 //! runtime's boot reaps them through the process ledger.
 
-use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::sync::Arc;
 
 use rustix::process::{Pid, WaitId, WaitIdOptions};
 
@@ -39,10 +38,7 @@ pub fn serve_stdin() -> io::Result<()> {
 
 /// Serve the runtime on `socket` until it closes.
 pub fn serve(socket: OwnedFd) -> io::Result<()> {
-    let socket = Arc::new(socket);
     protocol::send(socket.as_fd(), &Reply::Ready.encode(), &[])?;
-    // Per running child: where its waiter learns it was released.
-    let mut releases: HashMap<u64, mpsc::Sender<()>> = HashMap::new();
     let mut buffer = vec![0_u8; MAX_MESSAGE];
     loop {
         let received = match protocol::receive(socket.as_fd(), &mut buffer) {
@@ -52,47 +48,43 @@ pub fn serve(socket: OwnedFd) -> io::Result<()> {
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
             Err(error) => return Err(error),
         };
-        match Request::decode(&received.bytes) {
-            Some(Request::Spawn { id, cwd, argv, env }) => {
-                let reply = match spawn(&cwd, &argv, env, received.fds) {
-                    Ok(child) => {
-                        let pid = child.id();
-                        protocol::send(socket.as_fd(), &Reply::Spawned { id, pid }.encode(), &[])?;
-                        let (release, released) = mpsc::channel();
-                        releases.insert(id, release);
-                        watch(id, child, released, socket.clone());
-                        continue;
-                    }
-                    Err(error) => Reply::Failed {
-                        id,
-                        errno: error.raw_os_error().unwrap_or(0),
-                    },
-                };
-                protocol::send(socket.as_fd(), &reply.encode(), &[])?;
-            }
-            Some(Request::Release { id }) => {
-                if let Some(release) = releases.remove(&id) {
-                    // The waiter is gone only if it could not be started,
-                    // and then it reaped the child itself.
-                    let _ = release.send(());
-                }
-            }
+        let Some(Request::Spawn { cwd, argv, env }) = Request::decode(&received.bytes) else {
             // Not from a runtime of this build: nothing to do but ignore it.
-            None => {}
+            continue;
+        };
+        let Ok([stdin, stdout, stderr, replies]) = <[OwnedFd; 4]>::try_from(received.fds) else {
+            // Without its reply socket nobody hears of the child: start none.
+            continue;
+        };
+        match spawn(&cwd, &argv, env, [stdin, stdout, stderr]) {
+            Ok(child) => {
+                // The caller may have given up already; the child then finds
+                // its stdin closed at the gate, and the waiter reaps it.
+                let _ = protocol::send(
+                    replies.as_fd(),
+                    &Reply::Spawned { pid: child.id() }.encode(),
+                    &[],
+                );
+                watch(child, replies);
+            }
+            Err(error) => {
+                let errno = error.raw_os_error().unwrap_or(0);
+                let _ = protocol::send(replies.as_fd(), &Reply::Failed { errno }.encode(), &[]);
+            }
         }
     }
 }
 
-/// Start `argv` leading a new process group, stdio from `fds`.
+/// Start `argv` leading a new process group, stdio from `stdio`.
 fn spawn(
-    cwd: &std::ffi::OsStr,
-    argv: &[std::ffi::OsString],
-    env: Vec<(std::ffi::OsString, std::ffi::OsString)>,
-    fds: Vec<OwnedFd>,
+    cwd: &OsStr,
+    argv: &[OsString],
+    env: Vec<(OsString, OsString)>,
+    [stdin, stdout, stderr]: [OwnedFd; 3],
 ) -> io::Result<Child> {
-    let invalid = || io::Error::from_raw_os_error(rustix::io::Errno::INVAL.raw_os_error());
-    let [stdin, stdout, stderr]: [OwnedFd; 3] = fds.try_into().map_err(|_| invalid())?;
-    let program = argv.first().ok_or_else(invalid)?;
+    let program = argv
+        .first()
+        .ok_or_else(|| io::Error::from_raw_os_error(rustix::io::Errno::INVAL.raw_os_error()))?;
     Command::new(program)
         .args(argv.get(1..).unwrap_or_default())
         .env_clear()
@@ -105,51 +97,48 @@ fn spawn(
         .spawn()
 }
 
-/// Wait for `child` on a thread of its own: report its exit, then reap it
-/// once the runtime released it (or the spawner is going away).
-fn watch(id: u64, mut child: Child, released: mpsc::Receiver<()>, socket: Arc<OwnedFd>) {
+/// Wait for `child` on a thread of its own: report its exit on `replies`,
+/// then reap it once the runtime closed its end (the release).
+fn watch(mut child: Child, replies: OwnedFd) {
     let pid = Pid::from_child(&child);
-    let reports = socket.clone();
     let waiter = std::thread::Builder::new()
         .name(format!("wait-{}", child.id()))
         .stack_size(64 * 1024);
     let spawned = waiter.spawn(move || {
-        let status = loop {
-            match rustix::process::waitid(
-                WaitId::Pid(pid),
-                WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
-            ) {
-                Ok(Some(status)) => break raw_wait_status(&status),
-                Ok(None) => continue,
-                Err(rustix::io::Errno::INTR) => continue,
-                // ECHILD cannot happen for our own unreaped child; report
-                // it as a kill so the runtime does not wait forever.
-                Err(_) => break SIGKILL_STATUS,
-            }
-        };
-        let _ = protocol::send(reports.as_fd(), &Reply::Exited { id, status }.encode(), &[]);
-        // A closed channel means the spawner is ending: reap regardless.
-        let _ = released.recv();
+        let status = exit_status(pid);
+        let _ = protocol::send(replies.as_fd(), &Reply::Exited { status }.encode(), &[]);
+        // The runtime sends nothing on this socket: the read returns when
+        // it closes its end (or the spawner is ending).
+        let mut byte = [0_u8; 1];
+        while let Ok(Some(_)) = protocol::receive(replies.as_fd(), &mut byte) {}
         let _ = child.wait();
     });
     if spawned.is_err() {
         // No thread to wait with (the machine is out of threads): the child
         // is still behind its gate, so kill it rather than leave it
-        // unwatched; the runtime's adoption then fails, or it learns of the
-        // exit here.
-        // The group id is the child's pid: it leads its own group.
+        // unwatched. The runtime learns of its exit when its reply socket
+        // closes (the closure, and the child's handle, are gone). Its group
+        // id is its pid: it leads its own group.
         let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
-        let _ = child_exit(id, pid, &socket);
+        let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
     }
 }
 
-/// Reap `pid` (already killed) and report its exit.
-fn child_exit(id: u64, pid: Pid, socket: &OwnedFd) -> io::Result<()> {
-    let status = match rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty()) {
-        Ok(Some((_, status))) => status.as_raw(),
-        _ => SIGKILL_STATUS,
-    };
-    protocol::send(socket.as_fd(), &Reply::Exited { id, status }.encode(), &[])
+/// Wait until `pid` (our child) has exited, leaving it unreaped, and give
+/// its raw wait status.
+fn exit_status(pid: Pid) -> i32 {
+    loop {
+        match rustix::process::waitid(
+            WaitId::Pid(pid),
+            WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
+        ) {
+            Ok(Some(status)) => return raw_wait_status(&status),
+            Ok(None) | Err(rustix::io::Errno::INTR) => continue,
+            // ECHILD cannot happen for our own unreaped child; report it as
+            // a kill so the runtime does not wait forever.
+            Err(_) => return SIGKILL_STATUS,
+        }
+    }
 }
 
 /// The raw wait status of a child killed by `SIGKILL`.
