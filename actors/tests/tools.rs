@@ -503,6 +503,18 @@ async fn a_command_started_by_the_spawner_inherits_nothing_and_is_cancelled_in_t
 }
 
 #[tokio::test]
+async fn a_command_gets_the_runtime_environment_though_the_spawner_has_none() {
+    let path = std::env::var("PATH").unwrap();
+    let outcome = bash(json!({"command": "printf %s \"$PATH\"; echo; printenv | grep -c ."})).await;
+    let (got_path, n_vars) = outcome.content.split_once('\n').unwrap();
+    assert_eq!(got_path, path);
+    // Ours, plus the call id (and what bash sets itself: PWD, SHLVL, _).
+    let n_ours = std::env::vars_os().count();
+    let n_vars: usize = n_vars.trim().parse().unwrap();
+    assert!(n_vars > n_ours, "{n_vars} variables, we have {n_ours}");
+}
+
+#[tokio::test]
 async fn a_direct_spawn_hands_on_a_leaked_descriptor_which_is_why_there_is_a_spawner() {
     let (_leaked, leaked_number) = leak_a_descriptor();
     let dir = tempfile::tempdir().unwrap();
