@@ -28,7 +28,8 @@
 //! closes every child's socket, which is how the waiting calls hear of it.
 //!
 //! *Failures.* A spawner that cannot be started (no such program, it does
-//! not answer) leaves the runtime spawning directly, logged once. One that
+//! not answer) leaves the runtime spawning directly, logged once; so is a
+//! request too large for one message (an environment over 128 KiB). One that
 //! dies is started again at the next spawn; the calls it was running end
 //! with an error result (their exit status is lost; their groups are killed
 //! by their `ProcessGroup`s), never a stuck turn.
@@ -145,6 +146,8 @@ impl Spawner {
         if let Some(slot) = &self.helper {
             // A spawner found gone when it is handed the request is started
             // again once, and the request sent again: nothing had started.
+            // Gone twice, or a request too large for one message: this one
+            // is started directly.
             for _ in 0..2 {
                 let Some(helper) = slot.helper().await else {
                     break;
