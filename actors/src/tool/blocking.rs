@@ -190,7 +190,6 @@ mod tests {
             may_leave_cwd: false,
             output: ToolOutput::discard(),
             ledger: None,
-            spawner: crate::spawner::Spawner::direct(),
         }
     }
 
