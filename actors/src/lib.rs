@@ -5,7 +5,8 @@
 //! supervisor tree with one `ConversationActor` per conversation, addressed
 //! only by id through `ensure_started`, and its `LlmStreamActor` and
 //! `ToolActor` workers; the provider client ([`provider`]), image handling
-//! ([`image`]), tools ([`tool`]) and process groups ([`process_group`]).
+//! ([`image`]), tools ([`tool`]), process groups ([`process_group`]) and the
+//! process that starts tool processes ([`spawner`]).
 //! It reports through `tracing` spans named after the OpenTelemetry GenAI
 //! conventions, and counts through the `metrics` crate's facade (the names
 //! are in [`metrics`]).
@@ -22,6 +23,7 @@ pub mod process_group;
 pub mod provider;
 pub mod pubsub;
 pub mod runtime;
+pub mod spawner;
 mod stream_actor;
 mod sub_agents;
 pub mod tool;

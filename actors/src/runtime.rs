@@ -27,6 +27,7 @@ use crate::door;
 use crate::mailbox::Mailbox;
 use crate::process_group::ProcessLedger;
 use crate::provider::{ProviderClient, ProviderConfig};
+use crate::spawner::{Spawner, SpawnerCommand};
 use crate::tool::ToolRegistry;
 use crate::tool_groups::ToolGroups;
 use crate::Error;
@@ -93,19 +94,25 @@ pub struct RuntimeConfig {
     /// opened after a crash can kill any that outlived it. `None` (tests with
     /// an in-memory store) records nothing.
     pub process_dir: Option<PathBuf>,
+    /// The program tools start their processes through (see
+    /// `spawner.rs`), started when the runtime opens. `None`, or one that
+    /// cannot be started (logged), starts them directly from this process,
+    /// which costs each spawn a copy of its whole descriptor table.
+    pub spawner: Option<SpawnerCommand>,
     pub settings: Settings,
 }
 
 impl RuntimeConfig {
     /// Defaults around `store`: providers from the environment (an unusable
     /// value there is an error naming the variable), the default tools, no
-    /// process ledger.
+    /// process ledger, processes spawned directly.
     pub fn new(store: Arc<dyn EventLog>) -> Result<RuntimeConfig, Error> {
         Ok(RuntimeConfig {
             store,
             providers: ProviderConfig::from_env()?,
             tools: ToolRegistry::with_defaults(),
             process_dir: None,
+            spawner: None,
             settings: Settings::default(),
         })
     }
@@ -120,6 +127,8 @@ pub(crate) struct Shared {
     pub(crate) provider: ProviderClient,
     pub(crate) tools: ToolRegistry,
     pub(crate) ledger: Option<Arc<ProcessLedger>>,
+    /// How tools start processes.
+    pub(crate) spawner: Spawner,
     pub(crate) clock: Clock,
     pub(crate) settings: Settings,
     /// Each live conversation's out-of-band control block (`door::control`).
@@ -174,6 +183,7 @@ impl Runtime {
             providers,
             tools,
             process_dir,
+            spawner,
             settings,
         } = config;
         let ledger = match process_dir {
@@ -189,6 +199,12 @@ impl Runtime {
         // store call's failure is counted, whoever makes it.
         crate::metrics::register(tools.names().iter().map(String::as_str));
         let store: Arc<dyn EventLog> = Arc::new(crate::metrics::MeteredLog::new(store));
+        // Before anything else opens descriptors (the daemon binds its
+        // listener after this returns), so its one spawn is cheap.
+        let spawner = match spawner {
+            Some(command) => Spawner::start(command).await,
+            None => Spawner::direct(),
+        };
         let instance = format!(
             "keel-{}-{}",
             std::process::id(),
@@ -200,6 +216,7 @@ impl Runtime {
             provider: ProviderClient::new(providers)?,
             tools,
             ledger,
+            spawner,
             clock: Clock::system(),
             settings,
             controls: Mutex::new(HashMap::new()),

@@ -48,6 +48,7 @@ pub use read_file::ReadFile;
 pub use write_file::WriteFile;
 
 use crate::process_group::ProcessLedger;
+use crate::spawner::Spawner;
 pub use crate::tool_groups::GroupNotes;
 
 /// What a tool gets to run one call.
@@ -67,6 +68,11 @@ pub struct ToolContext {
     /// restarted runtime can kill any that outlived it. `None` in tests that
     /// don't care.
     pub ledger: Option<Arc<ProcessLedger>>,
+    /// How process-spawning tools start their processes: through the
+    /// runtime's spawner process, whose small descriptor table keeps a
+    /// spawn's cost apart from the runtime's open connections
+    /// (`spawner.rs`). `Spawner::direct()` starts them from this process.
+    pub spawner: Spawner,
     /// Where process-spawning tools note their process groups, so that the
     /// conversation, rebuilt after a crash in the same process, waits for
     /// them to be gone before it runs a call again (`GroupNotes::default()`

@@ -19,6 +19,7 @@ use crate::conversation_actor::ConversationMsg;
 use crate::mailbox::Mailbox;
 use crate::metrics;
 use crate::process_group::ProcessLedger;
+use crate::spawner::Spawner;
 use crate::tool::{GroupNotes, Tool, ToolContext, ToolOutcome, ToolOutput};
 use crate::tool_groups::Lease;
 
@@ -29,6 +30,8 @@ pub(crate) struct ToolArgs {
     /// The conversation's `tools_may_leave_cwd`, see [`ToolContext`].
     pub(crate) may_leave_cwd: bool,
     pub(crate) ledger: Option<Arc<ProcessLedger>>,
+    /// How the tool starts processes, see [`ToolContext`].
+    pub(crate) spawner: Spawner,
     /// Where the tool notes its process groups (the lease's notes).
     pub(crate) groups: GroupNotes,
     pub(crate) report: Mailbox,
@@ -90,6 +93,7 @@ async fn run(args: ToolArgs) {
         cwd,
         may_leave_cwd,
         ledger,
+        spawner,
         groups,
         report,
         span,
@@ -103,6 +107,7 @@ async fn run(args: ToolArgs) {
         may_leave_cwd,
         output,
         ledger,
+        spawner,
         groups,
     };
     let forward = |chunk: String| {

@@ -4,6 +4,11 @@
 //! the specs the registry offers the model, and the file tools through the
 //! registry: schema checks, a write-edit-read-search round, confinement.
 //!
+//! Every `bash` call here goes through the spawner process a runtime uses
+//! (`keel-spawner`); the tests under "The spawner" also check what it adds
+//! (no inherited descriptors, a dead spawner, the fallback) and the
+//! direct spawn it falls back to.
+//!
 //! Commands that need the test to know their process group print `$$`: the
 //! gate execs `bash -c`, so that shell's pid is the group's leader and id.
 
@@ -15,6 +20,7 @@ use std::time::Duration;
 
 use keel_actors::core::builtin::{ASK_USER, SPAWN_AGENTS, SUBMIT_RESULT};
 use keel_actors::process_group::{ProcessGroup, ProcessLedger, Reaped};
+use keel_actors::spawner::{Launch, Spawner, SpawnerCommand};
 use keel_actors::tool::{Bash, Tool, ToolContext, ToolOutcome, ToolOutput, ToolRegistry};
 use keel_core::message::ToolCall;
 use keel_core::wire::ToolSpec;
@@ -40,7 +46,21 @@ fn context(input: Value, cwd: &Path, output: ToolOutput) -> ToolContext {
         may_leave_cwd: false,
         output,
         ledger: None,
+        spawner: spawner(),
         groups: Default::default(),
+    }
+}
+
+/// This crate's own spawner process (what a runtime starts), for one test:
+/// it starts at the test's first spawn, on the test's tokio runtime.
+fn spawner() -> Spawner {
+    Spawner::new(spawner_command())
+}
+
+fn spawner_command() -> SpawnerCommand {
+    SpawnerCommand {
+        program: env!("CARGO_BIN_EXE_keel-spawner").into(),
+        args: Vec::new(),
     }
 }
 
@@ -358,6 +378,299 @@ async fn the_ledger_holds_a_record_exactly_while_the_group_runs() {
     let outcome = tokio::time::timeout(PATIENCE, run).await.unwrap();
     assert!(outcome.content.ends_with("done\n"), "{outcome:?}");
     assert!(ledger_records(&ledger).is_empty());
+}
+
+// --- The spawner -----------------------------------------------------------
+
+/// The lines of live output up to a whole line that starts with `last`.
+async fn read_lines_until(chunks: &mut UnboundedReceiver<String>, last: &str) -> Vec<String> {
+    let mut text = String::new();
+    while !(text.ends_with('\n') && text.lines().any(|line| line.starts_with(last))) {
+        text.push_str(&next_chunk(chunks).await);
+    }
+    text.lines().map(str::to_owned).collect()
+}
+
+/// This process's descriptors beyond stdio that are not close-on-exec: what
+/// whoever started the test binary left open for it (a test harness, a
+/// shell). Every process this one starts gets them, the spawner included,
+/// which hands them on: they are not the runtime's own. Rust's standard
+/// library and tokio open every descriptor close-on-exec.
+fn handed_on_at_exec() -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fdinfo").unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if ["0", "1", "2"].contains(&name.as_str()) {
+            continue;
+        }
+        let Ok(info) = std::fs::read_to_string(entry.path()) else {
+            continue; // closed meanwhile (the directory's own descriptor)
+        };
+        let flags = info
+            .lines()
+            .find_map(|line| line.strip_prefix("flags:"))
+            .and_then(|flags| u32::from_str_radix(flags.trim(), 8).ok())
+            .unwrap();
+        const O_CLOEXEC: u32 = 0o2_000_000;
+        if flags & O_CLOEXEC == 0 {
+            found.push(name);
+        }
+    }
+    found
+}
+
+/// The state letter of process `pid` (field 3 of its stat line).
+fn state_of(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .next()?
+        .chars()
+        .next()
+}
+
+/// The parent of process `pid` (field 4 of its stat line).
+fn parent_of(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let (_, fields) = stat.rsplit_once(')').unwrap();
+    fields.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// A descriptor of this process that is not close-on-exec, as a careless
+/// library might leave one: a direct spawn hands it to the child.
+fn leak_a_descriptor() -> (std::os::fd::OwnedFd, i32) {
+    use std::os::fd::AsRawFd as _;
+    let (read_end, _write_end) = rustix::pipe::pipe().unwrap();
+    let number = read_end.as_raw_fd();
+    (read_end, number)
+}
+
+/// Lists the command's own descriptors (`$$` is the shell the gate execs),
+/// then its pid, then waits to be cancelled.
+const LIST_FDS_THEN_WAIT: &str = "ls /proc/$$/fd; echo pid $$; sleep 30 & sleep 30 & wait";
+
+#[tokio::test]
+async fn a_command_started_by_the_spawner_inherits_nothing_and_dies_with_its_call() {
+    // As a runtime does: the spawner starts before the descriptors that
+    // stand for open connections exist.
+    let spawner = Spawner::start(spawner_command()).await;
+    assert!(spawner.uses_helper().await);
+    // What the spawner could have inherited: at most this (other tests of
+    // this binary run at the same time and may leak one too).
+    let started_with = handed_on_at_exec();
+    let (_leaked, leaked_number) = leak_a_descriptor();
+    let connections: Vec<_> = (0..200)
+        .map(|_| std::os::unix::net::UnixStream::pair().unwrap())
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let (output, mut chunks) = ToolOutput::channel();
+    let mut call = context(json!({"command": LIST_FDS_THEN_WAIT}), dir.path(), output);
+    call.spawner = spawner;
+    let mut run = Box::pin(Bash.run(call));
+    let lines = tokio::select! {
+        lines = read_lines_until(&mut chunks, "pid ") => lines,
+        outcome = &mut run => panic!("finished early: {outcome:?}"),
+    };
+    let fds = &lines[..lines.len() - 1];
+    let pgid = pgid_of(lines[lines.len() - 1].trim_start_matches("pid "));
+    for fd in ["0", "1", "2"] {
+        assert!(fds.contains(&fd.to_owned()), "{fds:?}");
+    }
+    // Beyond stdio, at most what this process was itself started with
+    // (not close-on-exec; see `handed_on_at_exec`): never the leaked
+    // descriptor, nor any of the connections, which a direct spawn copies.
+    assert!(!fds.contains(&leaked_number.to_string()), "{fds:?}");
+    for fd in fds
+        .iter()
+        .filter(|fd| !["0", "1", "2"].contains(&fd.as_str()))
+    {
+        assert!(started_with.contains(fd), "{fd} of {fds:?} was handed on");
+    }
+    assert!(fds.len() <= 3 + started_with.len(), "{fds:?}");
+    drop(connections);
+    assert_ne!(parent_of(pgid), std::process::id(), "not started directly");
+
+    // Cancel: the call's future is dropped, and the group dies with it.
+    // (How fast is a benchmark's business, not a test's.)
+    drop(run);
+    assert_group_gone(pgid).await;
+}
+
+#[tokio::test]
+async fn a_command_gets_the_runtime_environment_though_the_spawner_has_none() {
+    let path = std::env::var("PATH").unwrap();
+    let outcome = bash(json!({"command": "printf %s \"$PATH\"; echo; printenv | grep -c ."})).await;
+    let (got_path, n_vars) = outcome.content.split_once('\n').unwrap();
+    assert_eq!(got_path, path);
+    // Ours, plus the call id (and what bash sets itself: PWD, SHLVL, _).
+    let n_ours = std::env::vars_os().count();
+    let n_vars: usize = n_vars.trim().parse().unwrap();
+    assert!(n_vars > n_ours, "{n_vars} variables, we have {n_ours}");
+}
+
+#[tokio::test]
+async fn a_direct_spawn_hands_on_a_leaked_descriptor_which_is_why_there_is_a_spawner() {
+    let (_leaked, leaked_number) = leak_a_descriptor();
+    let dir = tempfile::tempdir().unwrap();
+    let mut call = context(
+        json!({"command": "ls /proc/$$/fd"}),
+        dir.path(),
+        ToolOutput::discard(),
+    );
+    call.spawner = Spawner::direct();
+    let outcome = Bash.run(call).await;
+    assert!(!outcome.is_error, "{outcome:?}");
+    let fds: Vec<&str> = outcome.content.lines().collect();
+    assert!(
+        fds.contains(&leaked_number.to_string().as_str()),
+        "{fds:?} lacks {leaked_number}"
+    );
+}
+
+#[tokio::test]
+async fn a_spawner_that_dies_mid_call_ends_the_call_with_an_error_and_is_started_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let spawner = Spawner::start(spawner_command()).await;
+    let (output, mut chunks) = ToolOutput::channel();
+    let mut call = context(
+        json!({"command": "echo $$; sleep 30 & wait"}),
+        dir.path(),
+        output,
+    );
+    call.spawner = spawner.clone();
+    let mut run = Box::pin(Bash.run(call));
+    let chunk = tokio::select! {
+        chunk = next_chunk(&mut chunks) => chunk,
+        outcome = &mut run => panic!("finished early: {outcome:?}"),
+    };
+    let pgid = pgid_of(&chunk);
+    let spawner_pid = parent_of(pgid);
+    nix::sys::signal::kill(
+        Pid::from_raw(spawner_pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+
+    let outcome = tokio::time::timeout(PATIENCE, run).await.unwrap();
+    assert!(outcome.is_error, "{outcome:?}");
+    assert!(
+        outcome.content.contains("the process spawner died"),
+        "{outcome:?}"
+    );
+    assert_group_gone(pgid).await;
+
+    // The next call starts a new spawner and runs.
+    let mut call = context(
+        json!({"command": "echo $PPID"}),
+        dir.path(),
+        ToolOutput::discard(),
+    );
+    call.spawner = spawner.clone();
+    let outcome = tokio::time::timeout(PATIENCE, Bash.run(call))
+        .await
+        .unwrap();
+    assert!(!outcome.is_error, "{outcome:?}");
+    assert!(spawner.uses_helper().await);
+}
+
+#[tokio::test]
+async fn a_spawner_that_died_between_calls_is_started_again_for_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let spawner = Spawner::start(spawner_command()).await;
+    let parent = |spawner: &Spawner| {
+        let mut call = context(
+            json!({"command": "echo $PPID"}),
+            dir.path(),
+            ToolOutput::discard(),
+        );
+        call.spawner = spawner.clone();
+        async move {
+            let outcome = tokio::time::timeout(PATIENCE, Bash.run(call))
+                .await
+                .unwrap();
+            assert!(!outcome.is_error, "{outcome:?}");
+            pgid_of(&outcome.content)
+        }
+    };
+    let first = parent(&spawner).await;
+    nix::sys::signal::kill(
+        Pid::from_raw(first as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // Dead (a zombie until the runtime reaps it) before the next call.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while state_of(first) != Some('Z') {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the spawner never died"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let second = parent(&spawner).await;
+    assert_ne!(second, first);
+    assert_ne!(second, std::process::id(), "not spawned directly");
+}
+
+#[tokio::test]
+async fn a_spawner_that_cannot_start_leaves_spawning_direct_and_working() {
+    let spawner = Spawner::start(SpawnerCommand {
+        program: "/nonexistent/keel-spawner".into(),
+        args: Vec::new(),
+    })
+    .await;
+    assert!(!spawner.uses_helper().await);
+    let dir = tempfile::tempdir().unwrap();
+    let mut call = context(
+        json!({"command": "echo $PPID"}),
+        dir.path(),
+        ToolOutput::discard(),
+    );
+    call.spawner = spawner;
+    let outcome = Bash.run(call).await;
+    assert_eq!(
+        outcome,
+        ToolOutcome::ok(format!("{}\n", std::process::id()))
+    );
+}
+
+#[tokio::test]
+async fn the_spawner_keeps_an_exited_leader_unreaped_until_it_is_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let spawner = Spawner::start(spawner_command()).await;
+    let argv = ["true".into()];
+    let launched = spawner
+        .spawn(&Launch {
+            argv: &argv,
+            env: &[],
+            cwd: dir.path(),
+        })
+        .await
+        .unwrap();
+    let pid = launched.pid;
+    let mut exit = launched.exit;
+    let status = tokio::time::timeout(PATIENCE, exit.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success());
+    // Exited and reported, but still a zombie: its pid, and so its process
+    // group id, cannot name another process yet.
+    assert_eq!(member_states(pid), ['Z']);
+
+    drop(exit);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    // Released, it is reaped (its pid cannot be handed out again in
+    // between: that would take a wrap of the whole pid space).
+    while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{pid} was never reaped"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 /// What a restarted runtime's boot does: a new ledger over the same

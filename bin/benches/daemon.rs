@@ -580,6 +580,11 @@ fn library_turns(mock_url: &str, sizes: &Sizes) -> Turns {
             },
             tools: ToolRegistry::with_defaults(),
             process_dir: Some(data.join("processes")),
+            // As `keel serve` does, so that the two sides spawn alike.
+            spawner: Some(keel_actors::spawner::SpawnerCommand {
+                program: env!("CARGO_BIN_EXE_keel").into(),
+                args: vec!["spawner".into()],
+            }),
             settings: Settings::default(),
         };
         let (runtime, _) = Runtime::open(config).await.unwrap();

@@ -70,6 +70,7 @@ async fn run(rounds: usize) {
         },
         tools: ToolRegistry::with_defaults(),
         process_dir: Some(data.join("processes")),
+        spawner: None,
         settings: Settings::default(),
     };
     let (runtime, _) = Runtime::open(config).await.unwrap();

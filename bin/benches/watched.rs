@@ -76,6 +76,7 @@ async fn run(n: usize, base: String) {
         },
         tools: ToolRegistry::with_defaults(),
         process_dir: None,
+        spawner: None,
         settings: Settings {
             short_idle,
             idle_check: Duration::from_secs(1),

@@ -16,6 +16,7 @@ use std::io;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 use crate::api::types::{
@@ -73,6 +74,11 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// The process `keel serve` starts its tools' processes through
+    /// (keel_actors::spawner): started by the daemon with a socket as its
+    /// stdin; not for people.
+    #[command(hide = true)]
+    Spawner,
     /// Run the daemon: the HTTP + SSE API over the store in KEEL_DATA_DIR,
     /// on KEEL_ADDR (127.0.0.1:7777). With no provider configured it runs
     /// the built-in fake provider. SIGTERM or Ctrl-C stop it gracefully.
@@ -367,6 +373,9 @@ fn wire_enum<T: serde::de::DeserializeOwned>(text: &str, expected: &str) -> Resu
 
 pub fn run(cli: Cli) -> anyhow::Result<Exit> {
     let outcome = match cli.command {
+        Command::Spawner => keel_actors::spawner::serve_stdin()
+            .context("serving as the process spawner")
+            .map(|()| Exit::Ok),
         Command::Serve { config } => serve::run(serve::Options { config }).map(|()| Exit::Ok),
         Command::Demo { json } => {
             let format = if json {
@@ -515,6 +524,7 @@ fn run_client(command: Command) -> anyhow::Result<Exit> {
             Command::Evict { id, json } => commands::evict(&client, &id, json).await,
             Command::Ps { json } => commands::ps(&client, json).await,
             Command::Serve { .. }
+            | Command::Spawner
             | Command::Demo { .. }
             | Command::Drill(_)
             | Command::Bench { .. }

@@ -23,6 +23,7 @@ use anyhow::Context as _;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use keel_actors::spawner::SpawnerCommand;
 use keel_actors::store::{Availability, EventLog};
 use keel_actors::tool::ToolRegistry;
 use keel_actors::{BootReport, Runtime, RuntimeConfig, Settings};
@@ -33,6 +34,10 @@ use crate::mock_llm;
 use crate::net;
 use crate::telemetry::{self, LogFormat};
 use config::Config;
+
+/// The hidden subcommand this binary serves as the process spawner under
+/// (`cli::Command::Spawner`).
+pub const SPAWNER_COMMAND: &str = "spawner";
 
 /// How long, after the signal, HTTP connections may take to finish their
 /// request before the daemon stops waiting for them.
@@ -240,6 +245,10 @@ pub async fn start(mut config: Config, metrics: Option<MetricsRender>) -> anyhow
         providers: config.providers.clone(),
         tools: ToolRegistry::with_defaults(),
         process_dir: Some(data_dir.join("processes")),
+        // This binary's `keel spawner`, started before the listener below
+        // exists: tool spawns then cost the same with 10,000 clients
+        // connected as with none (keel_actors::spawner).
+        spawner: Some(SpawnerCommand::this_binary([SPAWNER_COMMAND])),
         settings: Settings {
             shutdown_grace: config.shutdown_grace,
             live_interval: config.live_interval,

@@ -52,6 +52,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             },
             tools: ToolRegistry::with_defaults(),
             process_dir: Some(data.join("processes")),
+            spawner: None,
             settings: Settings::default(),
         };
         let (runtime, _report) = Runtime::open(config).await?;

@@ -77,6 +77,7 @@ impl Rig {
             providers: self.mock.provider_config(Timeouts::default()),
             tools: keel_actors::tool::ToolRegistry::with_defaults(),
             process_dir: Some(self.data_dir().join("processes")),
+            spawner: None,
             settings: Settings::default(),
         }
     }

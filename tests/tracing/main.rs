@@ -107,6 +107,7 @@ async fn turns_requests_and_tools_have_their_spans() {
         providers: mock.provider_config(Timeouts::default()),
         tools: keel_actors::tool::ToolRegistry::with_defaults(),
         process_dir: None,
+        spawner: None,
         settings: Settings::default(),
     })
     .await

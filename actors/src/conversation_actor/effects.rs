@@ -416,6 +416,7 @@ async fn start_tool(
         cwd: cwd.into(),
         may_leave_cwd,
         ledger: state.shared.ledger.clone(),
+        spawner: state.shared.spawner.clone(),
         report: state.mailbox(myself),
         span,
     };

@@ -7,25 +7,32 @@
 //! since background children it leaves behind would hold the output pipes
 //! open and outlive the call unseen.
 //!
+//! The process is started through the runtime's [`Spawner`] (a small
+//! process of its own, so that a spawn does not copy the runtime's
+//! descriptor table of open connections); what it starts is the same
+//! either way: `bash` in `cwd`, with this process's environment and
+//! `$KEEL_TOOL_CALL_ID`, leading a new group, its stdio piped.
+//!
 //! Output is read from stdout and stderr concurrently and never stops being
 //! read: a child writing into a full pipe would block forever. What is kept
 //! is bounded instead: live chunks stop after [`LIVE_CAP`] bytes, and the
 //! result keeps the head and the tail of [`RESULT_CAP`] bytes in all.
 
+use std::ffi::OsString;
 use std::io;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use keel_core::wire::ToolSpec;
 use nix::sys::signal::Signal;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::{Child, Command};
 use tokio::time::{sleep_until, Instant};
 
 use super::{Tool, ToolContext, ToolOutcome, ToolOutput};
 use crate::process_group::ProcessGroup;
+use crate::spawner::{Launch, Launched, Spawner};
 
 /// The tool's name, as the model calls it.
 pub const NAME: &str = "bash";
@@ -150,39 +157,51 @@ impl BashInput {
 /// with side effects can make a repeat harmless.
 pub const TOOL_CALL_ID_ENV: &str = "KEEL_TOOL_CALL_ID";
 
-/// Start `bash` behind the [`GATE`], leading a new process group.
-fn spawn(command: &str, cwd: &Path, tool_call_id: &str) -> io::Result<Child> {
-    Command::new("bash")
-        .arg("-c")
-        .arg(GATE)
-        .arg("keel-bash")
-        .arg(command)
-        .env(TOOL_CALL_ID_ENV, tool_call_id)
-        .current_dir(cwd)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        // Belt and braces: the group's drop kills the leader too, but this
-        // also covers a failure between spawn and adoption.
-        .kill_on_drop(true)
-        .spawn()
+/// Start `bash` behind the [`GATE`], leading a new process group, through
+/// the runtime's spawner (or directly, where it has none).
+async fn spawn(
+    spawner: &Spawner,
+    command: &str,
+    cwd: &Path,
+    tool_call_id: &str,
+) -> io::Result<Launched> {
+    let argv: [OsString; 5] = [
+        "bash".into(),
+        "-c".into(),
+        GATE.into(),
+        "keel-bash".into(),
+        command.into(),
+    ];
+    let env = [(
+        OsString::from(TOOL_CALL_ID_ENV),
+        OsString::from(tool_call_id),
+    )];
+    spawner
+        .spawn(&Launch {
+            argv: &argv,
+            env: &env,
+            cwd,
+        })
+        .await
 }
 
 async fn run_command(input: &BashInput, ctx: &ToolContext) -> ToolOutcome {
-    // `child` is declared before `group`, so when the future is dropped the
-    // group is killed first, while the unreaped leader still pins its pgid.
-    let mut child = match spawn(&input.command, &ctx.cwd, ctx.call.id.as_str()) {
-        Ok(child) => child,
+    let Launched {
+        pid,
+        stdin: mut gate,
+        mut stdout,
+        mut stderr,
+        // Declared before `group`, so when the future is dropped the group
+        // is killed first, while the unreaped leader still pins its pgid.
+        exit: mut child,
+    } = match spawn(&ctx.spawner, &input.command, &ctx.cwd, ctx.call.id.as_str()).await {
+        Ok(launched) => launched,
         Err(error) => {
             return ToolOutcome::error(format!(
                 "cannot run bash in {}: {error}",
                 ctx.cwd.display()
             ));
         }
-    };
-    let Some(pid) = child.id() else {
-        return ToolOutcome::error("bash exited before it could be watched");
     };
     let mut group = match ProcessGroup::adopt(pid, ctx.ledger.clone(), ctx.call.id.as_str()) {
         Ok(group) => group,
@@ -193,11 +212,6 @@ async fn run_command(input: &BashInput, ctx: &ToolContext) -> ToolOutcome {
         }
     };
     ctx.groups.started(group.pgid());
-    let (Some(mut gate), Some(mut stdout), Some(mut stderr)) =
-        (child.stdin.take(), child.stdout.take(), child.stderr.take())
-    else {
-        return ToolOutcome::error("bash was started without its pipes");
-    };
     // Three bytes into an empty pipe never block. If bash is already gone the
     // write fails, and its exit status below tells what happened.
     let _ = gate.write_all(b"go\n").await;

@@ -190,6 +190,7 @@ mod tests {
             may_leave_cwd: false,
             output: ToolOutput::discard(),
             ledger: None,
+            spawner: crate::spawner::Spawner::direct(),
         }
     }
 

@@ -1,0 +1,277 @@
+//! What the runtime and its spawner process say to each other over
+//! `SOCK_SEQPACKET` socket pairs: one message per datagram, its fields
+//! NUL-terminated byte strings (argv, environment entries and paths
+//! cannot hold a NUL, and may not be UTF-8), the first field the kind.
+//!
+//! On the spawner's socket (its stdin) the spawner says `ready` once, and
+//! the runtime sends `spawn` requests with four descriptors attached
+//! (`SCM_RIGHTS`): the child's stdin, stdout and stderr, and one end of a
+//! socket pair of the child's own. On that one the spawner answers
+//! `spawned` with the pid or `failed` with the errno, then `exited` with
+//! the raw wait status; the runtime closing its end is the release (it is
+//! done with the child's process group: the leader may be reaped).
+
+use std::ffi::{OsStr, OsString};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
+
+/// The largest message either side sends or reads. A request is its argv,
+/// its cwd and the whole environment; one that does not fit is started
+/// directly instead (`spawner.rs`).
+pub(crate) const MAX_MESSAGE: usize = 128 * 1024;
+
+/// A request from the runtime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Request {
+    /// Start `argv` in `cwd` with exactly `env`, leading a new process
+    /// group, with the first three descriptors that came along as its
+    /// stdio; the fourth is where its replies go.
+    Spawn {
+        cwd: OsString,
+        argv: Vec<OsString>,
+        env: Vec<(OsString, OsString)>,
+    },
+}
+
+/// A reply from the spawner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reply {
+    /// Sent once, when the spawner is up.
+    Ready,
+    Spawned {
+        pid: u32,
+    },
+    /// `errno` is the OS error of the failed spawn (0 if there was none).
+    Failed {
+        errno: i32,
+    },
+    /// The child exited; `status` is its raw wait status
+    /// (`ExitStatus::from_raw`). It stays unreaped until released.
+    Exited {
+        status: i32,
+    },
+}
+
+impl Request {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        match self {
+            Request::Spawn { cwd, argv, env } => {
+                field(&mut out, b"spawn");
+                field(&mut out, cwd.as_bytes());
+                field(&mut out, argv.len().to_string().as_bytes());
+                for arg in argv {
+                    field(&mut out, arg.as_bytes());
+                }
+                for (name, value) in env {
+                    let mut entry = name.as_bytes().to_vec();
+                    entry.push(b'=');
+                    entry.extend_from_slice(value.as_bytes());
+                    field(&mut out, &entry);
+                }
+            }
+        }
+        out
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Request> {
+        let mut fields = fields(bytes)?.into_iter();
+        match fields.next()? {
+            b"spawn" => {
+                let cwd = OsStr::from_bytes(fields.next()?).to_owned();
+                let argc: usize = number(fields.next()?)?;
+                let mut argv = Vec::with_capacity(argc.min(1024));
+                for _ in 0..argc {
+                    argv.push(OsString::from_vec(fields.next()?.to_vec()));
+                }
+                let mut env = Vec::new();
+                for entry in fields {
+                    // The name ends at the first '=' (a name cannot hold one).
+                    let at = entry.iter().position(|byte| *byte == b'=')?;
+                    let (name, value) = entry.split_at(at);
+                    env.push((
+                        OsString::from_vec(name.to_vec()),
+                        OsString::from_vec(value.get(1..)?.to_vec()),
+                    ));
+                }
+                Some(Request::Spawn { cwd, argv, env })
+            }
+            _ => None,
+        }
+    }
+}
+
+impl Reply {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let numbers: Vec<String> = match *self {
+            Reply::Ready => {
+                field(&mut out, b"ready");
+                Vec::new()
+            }
+            Reply::Spawned { pid } => {
+                field(&mut out, b"spawned");
+                vec![pid.to_string()]
+            }
+            Reply::Failed { errno } => {
+                field(&mut out, b"failed");
+                vec![errno.to_string()]
+            }
+            Reply::Exited { status } => {
+                field(&mut out, b"exited");
+                vec![status.to_string()]
+            }
+        };
+        for number in numbers {
+            field(&mut out, number.as_bytes());
+        }
+        out
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Reply> {
+        let fields = fields(bytes)?;
+        let reply = match fields.as_slice() {
+            [b"ready"] => Reply::Ready,
+            [b"spawned", pid] => Reply::Spawned { pid: number(pid)? },
+            [b"failed", errno] => Reply::Failed {
+                errno: number(errno)?,
+            },
+            [b"exited", status] => Reply::Exited {
+                status: number(status)?,
+            },
+            _ => return None,
+        };
+        Some(reply)
+    }
+}
+
+fn field(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(bytes);
+    out.push(0);
+}
+
+/// The NUL-terminated fields of a message; `None` if the last is not
+/// terminated.
+fn fields(bytes: &[u8]) -> Option<Vec<&[u8]>> {
+    let body = bytes.strip_suffix(&[0])?;
+    Some(body.split(|byte| *byte == 0).collect())
+}
+
+fn number<T: std::str::FromStr>(bytes: &[u8]) -> Option<T> {
+    std::str::from_utf8(bytes).ok()?.parse().ok()
+}
+
+/// Send one message with `fds` attached (none for most).
+pub(crate) fn send(
+    socket: BorrowedFd<'_>,
+    message: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<()> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "too many descriptors for one message",
+        ));
+    }
+    let sent = rustix::net::sendmsg(
+        socket,
+        &[IoSlice::new(message)],
+        &mut control,
+        SendFlags::NOSIGNAL,
+    )?;
+    if sent != message.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            "a message went out cut short",
+        ));
+    }
+    Ok(())
+}
+
+/// One received message and the descriptors that came with it (close-on-exec).
+pub(crate) struct Received {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) fds: Vec<OwnedFd>,
+}
+
+/// Receive one message into `buffer`; `None` at end of stream (the peer is
+/// gone). A message cut short (longer than the buffer) is an error.
+pub(crate) fn receive(socket: impl AsFd, buffer: &mut [u8]) -> io::Result<Option<Received>> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let received = rustix::net::recvmsg(
+        socket,
+        &mut [IoSliceMut::new(buffer)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    let mut fds = Vec::new();
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(rights) = message {
+            fds.extend(rights);
+        }
+    }
+    if received.bytes == 0 {
+        return Ok(None);
+    }
+    if received.flags.contains(rustix::net::ReturnFlags::TRUNC) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "a message was longer than the buffer",
+        ));
+    }
+    let bytes = buffer.get(..received.bytes).unwrap_or_default().to_vec();
+    Ok(Some(Received { bytes, fds }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_round_trip_with_bytes_that_are_not_utf8() {
+        let spawn = Request::Spawn {
+            cwd: OsString::from_vec(b"/tmp/\xff".to_vec()),
+            argv: vec!["bash".into(), "-c".into(), "echo a=b".into(), "".into()],
+            env: vec![
+                ("A".into(), "x=y".into()),
+                ("EMPTY".into(), "".into()),
+                (OsString::from_vec(b"N\xfe".to_vec()), "v".into()),
+            ],
+        };
+        assert_eq!(Request::decode(&spawn.encode()), Some(spawn));
+    }
+
+    #[test]
+    fn replies_round_trip() {
+        for reply in [
+            Reply::Ready,
+            Reply::Spawned { pid: 4242 },
+            Reply::Failed { errno: 2 },
+            Reply::Exited { status: 9 },
+        ] {
+            assert_eq!(Reply::decode(&reply.encode()), Some(reply));
+        }
+    }
+
+    #[test]
+    fn malformed_messages_decode_to_nothing() {
+        assert_eq!(Request::decode(b"spawn\0"), None);
+        assert_eq!(Request::decode(b"release\x001\0"), None);
+        assert_eq!(Request::decode(b"spawn\0/\x002\0bash\0"), None);
+        assert_eq!(Request::decode(b"spawn\0/\x000\0NOEQUALS\0"), None);
+        assert_eq!(Reply::decode(b"spawned\0"), None);
+        assert_eq!(Reply::decode(b"exited\0x\0"), None);
+        assert_eq!(Reply::decode(b"spawned\x001"), None);
+        assert_eq!(Reply::decode(b""), None);
+    }
+}

@@ -1,0 +1,158 @@
+//! The spawner process's side: a loop that reads requests from its socket
+//! (its stdin), starts each child with `std::process::Command` leading a
+//! new process group, and reports pids and exit statuses.
+//!
+//! The process holds a handful of descriptors (stdio, its socket, the three
+//! received for the child being started, all close-on-exec but the child's
+//! own), so the kernel's copy of its descriptor table at each spawn is small
+//! whatever the runtime has open: that is the point of it.
+//!
+//! One thread per running child waits for its exit with
+//! `waitid(WEXITED | WNOWAIT)`, which leaves it a zombie: the pid (and so
+//! the process group id the runtime kills by) stays the child's until the
+//! runtime closes the child's reply socket, after its own `killpg`. Only
+//! then is it reaped.
+//! When the runtime's end of the socket closes (it exited or crashed), the
+//! spawner exits; its children live on, reparented, as they would have
+//! after a crash of a runtime that started them itself, and the next
+//! runtime's boot reaps them through the process ledger.
+
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::process::CommandExt as _;
+use std::process::{Child, Command, Stdio};
+
+use rustix::process::{Pid, WaitId, WaitIdOptions};
+
+use super::protocol::{self, Reply, Request, MAX_MESSAGE};
+
+/// Serve the runtime on the socket that is this process's stdin, until it
+/// closes. The entry point of `keel spawner` and of `keel-spawner`.
+pub fn serve_stdin() -> io::Result<()> {
+    // A close-on-exec copy: descriptor 0 itself is replaced by each child's
+    // stdin, so children never see the socket.
+    let socket = io::stdin().as_fd().try_clone_to_owned()?;
+    serve(socket)
+}
+
+/// Serve the runtime on `socket` until it closes.
+pub fn serve(socket: OwnedFd) -> io::Result<()> {
+    protocol::send(socket.as_fd(), &Reply::Ready.encode(), &[])?;
+    let mut buffer = vec![0_u8; MAX_MESSAGE];
+    loop {
+        let received = match protocol::receive(socket.as_fd(), &mut buffer) {
+            Ok(Some(received)) => received,
+            // The runtime is gone.
+            Ok(None) => return Ok(()),
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(error) => return Err(error),
+        };
+        let Some(Request::Spawn { cwd, argv, env }) = Request::decode(&received.bytes) else {
+            // Not from a runtime of this build: nothing to do but ignore it.
+            continue;
+        };
+        let Ok([stdin, stdout, stderr, replies]) = <[OwnedFd; 4]>::try_from(received.fds) else {
+            // Without its reply socket nobody hears of the child: start none.
+            continue;
+        };
+        match spawn(&cwd, &argv, env, [stdin, stdout, stderr]) {
+            Ok(child) => {
+                // The caller may have given up already; the child then finds
+                // its stdin closed at the gate, and the waiter reaps it.
+                let _ = protocol::send(
+                    replies.as_fd(),
+                    &Reply::Spawned { pid: child.id() }.encode(),
+                    &[],
+                );
+                watch(child, replies);
+            }
+            Err(error) => {
+                let errno = error.raw_os_error().unwrap_or(0);
+                let _ = protocol::send(replies.as_fd(), &Reply::Failed { errno }.encode(), &[]);
+            }
+        }
+    }
+}
+
+/// Start `argv` leading a new process group, stdio from `stdio`.
+fn spawn(
+    cwd: &OsStr,
+    argv: &[OsString],
+    env: Vec<(OsString, OsString)>,
+    [stdin, stdout, stderr]: [OwnedFd; 3],
+) -> io::Result<Child> {
+    let program = argv
+        .first()
+        .ok_or_else(|| io::Error::from_raw_os_error(rustix::io::Errno::INVAL.raw_os_error()))?;
+    Command::new(program)
+        .args(argv.get(1..).unwrap_or_default())
+        .env_clear()
+        .envs(env)
+        .current_dir(cwd)
+        .stdin(Stdio::from(stdin))
+        .stdout(Stdio::from(stdout))
+        .stderr(Stdio::from(stderr))
+        .process_group(0)
+        .spawn()
+}
+
+/// Wait for `child` on a thread of its own: report its exit on `replies`,
+/// then reap it once the runtime closed its end (the release).
+fn watch(mut child: Child, replies: OwnedFd) {
+    let pid = Pid::from_child(&child);
+    let waiter = std::thread::Builder::new()
+        .name(format!("wait-{}", child.id()))
+        .stack_size(64 * 1024);
+    let spawned = waiter.spawn(move || {
+        let status = exit_status(pid);
+        let _ = protocol::send(replies.as_fd(), &Reply::Exited { status }.encode(), &[]);
+        // The runtime sends nothing on this socket: the read returns when
+        // it closes its end (or the spawner is ending).
+        let mut byte = [0_u8; 1];
+        while let Ok(Some(_)) = protocol::receive(replies.as_fd(), &mut byte) {}
+        let _ = child.wait();
+    });
+    if spawned.is_err() {
+        // No thread to wait with (the machine is out of threads): the child
+        // is still behind its gate, so kill it rather than leave it
+        // unwatched. The runtime learns of its exit when its reply socket
+        // closes (the closure, and the child's handle, are gone). Its group
+        // id is its pid: it leads its own group.
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+    }
+}
+
+/// Wait until `pid` (our child) has exited, leaving it unreaped, and give
+/// its raw wait status.
+fn exit_status(pid: Pid) -> i32 {
+    loop {
+        match rustix::process::waitid(
+            WaitId::Pid(pid),
+            WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
+        ) {
+            Ok(Some(status)) => return raw_wait_status(&status),
+            Ok(None) | Err(rustix::io::Errno::INTR) => continue,
+            // ECHILD cannot happen for our own unreaped child; report it as
+            // a kill so the runtime does not wait forever.
+            Err(_) => return SIGKILL_STATUS,
+        }
+    }
+}
+
+/// The raw wait status of a child killed by `SIGKILL`.
+const SIGKILL_STATUS: i32 = 9;
+
+/// The raw wait status (`WIFEXITED` / `WIFSIGNALED` encoding) that `status`
+/// describes, so the runtime can rebuild an `ExitStatus` from it.
+fn raw_wait_status(status: &rustix::process::WaitIdStatus) -> i32 {
+    if let Some(code) = status.exit_status() {
+        return (code & 0xff) << 8;
+    }
+    match status.terminating_signal() {
+        Some(signal) if status.dumped() => (signal & 0x7f) | 0x80,
+        Some(signal) => signal & 0x7f,
+        None => SIGKILL_STATUS,
+    }
+}
