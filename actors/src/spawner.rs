@@ -140,7 +140,11 @@ impl Spawner {
     }
 
     /// Start `launch` leading a new process group, its stdin, stdout and
-    /// stderr piped back. The caller adopts the group right away (see
+    /// stderr piped back. The command must do nothing before it reads a
+    /// word from its stdin (bash's gate): a spawner that dies before it
+    /// answers may have started it, and the request then goes to the next
+    /// spawner, so the copy that was started must find its stdin closed
+    /// and exit. The caller adopts the group right away (see
     /// [`ProcessGroup::adopt`](crate::process_group::ProcessGroup::adopt)).
     pub async fn spawn(&self, launch: &Launch<'_>) -> io::Result<Launched> {
         if let Some(slot) = &self.helper {
@@ -309,7 +313,9 @@ enum SpawnError {
     /// The request does not fit in one message (a huge environment):
     /// start it directly instead.
     TooLarge,
-    /// The spawner was gone before it took the request: nothing started.
+    /// The spawner was gone before it answered: nothing ran (a child it
+    /// may have started waits at its gate, and exits when our end of its
+    /// stdin closes).
     Gone,
     Io(io::Error),
 }
@@ -428,11 +434,17 @@ impl Helper {
                 return Err(SpawnError::Io(io::Error::from_raw_os_error(errno)))
             }
             Ok(Ok(Some(_))) => return Err(SpawnError::Io(io::Error::other("the spawner failed"))),
+            // The spawner is gone without an answer. It may have taken the
+            // request on its way out: a SIGKILLed spawner's socket stays
+            // open, and takes messages, until the last of its threads has
+            // exited, after its main thread already shows as a zombie. Had
+            // it started the child, the child waits at its gate for a `go`
+            // that never comes: our end of its stdin closes as this
+            // returns, so it exits without running anything. Nothing ran,
+            // so the request is the next spawner's.
             Ok(Ok(None) | Err(_)) => {
                 self.dead.store(true, Ordering::Release);
-                return Err(SpawnError::Io(io::Error::other(
-                    "the process spawner died before it answered",
-                )));
+                return Err(SpawnError::Gone);
             }
             Err(_) => {
                 self.dead.store(true, Ordering::Release);
