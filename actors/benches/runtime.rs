@@ -1,5 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! Benchmarks of the actor runtime (see the `actors` section of BENCHMARKS.md
+//! Benchmarks of the actor runtime (see the `actors` section of docs/benchmarks.md
 //! at the workspace root). Run them with
 //!
 //! ```text

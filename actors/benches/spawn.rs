@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! What one `bash` tool call costs the process that makes it, with and
-//! without descriptors open beside it (BENCHMARKS.md, "Tool spawns and open
+//! without descriptors open beside it (docs/benchmarks.md, "Tool spawns and open
 //! connections"). Run it with
 //!
 //! ```text

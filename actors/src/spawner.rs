@@ -9,7 +9,7 @@
 //! started when the runtime opens, before any connection exists, and execs
 //! a fresh image holding a handful of descriptors; every tool process is
 //! then started from there, at a cost that does not grow with the runtime's
-//! connections (BENCHMARKS.md, "Tool spawns and open connections").
+//! connections (docs/benchmarks.md, "Tool spawns and open connections").
 //!
 //! *The protocol* (`spawner/protocol.rs`): the runtime creates the child's
 //! three pipes and a socket pair of its own, sends a `spawn` request (argv,

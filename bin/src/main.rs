@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 /// mimalloc: under load, glibc's malloc and free took a quarter of the
-/// daemon's CPU (BENCHMARKS.md, "mimalloc instead of glibc's allocator").
+/// daemon's CPU (docs/benchmarks.md, "mimalloc instead of glibc's allocator").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

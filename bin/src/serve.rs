@@ -106,7 +106,7 @@ fn exit_with_parent() -> anyhow::Result<()> {
 /// turn's next update would then run ahead of streams still owed the
 /// first, and with 1,000 subscribers the last of them got a frame twice as
 /// late as the median. Taking turns keeps the wake-ups first come, first
-/// served (BENCHMARKS.md, "SSE fan-out").
+/// served (docs/benchmarks.md, "SSE fan-out").
 const GLOBAL_QUEUE_INTERVAL: u32 = 1;
 
 fn load_config(options: &Options) -> anyhow::Result<Config> {

@@ -1,5 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! Benchmarks of keel-core's hot paths (see BENCHMARKS.md at the workspace root).
+//! Benchmarks of keel-core's hot paths (see docs/benchmarks.md).
 //!
 //! - `transition/delta`: one streamed text delta through `transition()`.
 //! - `transition/turn`: a whole tool-using turn, reported per input.

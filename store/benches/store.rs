@@ -1,5 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! Benchmarks of keel-store (see the keel-store section of BENCHMARKS.md at
+//! Benchmarks of keel-store (see the keel-store section of docs/benchmarks.md at
 //! the workspace root).
 //!
 //! - `fsync/raw/{sync_all,sync_data}`: the physical limit: append 256 bytes

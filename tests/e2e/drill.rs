@@ -230,7 +230,7 @@ fn crash_drills_aimed_at_children_and_appends_land_there() {
 }
 
 /// `keel bench --quick`: the real binary measures a daemon of its own and
-/// reports every figure (their values are for BENCHMARKS.md, not a test).
+/// reports every figure (their values are for docs/benchmarks.md, not a test).
 #[test]
 fn keel_bench_quick_reports_every_figure() {
     let lines = keel_json_lines(&["bench", "--quick", "--json"]);

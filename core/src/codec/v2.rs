@@ -7,7 +7,7 @@
 //! serde decodes an internally tagged enum by first buffering the whole
 //! object to find its tag. An externally tagged enum is decoded in one pass,
 //! and MessagePack strings are length-prefixed bytes rather than escaped
-//! text. Together about 4x faster than version 1 (BENCHMARKS.md).
+//! text. Together about 4x faster than version 1 (docs/benchmarks.md).
 //!
 //! The mirror types here exist only for the encoding; the domain types keep
 //! their JSON shape (the HTTP API and version-1 logs use it). Fields keep
