@@ -702,14 +702,7 @@ async fn shaped_run(
         };
         ids.push(client.create(&request).await?.id);
     }
-    let cpu_time = || -> anyhow::Result<Option<Duration>> {
-        pid.map(|pid| {
-            lab::cpu_time(pid).ok_or_else(|| anyhow!("cannot read the CPU time of pid {pid}"))
-        })
-        .transpose()
-    };
-    let cpu_before = cpu_time()?;
-    let started = Instant::now();
+    let measuring = Measuring::start(pid)?;
     let mut working = JoinSet::new();
     for id in ids {
         let client = client.clone();
@@ -725,21 +718,7 @@ async fn shaped_run(
     while let Some(joined) = working.join_next().await {
         latencies.extend(joined.context("a turn task failed")??);
     }
-    let wall = started.elapsed();
-    let cpu_after = cpu_time()?;
-    let count = latencies.len();
-    let measured = latency(latencies);
-    Ok(Turns {
-        kind: "tool, client-shaped",
-        conversations,
-        turns: count,
-        turns_per_second: count as f64 / wall.as_secs_f64(),
-        cpu_ms_per_turn: cpu_before
-            .zip(cpu_after)
-            .map(|(before, after)| ms(after.saturating_sub(before)) / count as f64),
-        latency_p50_ms: measured.p50_ms,
-        latency_p99_ms: measured.p99_ms,
-    })
+    measuring.turns("tool, client-shaped", conversations, latencies)
 }
 
 /// One client-shaped turn: a new connection sends, another follows from
@@ -798,14 +777,7 @@ async fn turn_run(
         streams.push(joined.context("an opening task failed")??);
     }
     let text = if kind == "tool" { "run: true" } else { "hello" };
-    let cpu_time = || -> anyhow::Result<Option<Duration>> {
-        pid.map(|pid| {
-            lab::cpu_time(pid).ok_or_else(|| anyhow!("cannot read the CPU time of pid {pid}"))
-        })
-        .transpose()
-    };
-    let cpu_before = cpu_time()?;
-    let started = Instant::now();
+    let measuring = Measuring::start(pid)?;
     let mut working = JoinSet::new();
     for (id, mut events) in streams {
         let client = client.clone();
@@ -822,24 +794,59 @@ async fn turn_run(
     while let Some(joined) = working.join_next().await {
         latencies.extend(joined.context("a turn task failed")??);
     }
-    let wall = started.elapsed();
-    let cpu_after = cpu_time()?;
-    let count = latencies.len();
-    let measured = latency(latencies);
-    Ok((
-        Turns {
+    Ok((measuring.turns(kind, conversations, latencies)?, ids))
+}
+
+/// A run of turns being measured: its start, and the daemon's CPU time
+/// then (when its process is known).
+struct Measuring {
+    pid: Option<u32>,
+    started: Instant,
+    cpu_before: Option<Duration>,
+}
+
+impl Measuring {
+    fn start(pid: Option<u32>) -> anyhow::Result<Measuring> {
+        Ok(Measuring {
+            pid,
+            cpu_before: cpu_time(pid)?,
+            started: Instant::now(),
+        })
+    }
+
+    /// The run's figures, now that its turns (each one's latency given)
+    /// are done.
+    fn turns(
+        self,
+        kind: &'static str,
+        conversations: usize,
+        latencies: Vec<Duration>,
+    ) -> anyhow::Result<Turns> {
+        let wall = self.started.elapsed();
+        let cpu_after = cpu_time(self.pid)?;
+        let count = latencies.len();
+        let measured = latency(latencies);
+        Ok(Turns {
             kind,
             conversations,
             turns: count,
             turns_per_second: count as f64 / wall.as_secs_f64(),
-            cpu_ms_per_turn: cpu_before
+            cpu_ms_per_turn: self
+                .cpu_before
                 .zip(cpu_after)
                 .map(|(before, after)| ms(after.saturating_sub(before)) / count as f64),
             latency_p50_ms: measured.p50_ms,
             latency_p99_ms: measured.p99_ms,
-        },
-        ids,
-    ))
+        })
+    }
+}
+
+/// The CPU time (user + system) of process `pid`, if one is given.
+fn cpu_time(pid: Option<u32>) -> anyhow::Result<Option<Duration>> {
+    pid.map(|pid| {
+        lab::cpu_time(pid).ok_or_else(|| anyhow!("cannot read the CPU time of pid {pid}"))
+    })
+    .transpose()
 }
 
 /// Resident memory per live idle conversation: the daemon's RSS before and
