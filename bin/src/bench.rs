@@ -45,6 +45,18 @@ pub struct Options {
     /// The fake provider the daemon at `addr` uses, which cancel to idle
     /// while streaming needs to script a held answer.
     pub mock_url: Option<String>,
+    /// Only these runs of turns, and nothing else (no memory, restart,
+    /// cold loads, cancels or delivery); empty for everything.
+    pub only: Vec<TurnKind>,
+}
+
+/// A kind of turn run, for `--only`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TurnKind {
+    Text,
+    Tool,
+    /// Client-shaped tool turns.
+    Shaped,
 }
 
 /// Conversations being created, or streams opened, at once.
@@ -63,6 +75,9 @@ struct Sizes {
     cold_loads: usize,
     /// Subscribers of one conversation, and messages sent to it.
     fanout: (usize, usize),
+    /// Whether to measure more than turns (memory, restart, cold loads,
+    /// cancels, delivery).
+    rest: bool,
 }
 
 impl Sizes {
@@ -74,7 +89,25 @@ impl Sizes {
             cancels: 20,
             cold_loads: 200,
             fanout: (1_000, 30),
+            rest: true,
         }
+    }
+
+    /// Only the turn runs of `kinds` (all of everything when empty).
+    fn keep_only(&mut self, kinds: &[TurnKind]) {
+        if kinds.is_empty() {
+            return;
+        }
+        for (kind, runs) in [
+            (TurnKind::Text, &mut self.text),
+            (TurnKind::Tool, &mut self.tool),
+            (TurnKind::Shaped, &mut self.shaped),
+        ] {
+            if !kinds.contains(&kind) {
+                runs.clear();
+            }
+        }
+        self.rest = false;
     }
 
     fn quick() -> Sizes {
@@ -85,6 +118,7 @@ impl Sizes {
             cancels: 3,
             cold_loads: 10,
             fanout: (50, 3),
+            rest: true,
         }
     }
 }
@@ -130,27 +164,29 @@ pub struct Report {
     pub stored_conversations: usize,
     /// `GET /v1/conversations/{id}` of a conversation just evicted (its
     /// actor stopped, so the load reads the store).
-    pub cold_load: Latency,
+    /// (`None` for this and all below when `--only` chose turns.)
+    pub cold_load: Option<Latency>,
     /// `POST …/cancel` of a streaming turn until it rests (the request's
     /// answer says the state it came to rest in); `None` at `--addr`
     /// without `--mock-url`.
     pub cancel_stream: Option<Latency>,
     /// The same while `bash` runs a process tree.
-    pub cancel_process_tree: Latency,
+    pub cancel_process_tree: Option<Latency>,
     /// Subscribers of one conversation in `fanout`.
     pub fanout_subscribers: usize,
     /// Each message's `user_message` frame, from its publish (the earlier
     /// of the 202 and the first subscriber's read) to each subscriber's
     /// read, through keel's own client (`keel::client`).
-    pub fanout: Latency,
+    pub fanout: Option<Latency>,
 }
 
 pub fn run(mut out: impl Write, options: Options) -> anyhow::Result<Report> {
-    let sizes = if options.quick {
+    let mut sizes = if options.quick {
         Sizes::quick()
     } else {
         Sizes::full()
     };
+    sizes.keep_only(&options.only);
     // The client stands for many clients, each reading its own socket: its
     // runtime takes turns as the daemon's does (`global_queue_interval(1)`,
     // see `serve`), so that a subscriber is not read late only because this
@@ -199,6 +235,10 @@ fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
             turns.latency_p99_ms
         )?;
     }
+    if report.fanout.is_none() {
+        // `--only`: turns alone.
+        return Ok(());
+    }
     writeln!(out)?;
     let memory = report
         .rss_per_idle_conversation_bytes
@@ -224,12 +264,12 @@ fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
         report.fanout_subscribers
     );
     for (what, latency) in [
-        (fanout.as_str(), Some(&report.fanout)),
-        ("cold load of one conversation", Some(&report.cold_load)),
+        (fanout.as_str(), report.fanout.as_ref()),
+        ("cold load of one conversation", report.cold_load.as_ref()),
         ("cancel to idle, streaming", report.cancel_stream.as_ref()),
         (
             "cancel to idle, process tree",
-            Some(&report.cancel_process_tree),
+            report.cancel_process_tree.as_ref(),
         ),
     ] {
         match latency {
@@ -359,7 +399,7 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
                 turns.push(run);
             }
         }
-        if kind == "text" {
+        if kind == "text" && sizes.rest {
             // Restart with the text runs' conversations stored (10,000 and
             // a few in the full run), a daemon of our own only.
             if let Some(daemon) = target.own.as_mut() {
@@ -376,6 +416,25 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
         }
     }
 
+    if !sizes.rest {
+        if let Some(daemon) = target.own.as_mut() {
+            daemon.stop()?;
+        }
+        return Ok(Report {
+            addr: options.addr.clone(),
+            pid: target.pid_at,
+            turns,
+            rss_per_idle_conversation_bytes: None,
+            live_conversations: 0,
+            restart_to_ready_ms: None,
+            stored_conversations: 0,
+            cold_load: None,
+            cancel_stream: None,
+            cancel_process_tree: None,
+            fanout_subscribers: 0,
+            fanout: None,
+        });
+    }
     // Memory: the growth from before the largest text run to after it, per
     // conversation it left live and idle.
     let (live, per_conversation) = match target.pid() {
@@ -439,11 +498,11 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
         live_conversations: live,
         restart_to_ready_ms: restart.map(|(ready, _)| ready),
         stored_conversations: stored,
-        cold_load: latency(cold),
+        cold_load: Some(latency(cold)),
         cancel_stream,
-        cancel_process_tree,
+        cancel_process_tree: Some(cancel_process_tree),
         fanout_subscribers: subscribers,
-        fanout,
+        fanout: Some(fanout),
     })
 }
 

@@ -124,6 +124,10 @@ pub enum Command {
         /// for cancel to idle while streaming.
         #[arg(long, value_name = "URL", requires = "addr")]
         mock_url: Option<String>,
+        /// Only these runs of turns (text, tool, shaped: client-shaped
+        /// tool turns), and nothing else; repeat or separate with commas.
+        #[arg(long, value_enum, value_delimiter = ',')]
+        only: Vec<bench::TurnKind>,
     },
     /// Drills that prove keel's promises against a real daemon and the fake
     /// provider, both started in this process on a temporary data dir.
@@ -404,6 +408,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
             addr,
             pid,
             mock_url,
+            only,
         } => {
             let stdout = io::stdout().lock();
             let options = bench::Options {
@@ -412,6 +417,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
                 addr,
                 pid,
                 mock_url,
+                only,
             };
             bench::run(io::LineWriter::new(stdout), options).map(|_| Exit::Ok)
         }
