@@ -40,7 +40,7 @@ pub(crate) struct StreamRequest {
     pub(crate) model: ModelRef,
     pub(crate) system: Option<String>,
     pub(crate) messages: Vec<Message>,
-    pub(crate) tools: Vec<ToolSpec>,
+    pub(crate) tools: Arc<[ToolSpec]>,
     pub(crate) max_tokens: u32,
     pub(crate) timeout_ms: u64,
 }

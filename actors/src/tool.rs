@@ -193,11 +193,51 @@ pub trait Tool: Send + Sync + 'static {
 /// Each tool is kept wrapped in a `Checked` (`tool/schema.rs`): its input
 /// schema is compiled once, at registration, and every call's input is
 /// checked against it before the tool runs.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct ToolRegistry {
     /// Ordered by name, so specs come out in the same order on every request
     /// (a stable prompt prefix keeps the provider's prompt cache warm).
     tools: Arc<BTreeMap<String, Arc<dyn Tool>>>,
+    /// What [`specs`](Self::specs) answers, built once per registration
+    /// rather than on every request: every LLM request sends them.
+    offered: Offered,
+}
+
+/// The specs offered to a user's conversation and to a sub-agent.
+#[derive(Clone)]
+struct Offered {
+    user: Arc<[ToolSpec]>,
+    sub_agent: Arc<[ToolSpec]>,
+}
+
+impl Default for ToolRegistry {
+    fn default() -> Self {
+        let tools = Arc::new(BTreeMap::new());
+        let offered = Offered::of(&tools);
+        ToolRegistry { tools, offered }
+    }
+}
+
+impl Offered {
+    fn of(tools: &BTreeMap<String, Arc<dyn Tool>>) -> Offered {
+        Offered {
+            user: offered_specs(tools, false).into(),
+            sub_agent: offered_specs(tools, true).into(),
+        }
+    }
+}
+
+/// Every registered tool's spec plus the built-in tools keel-core offers
+/// this kind of conversation, sorted by name.
+fn offered_specs(tools: &BTreeMap<String, Arc<dyn Tool>>, sub_agent: bool) -> Vec<ToolSpec> {
+    let mut specs: Vec<ToolSpec> = tools
+        .iter()
+        .filter(|(name, _)| !builtin::is_builtin(name))
+        .map(|(_, tool)| tool.spec())
+        .chain(builtin::offered(sub_agent))
+        .collect();
+    specs.sort_by(|left, right| left.name.cmp(&right.name));
+    specs
 }
 
 impl std::fmt::Debug for ToolRegistry {
@@ -236,6 +276,7 @@ impl ToolRegistry {
         let name = tool.spec().name;
         let checked = schema::Checked::new(Arc::new(tool));
         Arc::make_mut(&mut self.tools).insert(name, Arc::new(checked));
+        self.offered = Offered::of(&self.tools);
         self
     }
 
@@ -255,14 +296,16 @@ impl ToolRegistry {
     /// (`ask_user` to a user's, `submit_result` to a sub-agent, which has
     /// no human to ask).
     pub fn specs(&self, sub_agent: bool) -> Vec<ToolSpec> {
-        let mut specs: Vec<ToolSpec> = self
-            .tools
-            .iter()
-            .filter(|(name, _)| !builtin::is_builtin(name))
-            .map(|(_, tool)| tool.spec())
-            .chain(builtin::offered(sub_agent))
-            .collect();
-        specs.sort_by(|left, right| left.name.cmp(&right.name));
-        specs
+        self.offered(sub_agent).to_vec()
+    }
+
+    /// [`specs`](Self::specs), shared rather than copied: what each LLM
+    /// request carries.
+    pub(crate) fn offered(&self, sub_agent: bool) -> Arc<[ToolSpec]> {
+        if sub_agent {
+            self.offered.sub_agent.clone()
+        } else {
+            self.offered.user.clone()
+        }
     }
 }

@@ -57,6 +57,8 @@ pub enum TurnKind {
     Tool,
     /// Client-shaped tool turns.
     Shaped,
+    /// Tool turns with many other event streams open (`crowded_run`).
+    Crowded,
 }
 
 /// Conversations being created, or streams opened, at once.
@@ -71,6 +73,9 @@ struct Sizes {
     tool: Vec<(usize, usize)>,
     /// The same for client-shaped tool turns (`shaped_run`).
     shaped: Vec<(usize, usize)>,
+    /// (event streams held open, turns) for tool turns of one conversation
+    /// while that many streams of another are open (`crowded_run`).
+    crowded: Vec<(usize, usize)>,
     cancels: usize,
     cold_loads: usize,
     /// Subscribers of one conversation, and messages sent to it.
@@ -86,6 +91,7 @@ impl Sizes {
             text: vec![(1, 300), (100, 10), (10_000, 1)],
             tool: vec![(1, 100), (100, 3), (1_000, 1)],
             shaped: vec![(1, 100), (100, 3)],
+            crowded: vec![(10_000, 100)],
             cancels: 20,
             cold_loads: 200,
             fanout: (1_000, 30),
@@ -102,6 +108,7 @@ impl Sizes {
             (TurnKind::Text, &mut self.text),
             (TurnKind::Tool, &mut self.tool),
             (TurnKind::Shaped, &mut self.shaped),
+            (TurnKind::Crowded, &mut self.crowded),
         ] {
             if !kinds.contains(&kind) {
                 runs.clear();
@@ -115,6 +122,7 @@ impl Sizes {
             text: vec![(1, 20), (20, 2), (200, 1)],
             tool: vec![(1, 10), (10, 1)],
             shaped: vec![(1, 3)],
+            crowded: vec![(20, 3)],
             cancels: 3,
             cold_loads: 10,
             fanout: (50, 3),
@@ -128,6 +136,8 @@ impl Sizes {
 pub struct Turns {
     pub kind: &'static str,
     pub conversations: usize,
+    /// Event streams of another conversation held open meanwhile.
+    pub other_streams_open: usize,
     pub turns: usize,
     pub turns_per_second: f64,
     /// keel's CPU (user + system) per turn, in milliseconds; `None` when
@@ -223,8 +233,12 @@ fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
     for turns in &report.turns {
         writeln!(
             out,
-            "| {} | {} | {} | {:.0} | {} | {:.1} ms | {:.1} ms |",
+            "| {}{} | {} | {} | {:.0} | {} | {:.1} ms | {:.1} ms |",
             turns.kind,
+            match turns.other_streams_open {
+                0 => String::new(),
+                streams => format!(" ({streams})"),
+            },
             turns.conversations,
             turns.turns,
             turns.turns_per_second,
@@ -394,6 +408,17 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
                     .map_or(String::new(), |cpu| format!(", {cpu:.2} ms CPU per turn"));
                 progress(format!(
                     "client-shaped tool turns, {conversations} at once: {:.0}/s{cpu}, p50 {:.1} ms, p99 {:.1} ms",
+                    run.turns_per_second, run.latency_p50_ms, run.latency_p99_ms
+                ))?;
+                turns.push(run);
+            }
+            for &(streams, each) in &sizes.crowded {
+                let run = crowded_run(&client, target.pid(), &cwd, streams, each).await?;
+                let cpu = run
+                    .cpu_ms_per_turn
+                    .map_or(String::new(), |cpu| format!(", {cpu:.2} ms CPU per turn"));
+                progress(format!(
+                    "tool turns with {streams} other streams open: {:.0}/s{cpu}, p50 {:.1} ms, p99 {:.1} ms",
                     run.turns_per_second, run.latency_p50_ms, run.latency_p99_ms
                 ))?;
                 turns.push(run);
@@ -780,6 +805,42 @@ async fn shaped_run(
     measuring.turns("tool, client-shaped", conversations, latencies)
 }
 
+/// Tool turns of one conversation, one after the other, while `streams`
+/// event streams of another conversation (idle: nothing but keep-alives
+/// crosses them) are open: each open stream is a descriptor in the
+/// daemon's table, which a `fork` of the daemon would copy for every
+/// tool it starts (docs/bench.md, "Tool turns among open streams").
+async fn crowded_run(
+    client: &Client,
+    pid: Option<u32>,
+    cwd: &str,
+    streams: usize,
+    each: usize,
+) -> anyhow::Result<Turns> {
+    let quiet = create_many(client, cwd, 1).await?;
+    let quiet = quiet.first().context("no conversation was created")?;
+    let gate = Arc::new(Semaphore::new(OPENING));
+    let mut opening = JoinSet::new();
+    for _ in 0..streams {
+        let client = client.clone();
+        let gate = gate.clone();
+        let quiet = quiet.clone();
+        opening.spawn(async move {
+            let _permit = gate.acquire_owned().await;
+            ScannedStream::open(&client, &quiet).await
+        });
+    }
+    let mut open_streams = Vec::with_capacity(streams);
+    while let Some(joined) = opening.join_next().await {
+        open_streams.push(joined.context("an opening task failed")??);
+    }
+    let (mut run, _) = turn_run(client, pid, cwd, "tool", 1, each).await?;
+    run.kind = "tool, among open streams";
+    run.other_streams_open = streams;
+    drop(open_streams);
+    Ok(run)
+}
+
 /// One client-shaped turn: a new connection sends, another follows from
 /// the message on (its snapshot first) to the turn's end.
 async fn shaped_turn(client: &Client, id: &str) -> anyhow::Result<Duration> {
@@ -888,6 +949,7 @@ impl Measuring {
         Ok(Turns {
             kind,
             conversations,
+            other_streams_open: 0,
             turns: count,
             turns_per_second: count as f64 / wall.as_secs_f64(),
             cpu_ms_per_turn: self

@@ -343,7 +343,7 @@ async fn start_stream(
         model,
         system: working.config.system.clone(),
         messages: working.messages.clone(),
-        tools: state.shared.tools.specs(working.is_sub_agent()),
+        tools: state.shared.tools.offered(working.is_sub_agent()),
         max_tokens: working.config.max_tokens,
         timeout_ms,
     };
@@ -389,9 +389,9 @@ async fn start_tool(
         let known = state
             .shared
             .tools
-            .specs(false)
-            .into_iter()
-            .map(|spec| spec.name)
+            .offered(false)
+            .iter()
+            .map(|spec| spec.name.as_str())
             .collect::<Vec<_>>()
             .join(", ");
         let message = format!("there is no tool named {:?}; available: {known}", call.name);
