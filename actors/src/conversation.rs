@@ -3,144 +3,43 @@
 //! through `ensure_started`, so a handle keeps working across evictions and
 //! crash restarts of the actor behind it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
 use ractor::RpcReplyPort;
-use serde::Serialize;
 
-use keel_core::event::{Decision, Event, EventKind, PendingCall};
+use keel_core::event::{Decision, Event, EventKind};
 use keel_core::ids::{ConversationId, EventId, Seq, ToolCallId};
-use keel_core::message::{ImageRef, Message, Usage};
+use keel_core::message::ImageRef;
 use keel_core::state::{Phase, StateName};
-use keel_core::time::Timestamp;
 use keel_core::working::WorkingSet;
-use keel_core::{ConversationConfig, Generation};
+use keel_core::ConversationConfig;
 
-use crate::conversation_actor::ConversationMsg;
-use crate::door;
+use crate::activation::Starter;
 use crate::image::{prepare_uploads, ImageUpload};
 use crate::mailbox::Mailbox;
+pub use crate::message::{ActorStats, Inspection, WorkerInfo};
+use crate::message::{ConversationMsg, SendTicket};
 use crate::metrics;
 use crate::pubsub::{Subscription, View};
-use crate::runtime::Runtime;
+use crate::registry;
 use crate::Error;
 
 /// How long a call waits for the actor's answer. Actors answer in
 /// microseconds unless an append is slow; this only bounds a wedged disk.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// What `inspect` reports.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Inspection {
-    pub id: ConversationId,
-    pub state: StateName,
-    /// The failure that put the conversation in `error`.
-    pub error: Option<String>,
-    pub last_seq: Seq,
-    pub cwd: String,
-    pub config: ConversationConfig,
-    pub usage: Usage,
-    /// The history as the model sees it.
-    pub messages: Vec<Message>,
-    pub pending: Vec<PendingCall>,
-    /// Calls the sub-agents of its running `spawn_agents` call wait on
-    /// (empty when it is not live); resolved through this conversation.
-    pub child_pending: Vec<keel_core::ChildPendingCall>,
-    /// Messages waiting for a turn (`busy_policy = queue`).
-    pub queued: usize,
-    pub parent: Option<ConversationId>,
-    /// Turns started so far.
-    pub turn: u32,
-    /// Time since a user, worker or timer last did something here.
-    pub idle_ms: u64,
-    pub subscribers: usize,
-    /// The short-idle tier released this actor's buffers.
-    pub hibernated: bool,
-    /// An actor serves the conversation now. An inspection of one that has
-    /// none is read from the store and wakes nothing.
-    pub live: bool,
-    /// What runs now.
-    pub worker: Option<WorkerInfo>,
-}
-
-/// One live actor, as `Runtime::actors` lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ActorStats {
-    pub id: ConversationId,
-    /// The state it is in (a hibernating one: the state it rested in; one
-    /// that is not responding: the state it was last seen in).
-    pub state: StateName,
-    /// It answered. An actor busy with one message for longer than
-    /// `Runtime::actors` waits (a stuck store write, say) is listed all
-    /// the same, from what it was last seen doing: its state, how long it
-    /// has been on that message (`idle_ms`) and its mailbox; what only it
-    /// can tell (subscribers, hibernation, memory) is `None`.
-    pub responding: bool,
-    /// Time since a user, worker or timer last did something here; for an
-    /// actor not responding, time since it began the message it is on.
-    pub idle_ms: u64,
-    pub subscribers: Option<usize>,
-    /// The short-idle tier released its working set.
-    pub hibernated: Option<bool>,
-    /// An estimate of the bytes the actor holds: its state and its working
-    /// set's messages (text, tool inputs and results).
-    pub memory_bytes: Option<u64>,
-    /// Messages waiting in its mailbox (an estimate: see `mailbox.rs`);
-    /// one that keeps growing is a conversation that cannot keep up.
-    pub mailbox: usize,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum WorkerInfo {
-    Stream { generation: Generation },
-    Tool { tool_call_id: ToolCallId },
-}
-
-impl Inspection {
-    /// The inspection of a conversation no actor serves: its working set as
-    /// the log folds to, at rest.
-    fn at_rest(working: WorkingSet, now: Timestamp) -> Inspection {
-        let phase = Phase::from_status(&working);
-        Inspection {
-            id: working.id.clone(),
-            state: phase.name(),
-            error: match &phase {
-                Phase::Error { message } => Some(message.clone()),
-                _ => None,
-            },
-            last_seq: working.last_seq,
-            idle_ms: now.millis_since(working.last_activity),
-            queued: working.queued.len(),
-            turn: working.turn,
-            parent: working.parent_conversation,
-            cwd: working.cwd,
-            config: working.config,
-            usage: working.usage,
-            messages: working.messages,
-            pending: working.pending,
-            child_pending: Vec::new(),
-            subscribers: 0,
-            hibernated: false,
-            live: false,
-            worker: None,
-        }
-    }
-}
-
 /// One conversation, by id.
 #[derive(Clone)]
 pub struct ConversationHandle {
-    runtime: Runtime,
+    starter: Starter,
     id: ConversationId,
 }
 
 impl ConversationHandle {
-    pub(crate) fn new(runtime: Runtime, id: ConversationId) -> ConversationHandle {
-        ConversationHandle { runtime, id }
+    pub(crate) fn new(starter: Starter, id: ConversationId) -> ConversationHandle {
+        ConversationHandle { starter, id }
     }
 
     pub fn id(&self) -> &ConversationId {
@@ -169,7 +68,7 @@ impl ConversationHandle {
         for image in prepared {
             // Durable before the message that names it: a message in the
             // log never refers to bytes that were not written.
-            self.runtime.shared.store.put_blob(image.bytes).await?;
+            self.starter.shared.store.put_blob(image.bytes).await?;
             images.push(image.image);
         }
         // A send is recorded (its event id) or refused with nothing
@@ -178,7 +77,7 @@ impl ConversationHandle {
         // says whether it took the message, and the log whether it kept it.
         let ticket = Arc::new(SendTicket::default());
         for _ in 0..3 {
-            let actor = self.runtime.ensure_started(&self.id).await?;
+            let actor = self.starter.ensure_started(&self.id).await?;
             let answer = actor
                 .call(
                     |reply| ConversationMsg::Send {
@@ -218,7 +117,7 @@ impl ConversationHandle {
     ) -> Result<EventId, Error> {
         const STEP_EVENTS: usize = 16;
         let events = self
-            .runtime
+            .starter
             .shared
             .store
             .read(&self.id, last_seq + 1, STEP_EVENTS)
@@ -245,9 +144,9 @@ impl ConversationHandle {
     /// rest, nothing pending, no turn owed) answers from the store and is
     /// not woken: a cancel of nothing records nothing.
     pub async fn cancel(&self) -> Result<StateName, Error> {
-        let runtime = &self.runtime;
-        if door::lookup(&runtime.shared, &self.id).is_none() {
-            let working = keel_store::load(runtime.shared.store.as_ref(), &self.id)
+        let starter = &self.starter;
+        if registry::lookup(&starter.shared, &self.id).is_none() {
+            let working = keel_store::load(starter.shared.store.as_ref(), &self.id)
                 .await?
                 .ok_or_else(|| Error::NotFound(self.id.clone()))?;
             if nothing_to_cancel(&working) {
@@ -255,7 +154,7 @@ impl ConversationHandle {
                 return Ok(Phase::from_status(&working).name());
             }
         }
-        let actor = door::cancel(&runtime.shared, &runtime.supervisor.get_cell(), &self.id).await?;
+        let actor = starter.cancel(&self.id).await?;
         metrics::cancel();
         self.call_on(actor, |reply| ConversationMsg::Cancel { reply })
             .await
@@ -305,7 +204,7 @@ impl ConversationHandle {
         if let Some(subscription) = self.follow_live(from).await? {
             return Ok(Following::Live(subscription));
         }
-        let working = keel_store::load(self.runtime.shared.store.as_ref(), &self.id)
+        let working = keel_store::load(self.starter.shared.store.as_ref(), &self.id)
             .await?
             .ok_or_else(|| Error::NotFound(self.id.clone()))?;
         Ok(Following::AtRest(View::at_rest(&working)))
@@ -330,7 +229,7 @@ impl ConversationHandle {
     /// Wait until an actor serves the conversation (now, or once a message,
     /// a resolution or a restart starts one). Starts nothing.
     pub async fn woken(&self) {
-        door::woken(&self.runtime.shared, &self.id).await;
+        registry::woken(&self.starter.shared, &self.id).await;
     }
 
     /// A consistent view of the conversation, then every update after it.
@@ -359,18 +258,18 @@ impl ConversationHandle {
         {
             return inspection;
         }
-        let store = self.runtime.shared.store.as_ref();
+        let store = self.starter.shared.store.as_ref();
         let working = keel_store::load(store, &self.id)
             .await?
             .ok_or_else(|| Error::NotFound(self.id.clone()))?;
-        let now = self.runtime.shared.clock.now();
+        let now = self.starter.shared.clock.now();
         Ok(Inspection::at_rest(working, now))
     }
 
     /// Up to `limit` events of the log from seq `from` on, read from the
     /// store: it starts no actor.
     pub async fn log(&self, from: Seq, limit: usize) -> Result<Vec<Event>, Error> {
-        let store = &self.runtime.shared.store;
+        let store = &self.starter.shared.store;
         let events = store.read(&self.id, from.max(1), limit).await?;
         if events.is_empty() && store.last_seq(&self.id).await? == 0 {
             return Err(Error::NotFound(self.id.clone()));
@@ -393,7 +292,7 @@ impl ConversationHandle {
     /// again from the store. Evicting a conversation that is not running
     /// does nothing.
     pub async fn evict(&self) -> Result<(), Error> {
-        let Some(actor) = door::lookup(&self.runtime.shared, &self.id) else {
+        let Some(actor) = registry::lookup(&self.starter.shared, &self.id) else {
             return Ok(());
         };
         let answer = match actor
@@ -418,7 +317,7 @@ impl ConversationHandle {
     /// Crash the actor on purpose (drills): its supervisor restarts it from
     /// the log under its recovery policy.
     pub async fn crash(&self) -> Result<(), Error> {
-        let actor = self.runtime.ensure_started(&self.id).await?;
+        let actor = self.starter.ensure_started(&self.id).await?;
         actor
             .cast(ConversationMsg::Crash)
             .map_err(|_| Error::Stopped)
@@ -441,7 +340,7 @@ impl ConversationHandle {
         F: Fn(RpcReplyPort<T>) -> ConversationMsg,
     {
         for _ in 0..3 {
-            let actor = self.runtime.ensure_started(&self.id).await?;
+            let actor = self.starter.ensure_started(&self.id).await?;
             match actor.call(&message, Some(CALL_TIMEOUT)).await {
                 Ok(CallResult::Success(answer)) => return Ok(answer),
                 Ok(CallResult::Timeout) => return Err(Error::Timeout),
@@ -461,7 +360,7 @@ impl ConversationHandle {
         T: Send + 'static,
         F: Fn(RpcReplyPort<T>) -> ConversationMsg,
     {
-        let actor = door::lookup(&self.runtime.shared, &self.id)?;
+        let actor = registry::lookup(&self.starter.shared, &self.id)?;
         match actor.call(&message, Some(CALL_TIMEOUT)).await {
             Ok(CallResult::Success(answer)) => Some(Ok(answer)),
             Ok(CallResult::Timeout) => Some(Err(Error::Timeout)),
@@ -510,25 +409,4 @@ enum Retry {
     Always,
     /// Only if it never reached the actor.
     OnlyUndelivered,
-}
-
-/// Travels with a message to the actor, so that a sender whose answer was
-/// lost knows whether the actor took the message at all.
-#[derive(Debug, Default)]
-pub(crate) struct SendTicket {
-    /// 0 until the actor takes the message; then the seq its log ended
-    /// at, plus one (seqs start at 1, so 0 is free).
-    taken: AtomicU64,
-}
-
-impl SendTicket {
-    /// The actor takes the message; its log ends at `last_seq`.
-    pub(crate) fn take(&self, last_seq: Seq) {
-        self.taken.store(last_seq + 1, Ordering::SeqCst);
-    }
-
-    /// Where the log ended when the actor took the message, if it did.
-    fn taken_after(&self) -> Option<Seq> {
-        self.taken.load(Ordering::SeqCst).checked_sub(1)
-    }
 }

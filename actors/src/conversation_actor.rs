@@ -12,176 +12,30 @@
 //! flag first, so deltas queued behind the cancel arrive already stale.
 
 mod effects;
+mod state;
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+pub(crate) use state::ConversationState;
+use state::TOOL_GROUPS_PATIENCE;
+
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use keel_core::event::Decision;
-use keel_core::ids::{ConversationId, EventId, Seq, ToolCallId};
-use keel_core::message::{ContentBlock, ImageRef};
-use keel_core::state::{Conversation, Phase};
-use keel_core::time::Timestamp;
+use keel_core::ids::{ConversationId, Seq, ToolCallId};
+use keel_core::message::ContentBlock;
+use keel_core::state::Phase;
 use keel_core::ChildPendingCall;
-use keel_core::{
-    AssistantResponse, ConversationConfig, Generation, Input, LiveEvent, LlmFailure,
-    NewConversation, Rejection, StateName, StreamDelta, Timer,
-};
+use keel_core::{Input, LiveEvent, LlmFailure, NewConversation, Rejection};
 use keel_store::{rehydrate, Rehydrated};
 
-use crate::conversation::{ActorStats, Inspection, SendTicket, WorkerInfo};
-use crate::door;
-use crate::mailbox::Mailbox;
-use crate::pubsub::{Publisher, Subscription, Update, View};
-use crate::runtime::{Alive, Shared};
-use crate::sub_agents::SpawnWork;
-use crate::tool::ToolOutcome;
-
-/// Out-of-band signals from handles to the actor, read at the top of every
-/// handler.
-#[derive(Debug, Default)]
-pub(crate) struct Control {
-    /// A cancel was asked for and not yet carried out.
-    pub(crate) cancel_requested: AtomicBool,
-    /// Messages in the actor's mailbox, as counted by [`Mailbox`]
-    /// (`crate::mailbox`).
-    pub(crate) queued: AtomicUsize,
-    /// What the actor was last seen doing, readable while it is busy with
-    /// one message (and cannot answer `Stats`): `Runtime::actors` lists a
-    /// stuck actor from here.
-    pub(crate) seen: std::sync::Mutex<Seen>,
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Seen {
-    /// The conversation's state after the last message it finished.
-    pub(crate) state: Option<StateName>,
-    /// When it began the message it is handling now, if any.
-    pub(crate) handling_since: Option<std::time::Instant>,
-}
-
-impl Control {
-    fn see(&self, change: impl FnOnce(&mut Seen)) {
-        change(
-            &mut self
-                .seen
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        );
-    }
-
-    pub(crate) fn seen(&self) -> Seen {
-        *self
-            .seen
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-pub(crate) enum ConversationMsg {
-    Send {
-        text: String,
-        images: Vec<ImageRef>,
-        /// Marked when the actor takes the message (`ConversationHandle::send`).
-        ticket: Arc<SendTicket>,
-        reply: RpcReplyPort<Result<EventId, Rejection>>,
-    },
-    Resolve {
-        tool_call_id: ToolCallId,
-        decision: Decision,
-        by: Option<String>,
-        reply: RpcReplyPort<Result<(), Rejection>>,
-    },
-    Cancel {
-        reply: RpcReplyPort<StateName>,
-    },
-    ChangeConfig {
-        config: Box<ConversationConfig>,
-        reply: RpcReplyPort<Result<(), Rejection>>,
-    },
-    Subscribe {
-        reply: RpcReplyPort<Subscription>,
-    },
-    Inspect {
-        reply: RpcReplyPort<Inspection>,
-    },
-    /// What `Runtime::actors` lists; answered without waking a
-    /// hibernating conversation.
-    Stats {
-        reply: RpcReplyPort<ActorStats>,
-    },
-    /// Save the snapshot and stop (long-idle eviction, or asked for).
-    Evict {
-        reply: Option<RpcReplyPort<Result<(), Rejection>>>,
-    },
-    /// Panic on purpose: the crash drill. The supervisor brings the
-    /// conversation back from its log.
-    Crash,
-    /// The runtime stops gracefully: take no new messages, let the turn in
-    /// flight finish, then end the session and stop.
-    Drain,
-    /// The runtime's grace period is over: end the session now,
-    /// interrupting a turn still running.
-    ShutdownNow,
-    /// The runtime's idle sweeper: see whether to hibernate or evict.
-    IdleCheck,
-    /// A subscription was dropped: free the live channel if nobody else
-    /// listens.
-    Unsubscribed,
-    // Reports from workers and timers.
-    StreamDelta {
-        generation: Generation,
-        delta: StreamDelta,
-    },
-    StreamFinished {
-        generation: Generation,
-        response: Box<AssistantResponse>,
-    },
-    StreamFailed {
-        generation: Generation,
-        failure: LlmFailure,
-    },
-    /// The stream worker of `generation` left an image of the history out
-    /// of its request; subscribers are told while that request is current.
-    ImageOmitted {
-        generation: Generation,
-        hash: String,
-        reason: String,
-    },
-    ToolOutput {
-        tool_call_id: ToolCallId,
-        chunk: String,
-    },
-    ToolFinished {
-        tool_call_id: ToolCallId,
-        outcome: ToolOutcome,
-    },
-    /// A sub-agent of the running `spawn_agents` call changed state
-    /// (`LiveEvent::ChildState`): published to this conversation's
-    /// watchers while that call runs. Not an input: the core has nothing
-    /// to decide, and the child's own log records what it did.
-    ChildState {
-        event: LiveEvent,
-    },
-    /// What a sub-agent of the running `spawn_agents` call `tool_call_id`
-    /// waits on now, all of it: listed with this conversation's own
-    /// pending calls, published (`LiveEvent::ChildPending`), and a
-    /// resolution of one of them is passed on to the sub-agent.
-    ChildPending {
-        tool_call_id: ToolCallId,
-        child: ConversationId,
-        pending: Vec<keel_core::event::PendingCall>,
-    },
-    TimerFired {
-        timer: Timer,
-    },
-    /// The held live updates are due (`Publisher::finish_message`).
-    FlushLive,
-}
+use crate::message::{ActorStats, ConversationMsg, Inspection, WorkerInfo};
+use crate::pubsub::{Subscription, Update, View};
+use crate::registry;
+use crate::shared::Shared;
 
 /// How the actor comes up.
 pub(crate) enum Start {
@@ -198,217 +52,6 @@ pub(crate) struct ConversationArgs {
     pub(crate) id: ConversationId,
     pub(crate) shared: Arc<Shared>,
     pub(crate) start: Start,
-}
-
-/// A running worker and what it works on.
-pub(crate) struct Worker<K> {
-    pub(crate) key: K,
-    pub(crate) cell: ActorCell,
-}
-
-/// Aborts its task when dropped, so that timers and tickers die with the actor
-/// however it ends (`post_stop` is skipped when an actor is killed).
-pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// What keel calls itself as an agent: `gen_ai.agent.name` of its turn spans.
-const AGENT_NAME: &str = "keel";
-/// How long a rebuilt conversation waits for the tool worker and process
-/// groups of the actor that crashed before it (as boot waits for the
-/// groups of a crashed process).
-const TOOL_GROUPS_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// The span of a turn in progress: an OpenTelemetry GenAI `invoke_agent`
-/// span (its name for OpenTelemetry is `otel.name`; `turn` stays the
-/// `tracing` name that logs show).
-pub(crate) struct TurnSpan {
-    pub(crate) turn: u32,
-    /// When the turn started, by the conversation's clock (its
-    /// `TurnStarted`): the turn metrics measure from it the endings that
-    /// carry no duration of their own.
-    pub(crate) started_at: Timestamp,
-    pub(crate) span: tracing::Span,
-}
-
-pub(crate) struct ConversationState {
-    pub(crate) id: ConversationId,
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) control: Arc<Control>,
-    /// `None` inside a step (between `transition()` and the append) and
-    /// while hibernating (rebuilt from the log by `hydrate`).
-    pub(crate) conversation: Option<Conversation>,
-    pub(crate) stream: Option<Worker<Generation>>,
-    pub(crate) tool: Option<Worker<ToolCallId>>,
-    /// The `spawn_agents` call being carried out (`sub_agents.rs`).
-    pub(crate) spawn: Option<SpawnWork>,
-    /// The calls the sub-agents of `spawn` wait on now (they inherit this
-    /// conversation's gates and nobody watches them).
-    pub(crate) child_pending: Vec<ChildPendingCall>,
-    /// Every call a sub-agent of `spawn` has waited on, and whose it is:
-    /// where a resolution sent here for it goes (also when asked again
-    /// after a lost answer, once the call no longer waits).
-    pub(crate) child_calls: Vec<(ToolCallId, ConversationId)>,
-    pub(crate) timers: HashMap<Timer, AbortOnDrop>,
-    pub(crate) publisher: Publisher,
-    /// The flush the publisher's held live updates are owed.
-    pub(crate) live_flush: Option<AbortOnDrop>,
-    /// `post_start` still has to feed `Input::Started` (a rebuilt
-    /// conversation recovers what its log left in flight).
-    pub(crate) recover_on_start: bool,
-    /// Last time a user, a worker or a timer did something here.
-    pub(crate) last_touched: Instant,
-    /// Short-idle tier taken: the working set is released until the next
-    /// message rebuilds it.
-    pub(crate) hibernated: bool,
-    /// The state the conversation rested in when it hibernated.
-    pub(crate) rest_state: StateName,
-    /// The runtime is stopping gracefully: new messages are refused, and
-    /// the session ends as soon as no turn runs.
-    pub(crate) draining: bool,
-    /// The log position of the newest stored checkpoint this actor knows
-    /// of (0: none): hibernating saves one only when it is behind.
-    pub(crate) checkpoint_seq: Seq,
-    pub(crate) span: tracing::Span,
-    /// The span of the working set's turn in progress, under `span`; its
-    /// requests and tools run in it. Kept in step by
-    /// [`ConversationState::sync_turn_span`].
-    pub(crate) turn_span: Option<TurnSpan>,
-    /// Last, so that it drops after `shared`.
-    pub(crate) _alive: Alive,
-}
-
-impl ConversationState {
-    fn new(
-        id: ConversationId,
-        shared: Arc<Shared>,
-        conversation: Option<Conversation>,
-        checkpoint_seq: Seq,
-        span: tracing::Span,
-    ) -> ConversationState {
-        let control = door::control(&shared, &id);
-        // A new life of the actor has a new, empty mailbox, and is busy
-        // starting until `post_start` ends.
-        control.queued.store(0, Ordering::Relaxed);
-        control.see(|seen| {
-            seen.state = conversation.as_ref().map(Conversation::state_name);
-            seen.handling_since = Some(std::time::Instant::now());
-        });
-        let mut state = ConversationState {
-            control,
-            id,
-            conversation,
-            stream: None,
-            tool: None,
-            spawn: None,
-            child_pending: Vec::new(),
-            child_calls: Vec::new(),
-            timers: HashMap::new(),
-            publisher: Publisher::new(shared.settings.live_interval),
-            live_flush: None,
-            recover_on_start: false,
-            last_touched: Instant::now(),
-            hibernated: false,
-            rest_state: StateName::Idle,
-            draining: false,
-            checkpoint_seq,
-            turn_span: None,
-            span,
-            _alive: shared.alive(),
-            shared,
-        };
-        state.sync_turn_span();
-        state
-    }
-
-    /// Done with a message (or with starting): note the state it is in for
-    /// `Runtime::actors` to read if the next message never ends.
-    fn seen_at_rest(&self) {
-        let now_in = self
-            .conversation
-            .as_ref()
-            .map_or(self.rest_state, Conversation::state_name);
-        self.control.see(|seen| {
-            seen.state = Some(now_in);
-            seen.handling_since = None;
-        });
-    }
-
-    /// Done with a message: let the publisher send what this message held
-    /// back, or arm the flush it owes (one at a time; a flush that comes
-    /// early sends early, which is only less batching).
-    fn finish_publishing(&mut self, myself: &ActorRef<ConversationMsg>) {
-        match self.publisher.finish_message() {
-            None => self.live_flush = None,
-            Some(_) if self.live_flush.is_some() => {}
-            Some(deadline) => {
-                let target = self.mailbox(myself);
-                self.live_flush = Some(AbortOnDrop(tokio::spawn(async move {
-                    tokio::time::sleep_until(deadline).await;
-                    let _ = target.cast(ConversationMsg::FlushLive);
-                })));
-            }
-        }
-    }
-
-    /// This actor's mailbox, for its workers, timers and subscriptions to
-    /// send through (counted: `crate::mailbox`).
-    pub(crate) fn mailbox(&self, myself: &ActorRef<ConversationMsg>) -> Mailbox {
-        Mailbox::new(myself.clone(), Some(self.control.clone()))
-    }
-
-    /// The span work runs in: the turn's, or the conversation's between turns.
-    pub(crate) fn work_span(&self) -> &tracing::Span {
-        self.turn_span
-            .as_ref()
-            .map_or(&self.span, |turn| &turn.span)
-    }
-
-    /// Open, keep or close the turn span to match the turn in progress of
-    /// the working set (none while hibernating): after every step, and
-    /// after a rebuild from the log (a restart mid-turn, or a wake while a
-    /// human is asked).
-    pub(crate) fn sync_turn_span(&mut self) {
-        let turn = self
-            .conversation
-            .as_ref()
-            .and_then(|conversation| conversation.working.current_turn.as_ref())
-            .map(|turn| (turn.turn, turn.started_at));
-        match (turn, &self.turn_span) {
-            (Some((turn, _)), Some(open)) if open.turn == turn => {}
-            (Some((turn, started_at)), _) => {
-                let span = tracing::info_span!(
-                    parent: &self.span,
-                    "turn",
-                    turn,
-                    // `invoke_agent {gen_ai.agent.name}`, as the conventions name it.
-                    otel.name = "invoke_agent keel",
-                    gen_ai.operation.name = "invoke_agent",
-                    gen_ai.agent.name = AGENT_NAME,
-                    gen_ai.conversation.id = %self.id,
-                    keel.turn.outcome = tracing::field::Empty,
-                    "error.type" = tracing::field::Empty,
-                    otel.status_code = tracing::field::Empty,
-                );
-                self.turn_span = Some(TurnSpan {
-                    turn,
-                    started_at,
-                    span,
-                });
-            }
-            (None, _) => self.turn_span = None,
-        }
-    }
-
-    fn conversation(&self) -> Result<&Conversation, ActorProcessingErr> {
-        self.conversation
-            .as_ref()
-            .ok_or_else(|| "invariant: the conversation is present between steps".into())
-    }
 }
 
 pub(crate) struct ConversationActor;
@@ -479,7 +122,7 @@ impl Actor for ConversationActor {
         state: &mut ConversationState,
     ) -> Result<(), ActorProcessingErr> {
         if std::mem::take(&mut state.recover_on_start) {
-            // A cancel asked for before this life began (`door::cancel`
+            // A cancel asked for before this life began (`activation::cancel`
             // starts the actor to carry it out) comes first: what the log
             // left in flight is called off, not resumed.
             cancel_if_requested(&myself, state).await?;
@@ -488,7 +131,7 @@ impl Actor for ConversationActor {
         rest_at_once(state).await?;
         state.finish_publishing(&myself);
         state.seen_at_rest();
-        door::started(&state.shared, &state.id);
+        registry::started(&state.shared, &state.id);
         Ok(())
     }
 
@@ -499,7 +142,7 @@ impl Actor for ConversationActor {
     ) -> Result<(), ActorProcessingErr> {
         state.publisher.flush();
         tracing::debug!(parent: &state.span, "conversation actor stopped");
-        door::forget_control(&state.shared, &state.id, &state.control);
+        registry::forget_control(&state.shared, &state.id, &state.control);
         Ok(())
     }
 
@@ -606,12 +249,11 @@ impl Actor for ConversationActor {
                 let view = view(state)?;
                 let receiver = state.publisher.subscribe();
                 let store = state.shared.store.clone();
-                let _ = reply.send(Subscription::new(
-                    view,
-                    receiver,
-                    store,
-                    state.mailbox(&myself),
-                ));
+                let mailbox = state.mailbox(&myself);
+                let on_drop = Box::new(move || {
+                    let _ = mailbox.cast(ConversationMsg::Unsubscribed);
+                });
+                let _ = reply.send(Subscription::new(view, receiver, store, on_drop));
             }
             ConversationMsg::Inspect { reply } => {
                 let mut inspection = inspect(state)?;
@@ -882,9 +524,13 @@ fn forward_resolve(
     let alive = shared.alive();
     tokio::spawn(async move {
         let _alive = alive;
-        let answer = match door::supervisor(&shared) {
+        let answer = match registry::supervisor(&shared) {
             None => Err(Rejection::ShuttingDown),
-            Some(supervisor) => match door::ensure_started(&shared, &supervisor, &child).await {
+            Some(supervisor) => match shared
+                .activation
+                .ensure_started(&shared, &supervisor, &child)
+                .await
+            {
                 Err(_) => Err(Rejection::ShuttingDown),
                 Ok(actor) => match actor
                     .call(

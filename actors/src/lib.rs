@@ -12,20 +12,25 @@
 //! are in [`metrics`]).
 //! Only this crate names ractor types.
 
+mod activation;
 pub mod clock;
 pub mod conversation;
 mod conversation_actor;
-mod door;
 pub mod image;
 mod mailbox;
+mod message;
 pub mod metrics;
 pub mod process_group;
 pub mod provider;
 pub mod pubsub;
+mod registry;
 pub mod runtime;
+mod settings;
+mod shared;
 pub mod spawner;
 mod stream_actor;
 mod sub_agents;
+mod task;
 pub mod tool;
 mod tool_actor;
 mod tool_groups;

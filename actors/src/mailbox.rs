@@ -17,7 +17,7 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 use ractor::{ActorRef, MessagingErr, RpcReplyPort};
 
-use crate::conversation_actor::{Control, ConversationMsg, Seen};
+use crate::message::{Control, ConversationMsg, Seen};
 
 /// A conversation actor and its control block.
 #[derive(Clone)]

@@ -37,9 +37,6 @@ use keel_core::working::WorkingSet;
 use keel_core::LiveEvent;
 use keel_store::EventLog;
 
-use crate::conversation_actor::ConversationMsg;
-use crate::mailbox::Mailbox;
-
 /// How many waves a subscriber may fall behind before it lags. Small:
 /// the buffer is allocated whole while anyone watches, and a subscriber
 /// that lags loses only live-only updates (it reads canonical ones from
@@ -274,9 +271,13 @@ pub struct Subscription {
     split: VecDeque<Arc<Published>>,
     /// The rest of the wave [`Subscription::next`] is handing out.
     unread: VecDeque<Update>,
-    /// Told when this subscription is dropped, so it can free its channel.
-    actor: Mailbox,
+    /// Tells the actor this subscription is dropped, so it can free its
+    /// channel (the actor gives it; this module knows no actor).
+    on_drop: Option<OnDrop>,
 }
+
+/// What a subscription does as it is dropped.
+pub(crate) type OnDrop = Box<dyn FnOnce() + Send + Sync>;
 
 impl std::fmt::Debug for Subscription {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -293,7 +294,7 @@ impl Subscription {
         view: View,
         receiver: broadcast::Receiver<Arc<Published>>,
         store: Arc<dyn EventLog>,
-        actor: Mailbox,
+        on_drop: OnDrop,
     ) -> Subscription {
         Subscription {
             next_seq: view.last_seq + 1,
@@ -305,7 +306,7 @@ impl Subscription {
             after_gap: None,
             split: VecDeque::new(),
             unread: VecDeque::new(),
-            actor,
+            on_drop: Some(on_drop),
         }
     }
 
@@ -477,7 +478,9 @@ impl Drop for Subscription {
     /// at its next idle check.
     fn drop(&mut self) {
         drop(self.receiver.take());
-        let _ = self.actor.cast(ConversationMsg::Unsubscribed);
+        if let Some(on_drop) = self.on_drop.take() {
+            on_drop();
+        }
     }
 }
 
@@ -634,7 +637,6 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use keel_core::state::StateName;
-    use ractor::{Actor, ActorProcessingErr, ActorRef};
 
     use super::*;
 
@@ -884,24 +886,6 @@ mod tests {
         assert_eq!(published.rendered(|_| 8_u32), 7, "the first is kept");
     }
 
-    /// Stands in for the conversation actor: a subscription tells its
-    /// actor when it is dropped, and nothing else.
-    struct Nobody;
-
-    impl Actor for Nobody {
-        type Msg = ConversationMsg;
-        type State = ();
-        type Arguments = ();
-
-        async fn pre_start(
-            &self,
-            _: ActorRef<ConversationMsg>,
-            (): (),
-        ) -> Result<(), ActorProcessingErr> {
-            Ok(())
-        }
-    }
-
     fn view(id: &ConversationId, last_seq: Seq) -> View {
         View {
             id: id.clone(),
@@ -945,13 +929,16 @@ mod tests {
         let mut log = vec![created];
         log.extend((2..=8).map(event));
         store.append(&id, log).await.unwrap();
-        let (actor, handle) = Actor::spawn(None, Nobody, ()).await.unwrap();
         let (sender, receiver) = broadcast::channel(CHANNEL_CAPACITY);
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let told = dropped.clone();
         let mut subscription = Subscription::new(
             view(&id, 2),
             receiver,
             store,
-            Mailbox::new(actor.clone(), None),
+            Box::new(move || {
+                told.fetch_add(1, Ordering::SeqCst);
+            }),
         );
 
         // Owed 3: a wave of 3 and 4 is taken whole, the same allocation.
@@ -1002,9 +989,10 @@ mod tests {
             subscription.next().await,
             Received::Update(state(StateName::Idle))
         );
+        assert_eq!(dropped.load(Ordering::SeqCst), 0);
         drop(subscription);
-        actor.stop(None);
-        handle.await.unwrap();
+        // The actor is told once, so it can free the channel.
+        assert_eq!(dropped.load(Ordering::SeqCst), 1);
     }
 
     /// A resume over more than a page, and a lag over more than a page,
@@ -1028,14 +1016,9 @@ mod tests {
         let mut log = vec![created];
         log.extend((2..=missed).map(event));
         store.append(&id, log).await.unwrap();
-        let (actor, handle) = Actor::spawn(None, Nobody, ()).await.unwrap();
         let (sender, receiver) = broadcast::channel(CHANNEL_CAPACITY);
-        let subscription = Subscription::new(
-            view(&id, missed),
-            receiver,
-            store.clone(),
-            Mailbox::new(actor.clone(), None),
-        );
+        let subscription =
+            Subscription::new(view(&id, missed), receiver, store.clone(), Box::new(|| {}));
         let mut subscription = subscription.starting_at(1).await.unwrap();
 
         let mut heard = Vec::new();
@@ -1079,7 +1062,5 @@ mod tests {
         assert!(most_held <= CATCH_UP_PAGE, "{most_held} held at once");
 
         drop(subscription);
-        actor.stop(None);
-        handle.await.unwrap();
     }
 }

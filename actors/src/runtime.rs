@@ -1,6 +1,7 @@
 //! The runtime an embedder opens: the root supervisor, what every actor of
 //! it shares, the idle sweeper, and its graceful stop. Conversations are
-//! found, started and created only through `door.rs`; boot recovery lives
+//! found through `registry.rs` and started and created only through
+//! `activation.rs`; boot recovery lives
 //! in `runtime/boot.rs`.
 
 mod boot;
@@ -18,72 +19,23 @@ use keel_core::ids::ConversationId;
 use keel_core::ConversationConfig;
 use keel_store::{EventLog, IndexEntry};
 
+pub use crate::settings::{Settings, DEFAULT_LIVE_INTERVAL};
+use crate::shared::Shared;
 pub use boot::BootReport;
 
+use crate::activation::{self, Starter};
 use crate::clock::Clock;
 use crate::conversation::{ActorStats, ConversationHandle};
-use crate::conversation_actor::{Control, ConversationMsg};
-use crate::door;
 use crate::mailbox::Mailbox;
+use crate::message::ConversationMsg;
 use crate::process_group::ProcessLedger;
 use crate::provider::{ProviderClient, ProviderConfig};
+use crate::registry;
 use crate::spawner::{Spawner, SpawnerCommand};
 use crate::tool::ToolRegistry;
 use crate::tool_groups::ToolGroups;
 use crate::Error;
 use supervisor::{SupervisorActor, SupervisorMsg};
-
-/// Timings of the runtime; the defaults suit a daemon, tests shorten them.
-#[derive(Debug, Clone, Copy)]
-pub struct Settings {
-    /// Idle this long in a clean state (waiting on a user or a human), an
-    /// actor releases its working set, which the next message rebuilds from
-    /// the checkpoint and the log's tail. Zero releases it as soon as the
-    /// conversation comes to rest: a live idle conversation then holds no
-    /// history, and every message pays a rebuild.
-    pub short_idle: Duration,
-    /// Idle this long in a clean state, an actor saves its snapshot and stops.
-    pub long_idle: Duration,
-    /// How often an actor looks at its idle time.
-    pub idle_check: Duration,
-    /// Events a hibernating conversation may be ahead of its stored
-    /// checkpoint before hibernating writes a new one (so that waking
-    /// replays at most about this many). Eviction always writes one.
-    pub checkpoint_lag: u64,
-    /// A conversation failing more often than this within `restart_window`
-    /// is left stopped until it is next addressed.
-    pub max_restarts: usize,
-    pub restart_window: Duration,
-    /// How long a graceful [`Runtime::shutdown`] lets turns in flight run
-    /// to their end before it interrupts them.
-    pub shutdown_grace: Duration,
-    /// Live-only updates (deltas, tool output, state changes) go out to
-    /// subscribers in waves at most this often; what one step publishes
-    /// goes out together, a canonical event is never held past its step
-    /// and takes the held ones along (docs/requirements.md, "Live updates
-    /// go out in waves"). Zero holds nothing beyond the step.
-    pub live_interval: Duration,
-}
-
-/// The default of [`Settings::live_interval`]: one frame of a 60 Hz
-/// display, shorter than a person notices and long enough that a fast
-/// model's tokens, and the message that ends them, share a wave.
-pub const DEFAULT_LIVE_INTERVAL: Duration = Duration::from_millis(16);
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            short_idle: Duration::from_secs(60),
-            long_idle: Duration::from_secs(30 * 60),
-            idle_check: Duration::from_secs(30),
-            checkpoint_lag: 64,
-            max_restarts: 3,
-            restart_window: Duration::from_secs(60),
-            shutdown_grace: Duration::from_secs(10),
-            live_interval: DEFAULT_LIVE_INTERVAL,
-        }
-    }
-}
 
 /// What a runtime is opened with.
 pub struct RuntimeConfig {
@@ -115,52 +67,6 @@ impl RuntimeConfig {
             spawner: None,
             settings: Settings::default(),
         })
-    }
-}
-
-/// What every actor of one runtime shares.
-pub(crate) struct Shared {
-    /// Prefix of this runtime's registry names: the registry is
-    /// process-global, and two runtimes in one process must not collide.
-    pub(crate) instance: String,
-    pub(crate) store: Arc<dyn EventLog>,
-    pub(crate) provider: ProviderClient,
-    pub(crate) tools: ToolRegistry,
-    pub(crate) ledger: Option<Arc<ProcessLedger>>,
-    /// How tools start processes.
-    pub(crate) spawner: Spawner,
-    pub(crate) clock: Clock,
-    pub(crate) settings: Settings,
-    /// Each live conversation's out-of-band control block (`door::control`).
-    pub(crate) controls: Mutex<HashMap<ConversationId, Arc<Control>>>,
-    /// Tool workers alive and the process groups they started, by
-    /// conversation: a rebuilt conversation waits for its old ones
-    /// (`tool_groups.rs`).
-    pub(crate) tool_groups: Arc<ToolGroups>,
-    /// Followers waiting for a conversation at rest to be started by
-    /// something else (`door::woken`); taken and woken as its actor starts.
-    pub(crate) wakes: Mutex<HashMap<ConversationId, Arc<tokio::sync::Notify>>>,
-    /// Actors and workers that hold this `Shared` now (see [`Alive`]).
-    alive: Arc<AtomicUsize>,
-    /// The runtime is stopping: no conversation starts, background tasks end.
-    pub(crate) closed: AtomicBool,
-}
-
-/// Counts an actor or worker that holds the runtime's `Shared` for as long
-/// as it lives. Declared as the last field of a state, it drops after the
-/// state's `Arc<Shared>`, so `shutdown` knows when the store is let go.
-pub(crate) struct Alive(Arc<AtomicUsize>);
-
-impl Drop for Alive {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-impl Shared {
-    pub(crate) fn alive(&self) -> Alive {
-        self.alive.fetch_add(1, Ordering::SeqCst);
-        Alive(self.alive.clone())
     }
 }
 
@@ -224,9 +130,10 @@ impl Runtime {
             wakes: Mutex::new(HashMap::new()),
             alive: Arc::new(AtomicUsize::new(0)),
             closed: AtomicBool::new(false),
+            activation: &activation::Activation,
         });
         let (supervisor, _) = SupervisorActor::spawn(
-            Some(door::supervisor_name(&instance)),
+            Some(registry::supervisor_name(&instance)),
             SupervisorActor,
             shared.clone(),
         )
@@ -246,7 +153,7 @@ impl Runtime {
         cwd: impl AsRef<Path>,
         config: ConversationConfig,
     ) -> Result<ConversationHandle, Error> {
-        let id = door::create(
+        let id = activation::create(
             &self.shared,
             &self.supervisor.get_cell(),
             cwd.as_ref(),
@@ -260,7 +167,7 @@ impl Runtime {
     /// A handle on conversation `id`. Every call through it goes through
     /// `ensure_started`; an unknown id is an error on first use.
     pub fn handle(&self, id: ConversationId) -> ConversationHandle {
-        ConversationHandle::new(self.clone(), id)
+        ConversationHandle::new(self.starter(), id)
     }
 
     /// Start conversation `id` if it is not running, and return a handle.
@@ -273,7 +180,15 @@ impl Runtime {
     }
 
     pub(crate) async fn ensure_started(&self, id: &ConversationId) -> Result<Mailbox, Error> {
-        door::ensure_started(&self.shared, &self.supervisor.get_cell(), id).await
+        self.starter().ensure_started(id).await
+    }
+
+    /// What starts this runtime's conversations, as a handle holds it.
+    fn starter(&self) -> Starter {
+        Starter {
+            shared: self.shared.clone(),
+            supervisor: self.supervisor.get_cell(),
+        }
     }
 
     /// Conversations in the store, oldest first; sub-agents only if asked.
@@ -283,7 +198,7 @@ impl Runtime {
 
     /// Ids of the conversations with a live actor now.
     pub fn live(&self) -> Vec<ConversationId> {
-        door::live(&self.shared)
+        registry::live(&self.shared)
             .into_iter()
             .map(|(id, _)| id)
             .collect()
@@ -303,7 +218,7 @@ impl Runtime {
     /// The same as [`Runtime::actors`], asking only the live actors whose
     /// id `wanted` accepts (a page of a listing).
     pub async fn actors_where(&self, wanted: impl Fn(&ConversationId) -> bool) -> Vec<ActorStats> {
-        let asks = door::live(&self.shared)
+        let asks = registry::live(&self.shared)
             .into_iter()
             .filter(|(id, _)| wanted(id))
             .map(|(id, actor)| async move {
@@ -332,7 +247,7 @@ impl Runtime {
 
     /// Whether conversation `id` has a live actor now.
     pub fn is_live(&self, id: &ConversationId) -> bool {
-        door::lookup(&self.shared, id).is_some()
+        registry::lookup(&self.shared, id).is_some()
     }
 
     /// How many times the supervisor restarted a failed conversation.
@@ -360,10 +275,10 @@ impl Runtime {
     fn tell(&self, conversation: &ActorCell, message: ConversationMsg) {
         let id = conversation
             .get_name()
-            .and_then(|name| door::conversation_of(&self.shared.instance, &name));
+            .and_then(|name| registry::conversation_of(&self.shared.instance, &name));
         let actor: ActorRef<ConversationMsg> = conversation.clone().into();
         let _ = match id {
-            Some(id) => door::mailbox(&self.shared, &id, actor).cast(message),
+            Some(id) => registry::mailbox(&self.shared, &id, actor).cast(message),
             None => actor.cast(message),
         };
     }
@@ -489,7 +404,7 @@ fn spawn_idle_sweeper(shared: &Arc<Shared>) {
             if shared.closed.load(Ordering::SeqCst) {
                 return;
             }
-            for (_, actor) in door::live(&shared) {
+            for (_, actor) in registry::live(&shared) {
                 let _ = actor.cast(ConversationMsg::IdleCheck);
             }
         }

@@ -28,11 +28,11 @@ use keel_core::wire::{ImageData, PromptRequest, ToolSpec};
 use keel_core::ProviderKind;
 use keel_core::{AssistantResponse, Generation, LlmFailure, ModelRef};
 
-use crate::conversation_actor::ConversationMsg;
 use crate::image::{image_data, refit_blocking, ImageLimits};
 use crate::mailbox::Mailbox;
+use crate::message::ConversationMsg;
 use crate::metrics::{self, RequestOutcome};
-use crate::runtime::{Alive, Shared};
+use crate::shared::{Alive, Shared};
 
 /// Everything one request is built from, owned: the worker outlives the
 /// step that started it.

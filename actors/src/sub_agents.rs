@@ -1,6 +1,6 @@
 //! Carrying out a `spawn_agents` call (`Effect::SpawnSubAgents`): one task
 //! per call, owned by the parent's actor, that brings up a sub-agent per
-//! task through the one door, follows them in parallel and reports their
+//! task through `activation.rs`, follows them in parallel and reports their
 //! outcomes, gathered in task order, as the call's result.
 //!
 //! The core has decided everything about the call (its tasks, the cap on
@@ -30,7 +30,7 @@
 //!   that is no longer running is ignored by the core.
 //! - Cancelling the parent's call (a cancel, a deadline, a shutdown: the
 //!   core's `AbortTool`) aborts the task and cancels every child through
-//!   the door, so each child's log records the cancel. So does a call an
+//!   `activation.rs`, so each child's log records the cancel. So does a call an
 //!   earlier life dispatched that recovery closed (`CancelSubAgents`):
 //!   nobody waits for its children any more.
 
@@ -52,11 +52,12 @@ use keel_core::ids::{ConversationId, Seq, ToolCallId};
 use keel_core::message::ToolCall;
 use keel_core::{ConversationConfig, LiveEvent, Rejection, StateName};
 
-use crate::conversation_actor::{AbortOnDrop, ConversationMsg};
-use crate::door;
 use crate::mailbox::Mailbox;
+use crate::message::ConversationMsg;
 use crate::pubsub::{Received, Subscription, Update};
-use crate::runtime::{Alive, Shared};
+use crate::registry;
+use crate::shared::{Alive, NewConversationAt, Shared};
+use crate::task::AbortOnDrop;
 use crate::tool::ToolOutcome;
 use crate::Error;
 
@@ -120,7 +121,7 @@ pub(crate) fn start(args: SpawnArgs) -> SpawnWork {
 
 impl SpawnWork {
     /// Stop the call: abort the task and cancel every child through the
-    /// door (its workers killed at once, the cancel recorded in its log).
+    /// activation (its workers killed at once, the cancel recorded in its log).
     /// The cancels run off the parent's mailbox.
     pub(crate) fn cancel(self, shared: &Arc<Shared>) {
         let SpawnWork {
@@ -143,13 +144,13 @@ pub(crate) fn cancel_unfollowed(
     cancel_children(shared, children_of(parent, call_seq, &call.id, n_tasks));
 }
 
-/// Cancel each of `children` through the door, off the caller's mailbox.
+/// Cancel each of `children` through activation, off the caller's mailbox.
 fn cancel_children(shared: &Arc<Shared>, children: Vec<ConversationId>) {
     let alive = shared.alive();
     let shared = shared.clone();
     tokio::spawn(Counted {
         work: Box::pin(async move {
-            let Some(supervisor) = door::supervisor(&shared) else {
+            let Some(supervisor) = registry::supervisor(&shared) else {
                 return;
             };
             let cancels = children
@@ -166,7 +167,7 @@ async fn cancel_child(shared: &Arc<Shared>, supervisor: &ActorCell, child: &Conv
     if !matches!(shared.store.last_seq(child).await, Ok(seq) if seq > 0) {
         return;
     }
-    match door::cancel(shared, supervisor, child).await {
+    match shared.activation.cancel(shared, supervisor, child).await {
         Ok(actor) => {
             let _ = actor
                 .call(
@@ -283,7 +284,7 @@ async fn follow(
     child: &ConversationId,
 ) -> ChildEnd {
     let shared = &args.shared;
-    let Some(supervisor) = door::supervisor(shared) else {
+    let Some(supervisor) = registry::supervisor(shared) else {
         return ChildEnd::Stopping;
     };
     match ensure_created(args, &supervisor, task, child).await {
@@ -331,15 +332,16 @@ async fn ensure_created(
     if !args.config.tools_may_leave_cwd {
         stays_inside(parent_cwd, &cwd).await?;
     }
-    match door::create_as(
-        &args.shared,
-        supervisor,
-        child.clone(),
-        &cwd,
-        args.config.clone(),
-        Some(args.parent.clone()),
-    )
-    .await
+    let new = NewConversationAt {
+        cwd,
+        config: args.config.clone(),
+        parent_conversation: Some(args.parent.clone()),
+    };
+    match args
+        .shared
+        .activation
+        .create_as(&args.shared, supervisor, child.clone(), new)
+        .await
     {
         // An earlier life of this call was creating it as it stopped.
         Err(Error::Spawn(ractor::SpawnErr::ActorAlreadyRegistered(_))) => Ok(()),
@@ -384,7 +386,12 @@ async fn attach(
     child: &ConversationId,
     reattached: bool,
 ) -> Attached {
-    let actor = match door::ensure_started(&args.shared, supervisor, child).await {
+    let actor = match args
+        .shared
+        .activation
+        .ensure_started(&args.shared, supervisor, child)
+        .await
+    {
         Ok(actor) => actor,
         Err(Error::ShuttingDown) => return Attached::Ended(ChildEnd::Stopping),
         Err(error) => return Attached::Closed(error.to_string()),

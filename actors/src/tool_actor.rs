@@ -15,8 +15,8 @@ use tracing::Instrument;
 
 use keel_core::message::ToolCall;
 
-use crate::conversation_actor::ConversationMsg;
 use crate::mailbox::Mailbox;
+use crate::message::ConversationMsg;
 use crate::metrics;
 use crate::process_group::ProcessLedger;
 use crate::spawner::Spawner;

@@ -21,12 +21,14 @@ use keel_core::{
     Rejection, Step, Timestamp,
 };
 
-use super::{AbortOnDrop, ConversationMsg, ConversationState, Worker};
+use super::state::{ConversationState, Worker};
 use crate::mailbox::Mailbox;
+use crate::message::ConversationMsg;
 use crate::metrics::{self, RequestOutcome, TurnOutcome};
 use crate::pubsub::Update;
 use crate::stream_actor::{LlmStreamActor, StreamArgs, StreamRequest};
 use crate::sub_agents::{self, SpawnArgs};
+use crate::task::AbortOnDrop;
 use crate::tool::ToolOutcome;
 use crate::tool_actor::{ToolActor, ToolArgs};
 

@@ -19,9 +19,10 @@ use keel_core::ids::ConversationId;
 use keel_core::recovery::awaited_spawn;
 
 use super::Runtime;
-use crate::conversation_actor::ConversationMsg;
-use crate::door;
+use crate::activation;
+use crate::message::ConversationMsg;
 use crate::process_group::{self, Reaped};
+use crate::registry;
 use crate::sub_agents;
 use crate::Error;
 
@@ -124,8 +125,8 @@ async fn parent_waits(runtime: &Runtime, parent: &ConversationId, child: &Conver
 /// Cancel a sub-agent nobody waits for: its actor is started to record the
 /// cancel, which it carries out before recovering anything.
 async fn cancel_orphan(runtime: &Runtime, child: &ConversationId) -> Result<(), Error> {
-    let supervisor = door::supervisor(&runtime.shared).ok_or(Error::ShuttingDown)?;
-    let actor = door::cancel(&runtime.shared, &supervisor, child).await?;
+    let supervisor = registry::supervisor(&runtime.shared).ok_or(Error::ShuttingDown)?;
+    let actor = activation::cancel(&runtime.shared, &supervisor, child).await?;
     let _ = actor
         .call(
             |reply| ConversationMsg::Cancel { reply },

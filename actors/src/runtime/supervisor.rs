@@ -15,8 +15,9 @@ use tokio::time::Instant;
 
 use keel_core::ids::ConversationId;
 
-use super::Shared;
-use crate::door::{conversation_of, ensure_started};
+use crate::activation::ensure_started;
+use crate::registry::conversation_of;
+use crate::shared::Shared;
 
 pub(crate) struct SupervisorActor;
 

@@ -1,94 +1,87 @@
-//! The one door to a conversation. Everything that finds, starts, creates
-//! or reaches a conversation out of band goes through here: its registry
-//! name, `lookup` (live only), `ensure_started` (live, or started from the
-//! store), `create` (a new conversation, made by its own actor's effect
-//! pipeline like any other step), the out-of-band cancel (a flag and the
-//! workers killed ahead of the mailbox), and the list of live actors.
-//!
-//! Callers never hold an actor: handles, the supervisor, boot recovery and
-//! a parent spawning sub-agents (`sub_agents.rs`) all address a conversation by id
-//! through these functions, so placing conversations on several nodes
-//! later changes this module alone (docs/requirements.md, "One door").
+//! Starting a conversation: `ensure_started` (the live actor, or one
+//! started from the store), `create` (a new conversation, made by its own
+//! actor's effect pipeline like any other step) and the out-of-band cancel
+//! (a flag and the workers killed ahead of the mailbox). It spawns the
+//! conversation actor; what lives below the actor (a parent's sub-agent
+//! work) reaches it through `Shared::activation` ([`Activation`]).
+//! Finding a live conversation is `registry.rs`.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use ractor::{Actor, ActorCell, ActorRef, SpawnErr};
+use ractor::{Actor, ActorCell, SpawnErr};
 
 use keel_core::ids::ConversationId;
 use keel_core::{ConversationConfig, NewConversation};
 
-use crate::conversation_actor::{
-    Control, ConversationActor, ConversationArgs, ConversationMsg, Start,
-};
+use crate::conversation_actor::{ConversationActor, ConversationArgs, Start};
 use crate::mailbox::Mailbox;
-use crate::runtime::Shared;
+use crate::registry::{actor_name, control, mailbox};
+use crate::shared::{Activate, NewConversationAt, Shared};
 use crate::Error;
 
-/// The registry name of a conversation's actor. The registry is
-/// process-global: the runtime's instance prefix keeps two runtimes in one
-/// process apart.
-pub(crate) fn actor_name(instance: &str, id: &ConversationId) -> String {
-    format!("{instance}/conversation/{id}")
+/// The conversations of one runtime, to start: its shared state and its
+/// root supervisor, which every conversation is linked to. What a
+/// [`ConversationHandle`](crate::ConversationHandle) holds; cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Starter {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) supervisor: ActorCell,
 }
 
-/// The registry name of a runtime's root supervisor.
-pub(crate) fn supervisor_name(instance: &str) -> String {
-    format!("{instance}/supervisor")
+impl Starter {
+    /// [`ensure_started`] under this runtime's supervisor.
+    pub(crate) async fn ensure_started(&self, id: &ConversationId) -> Result<Mailbox, Error> {
+        ensure_started(&self.shared, &self.supervisor, id).await
+    }
+
+    /// [`cancel`] under this runtime's supervisor.
+    pub(crate) async fn cancel(&self, id: &ConversationId) -> Result<Mailbox, Error> {
+        cancel(&self.shared, &self.supervisor, id).await
+    }
 }
 
-/// The runtime's root supervisor, which every conversation is linked to:
-/// how an actor of the runtime (a parent spawning sub-agents) reaches the
-/// door's functions without holding the `Runtime`. `None` once it stopped.
-pub(crate) fn supervisor(shared: &Shared) -> Option<ActorCell> {
-    ractor::registry::where_is(supervisor_name(&shared.instance))
-}
+/// This module as [`Activate`], for `Shared::activation`.
+pub(crate) struct Activation;
 
-/// The conversation a registry name belongs to, if it is one of `instance`'s.
-pub(crate) fn conversation_of(instance: &str, name: &str) -> Option<ConversationId> {
-    let id = name
-        .strip_prefix(instance)?
-        .strip_prefix("/conversation/")?;
-    ConversationId::new(id).ok()
-}
+#[async_trait::async_trait]
+impl Activate for Activation {
+    async fn ensure_started(
+        &self,
+        shared: &Arc<Shared>,
+        supervisor: &ActorCell,
+        id: &ConversationId,
+    ) -> Result<Mailbox, Error> {
+        ensure_started(shared, supervisor, id).await
+    }
 
-/// The live actor of `id`, without starting one.
-pub(crate) fn lookup(shared: &Shared, id: &ConversationId) -> Option<Mailbox> {
-    let cell = ractor::registry::where_is(actor_name(&shared.instance, id))?;
-    Some(mailbox(shared, id, cell.into()))
-}
+    async fn create_as(
+        &self,
+        shared: &Arc<Shared>,
+        supervisor: &ActorCell,
+        id: ConversationId,
+        new: NewConversationAt,
+    ) -> Result<(), Error> {
+        create_as(
+            shared,
+            supervisor,
+            id,
+            &new.cwd,
+            new.config,
+            new.parent_conversation,
+        )
+        .await
+    }
 
-/// The way to `actor`'s mailbox that counts what waits in it. It takes the
-/// control block only if the actor made one (it does as it starts), so a
-/// send to an id that is not live leaves nothing behind in `controls`.
-pub(crate) fn mailbox(
-    shared: &Shared,
-    id: &ConversationId,
-    actor: ActorRef<ConversationMsg>,
-) -> Mailbox {
-    let control = shared
-        .controls
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .get(id)
-        .cloned();
-    Mailbox::new(actor, control)
-}
-
-/// Every live conversation of this runtime and its actor.
-pub(crate) fn live(shared: &Shared) -> Vec<(ConversationId, Mailbox)> {
-    let mut live: Vec<(ConversationId, Mailbox)> = ractor::registry::registered()
-        .into_iter()
-        .filter_map(|name| {
-            let id = conversation_of(&shared.instance, &name)?;
-            let cell = ractor::registry::where_is(name)?;
-            let mailbox = mailbox(shared, &id, cell.into());
-            Some((id, mailbox))
-        })
-        .collect();
-    live.sort_by(|left, right| left.0.cmp(&right.0));
-    live
+    async fn cancel(
+        &self,
+        shared: &Arc<Shared>,
+        supervisor: &ActorCell,
+        id: &ConversationId,
+    ) -> Result<Mailbox, Error> {
+        cancel(shared, supervisor, id).await
+    }
 }
 
 /// Return the live actor of `id`, or start it from the store. Two callers
@@ -196,73 +189,6 @@ pub(crate) async fn create_as(
     .map_err(spawn_error)?;
     tracing::info!(conversation = %id, "created");
     Ok(())
-}
-
-/// The out-of-band control block of a conversation, shared by its actor
-/// (whichever life of it) and every handle.
-pub(crate) fn control(shared: &Shared, id: &ConversationId) -> Arc<Control> {
-    let mut controls = shared
-        .controls
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    controls.entry(id.clone()).or_default().clone()
-}
-
-/// A conversation's actor stopped cleanly (eviction): drop its control
-/// block, so the map holds only conversations that are live, unless a
-/// newer actor of the same conversation already took a new one.
-pub(crate) fn forget_control(shared: &Shared, id: &ConversationId, control: &Arc<Control>) {
-    let mut controls = shared
-        .controls
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if controls
-        .get(id)
-        .is_some_and(|current| Arc::ptr_eq(current, control))
-    {
-        controls.remove(id);
-    }
-}
-
-/// Wait until an actor serves `id` (now, or once something else starts
-/// one: a message, a resolution, the supervisor's restart). Starts nothing:
-/// a follower of a conversation at rest must not wake it.
-pub(crate) async fn woken(shared: &Shared, id: &ConversationId) {
-    loop {
-        let wake = shared
-            .wakes
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .entry(id.clone())
-            .or_default()
-            .clone();
-        let notified = wake.notified();
-        tokio::pin!(notified);
-        // Registered before the look, so a start between the look and the
-        // wait still wakes this.
-        notified.as_mut().enable();
-        // An actor that is stopping is no life to follow: its successor,
-        // if any, wakes this when it starts.
-        if lookup(shared, id)
-            .is_some_and(|actor| ractor::ACTIVE_STATES.contains(&actor.actor().get_status()))
-        {
-            return;
-        }
-        notified.await;
-    }
-}
-
-/// An actor of `id` has started and takes requests: wake its followers
-/// ([`woken`]).
-pub(crate) fn started(shared: &Shared, id: &ConversationId) {
-    let wake = shared
-        .wakes
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .remove(id);
-    if let Some(wake) = wake {
-        wake.notify_waiters();
-    }
 }
 
 /// Cancel ahead of everything queued: mark the cancel in the conversation's
