@@ -33,7 +33,7 @@ use crate::tool::ToolOutcome;
 use crate::tool_actor::{ToolActor, ToolArgs};
 
 /// What a step meant for the caller that caused it.
-pub(crate) struct Outcome {
+pub(crate) struct Stepped {
     pub(crate) rejection: Option<Rejection>,
     /// Seq of the user message this step recorded, if any.
     pub(crate) user_message: Option<Seq>,
@@ -46,7 +46,7 @@ pub(crate) fn step<'a>(
     myself: &'a ActorRef<ConversationMsg>,
     state: &'a mut ConversationState,
     input: Input,
-) -> Pin<Box<dyn Future<Output = Result<Outcome, ActorProcessingErr>> + Send + 'a>> {
+) -> Pin<Box<dyn Future<Output = Result<Stepped, ActorProcessingErr>> + Send + 'a>> {
     Box::pin(run_step(myself, state, input))
 }
 
@@ -54,7 +54,7 @@ async fn run_step(
     myself: &ActorRef<ConversationMsg>,
     state: &mut ConversationState,
     input: Input,
-) -> Result<Outcome, ActorProcessingErr> {
+) -> Result<Stepped, ActorProcessingErr> {
     let conversation = state
         .conversation
         .take()
@@ -111,7 +111,7 @@ pub(crate) fn apply<'a>(
     myself: &'a ActorRef<ConversationMsg>,
     state: &'a mut ConversationState,
     step: Step,
-) -> Pin<Box<dyn Future<Output = Result<Outcome, ActorProcessingErr>> + Send + 'a>> {
+) -> Pin<Box<dyn Future<Output = Result<Stepped, ActorProcessingErr>> + Send + 'a>> {
     Box::pin(run_apply(myself, state, step))
 }
 
@@ -119,7 +119,7 @@ async fn run_apply(
     myself: &ActorRef<ConversationMsg>,
     state: &mut ConversationState,
     step: Step,
-) -> Result<Outcome, ActorProcessingErr> {
+) -> Result<Stepped, ActorProcessingErr> {
     let Step {
         state: next,
         effects,
@@ -144,7 +144,7 @@ async fn run_apply(
     }
     // What the step published goes out as one wave.
     state.publisher.send_wave();
-    Ok(Outcome {
+    Ok(Stepped {
         rejection,
         user_message,
     })

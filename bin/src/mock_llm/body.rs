@@ -6,7 +6,10 @@
 //!
 //! The body owns the request's `Exchange`, so its end is recorded where it
 //! happens: the last frame taken, the cut, or hyper dropping the body
-//! because the client went away.
+//! because the client went away. A plan that ends normally marks its last
+//! frame, and the exchange is complete once hyper takes that frame: a
+//! client that has read the whole answer may close the connection before
+//! hyper polls the body once more for its end, and that is no disconnect.
 
 use std::io;
 use std::pin::Pin;
@@ -27,6 +30,8 @@ pub const JSON: &str = "application/json";
 
 enum Piece {
     Data(Bytes),
+    /// The last frame of a plan that ends normally.
+    Last(Bytes),
     Cut,
 }
 
@@ -48,7 +53,9 @@ pub fn respond(plan: Plan, exchange: Exchange, content_type: &'static str) -> Re
 }
 
 async fn send_planned(plan: Plan, sender: mpsc::Sender<Piece>) {
-    for frame in plan.frames {
+    let count = plan.frames.len();
+    let ends = matches!(plan.after, After::End);
+    for (index, frame) in plan.frames.into_iter().enumerate() {
         if let (true, Some(drip)) = (frame.is_delta, plan.drip) {
             tokio::select! {
                 () = tokio::time::sleep(drip) => {}
@@ -56,11 +63,13 @@ async fn send_planned(plan: Plan, sender: mpsc::Sender<Piece>) {
                 () = sender.closed() => return,
             }
         }
-        if sender
-            .send(Piece::Data(Bytes::from(frame.text)))
-            .await
-            .is_err()
-        {
+        let bytes = Bytes::from(frame.text);
+        let piece = if ends && index + 1 == count {
+            Piece::Last(bytes)
+        } else {
+            Piece::Data(bytes)
+        };
+        if sender.send(piece).await.is_err() {
             return;
         }
     }
@@ -96,6 +105,11 @@ impl http_body::Body for PlannedBody {
                 this.exchange.event_sent();
                 Poll::Ready(Some(Ok(BodyFrame::data(bytes))))
             }
+            Poll::Ready(Some(Piece::Last(bytes))) => {
+                this.exchange.event_sent();
+                this.exchange.finish(Outcome::Completed);
+                Poll::Ready(Some(Ok(BodyFrame::data(bytes))))
+            }
             Poll::Ready(Some(Piece::Cut)) => {
                 this.exchange.finish(Outcome::Cut);
                 Poll::Ready(Some(Err(io::Error::other(
@@ -107,5 +121,55 @@ impl http_body::Body for PlannedBody {
                 Poll::Ready(None)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::poll_fn;
+
+    use axum::http::HeaderMap;
+    use http_body::Body as _;
+    use serde_json::value::RawValue;
+
+    use super::*;
+    use crate::mock_llm::plan::Frame;
+    use crate::mock_llm::recording::Recorder;
+    use crate::mock_llm::script::Endpoint;
+
+    /// A client that has read the whole answer may hang up before hyper
+    /// polls the body for its end: the exchange is complete all the same
+    /// (it was recorded "disconnected" before, a test failing under load).
+    #[tokio::test]
+    async fn the_last_frame_taken_completes_the_exchange() {
+        let recorder = Recorder::default();
+        let body = RawValue::from_string("{}".to_owned()).unwrap();
+        let exchange = recorder.start(
+            Endpoint::Anthropic,
+            "/v1/messages",
+            &HeaderMap::new(),
+            body,
+            true,
+        );
+        let frames = ["one", "two"].map(|text| Frame {
+            text: text.to_owned(),
+            is_delta: false,
+        });
+        let response = respond(Plan::whole(frames.to_vec()), exchange, EVENT_STREAM);
+        let mut body = response.into_body();
+        let mut taken = Vec::new();
+        for _ in 0..2 {
+            let frame = poll_fn(|context| Pin::new(&mut body).poll_frame(context))
+                .await
+                .unwrap()
+                .unwrap();
+            taken.push(frame.into_data().unwrap());
+        }
+        assert_eq!(taken, ["one", "two"]);
+        // The client goes away now, before the body's end is polled.
+        drop(body);
+        let records = recorder.list();
+        assert_eq!(records[0].outcome, Outcome::Completed);
+        assert_eq!(records[0].events_sent, 2);
     }
 }
