@@ -163,7 +163,7 @@ where
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use keel_core::message::ToolCall;
@@ -172,13 +172,12 @@ mod tests {
     use tokio::sync::mpsc;
 
     use super::*;
-    use crate::tool::files::{self, Replaced};
     use crate::tool::ToolOutput;
 
     /// Only a broken tool (or a badly overloaded machine) waits this long.
-    const PATIENCE: Duration = Duration::from_secs(20);
+    pub(crate) const PATIENCE: Duration = Duration::from_secs(20);
 
-    fn context(input: serde_json::Value) -> ToolContext {
+    pub(crate) fn context(input: serde_json::Value) -> ToolContext {
         ToolContext {
             groups: Default::default(),
             call: ToolCall {
@@ -195,7 +194,7 @@ mod tests {
     }
 
     #[derive(serde::Deserialize)]
-    struct Nothing {}
+    pub(crate) struct Nothing {}
 
     /// Dropping the call's future (cancel) raises the flag the blocking
     /// work watches, so a long walk stops instead of running on unseen.
@@ -219,43 +218,6 @@ mod tests {
         drop(call);
         let stopped = tokio::time::timeout(PATIENCE, heard.recv()).await;
         assert_eq!(stopped.expect("the work did not stop"), Some("stopped"));
-    }
-
-    /// A write whose call is cancelled while it runs does not land, and
-    /// the cancel does not wait for the work: the call is gone at once.
-    #[tokio::test]
-    async fn a_write_cancelled_while_it_runs_leaves_the_target_unchanged() {
-        let dir = tempfile::tempdir().unwrap();
-        let target = dir.path().join("f.txt");
-        std::fs::write(&target, "old").unwrap();
-        let (events, mut heard) = mpsc::unbounded_channel();
-        let (open_gate, gate) = std::sync::mpsc::channel::<()>();
-        let ctx = context(json!({}));
-        let written = target.clone();
-        let call = run(&ctx, move |_: Nothing, _: &Confinement, cancel: &Cancel| {
-            let _ = events.send(None);
-            // A slow disk: the write is held here until the test lets go.
-            let _ = gate.recv();
-            let _ = events.send(Some(files::replace(&written, b"new", cancel).unwrap()));
-            ToolOutcome::ok("never seen")
-        });
-        let mut call = Box::pin(call);
-        tokio::select! {
-            _ = &mut call => panic!("the write cannot end before its gate opens"),
-            started = heard.recv() => assert_eq!(started, Some(None)),
-        }
-        // The cancel: the call's future is dropped, and that returns with
-        // the work still held at its gate.
-        drop(call);
-        open_gate.send(()).unwrap();
-        let replaced = tokio::time::timeout(PATIENCE, heard.recv()).await;
-        assert_eq!(
-            replaced.expect("the write did not finish"),
-            Some(Some(Replaced::Cancelled))
-        );
-        assert_eq!(std::fs::read_to_string(&target).unwrap(), "old");
-        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
-        assert_eq!(names.len(), 1, "the temporary file is gone");
     }
 
     /// Work that outlives the deadline is stopped like a cancel and the

@@ -146,7 +146,51 @@ mod tests {
 
     use std::os::unix::fs::PermissionsExt;
 
+    use serde_json::json;
+    use tokio::sync::mpsc;
+
     use super::*;
+    use crate::tool::blocking::run;
+    use crate::tool::blocking::tests::{context, Nothing, PATIENCE};
+    use crate::tool::paths::Confinement;
+    use crate::tool::ToolOutcome;
+
+    /// A write whose call is cancelled while it runs does not land, and
+    /// the cancel does not wait for the work: the call is gone at once.
+    #[tokio::test]
+    async fn a_write_cancelled_while_it_runs_leaves_the_target_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("f.txt");
+        std::fs::write(&target, "old").unwrap();
+        let (events, mut heard) = mpsc::unbounded_channel();
+        let (open_gate, gate) = std::sync::mpsc::channel::<()>();
+        let ctx = context(json!({}));
+        let written = target.clone();
+        let call = run(&ctx, move |_: Nothing, _: &Confinement, cancel: &Cancel| {
+            let _ = events.send(None);
+            // A slow disk: the write is held here until the test lets go.
+            let _ = gate.recv();
+            let _ = events.send(Some(replace(&written, b"new", cancel).unwrap()));
+            ToolOutcome::ok("never seen")
+        });
+        let mut call = Box::pin(call);
+        tokio::select! {
+            _ = &mut call => panic!("the write cannot end before its gate opens"),
+            started = heard.recv() => assert_eq!(started, Some(None)),
+        }
+        // The cancel: the call's future is dropped, and that returns with
+        // the work still held at its gate.
+        drop(call);
+        open_gate.send(()).unwrap();
+        let replaced = tokio::time::timeout(PATIENCE, heard.recv()).await;
+        assert_eq!(
+            replaced.expect("the write did not finish"),
+            Some(Some(Replaced::Cancelled))
+        );
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "old");
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1, "the temporary file is gone");
+    }
 
     fn names_in(dir: &Path) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(dir)
