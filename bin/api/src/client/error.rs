@@ -107,14 +107,7 @@ impl Error {
             (ErrorCode::NotFound, Some(id)) => Error::NotFound { id: id.to_owned() },
             (ErrorCode::Busy, Some(id)) => Error::Busy {
                 id: id.to_owned(),
-                // The body's `state`; a daemon that sends none said it in
-                // its message only.
-                state: error
-                    .state
-                    .as_deref()
-                    .or_else(|| busy_state(&error.message))
-                    .unwrap_or("busy")
-                    .to_owned(),
+                state: busy_state(&error.message).unwrap_or("busy").to_owned(),
             },
             (ErrorCode::Unauthorized, _) => Error::Unauthorized {
                 addr: addr.to_owned(),
@@ -129,8 +122,9 @@ impl Error {
     }
 }
 
-/// The state in the busy message of a daemon that does not send `state`,
-/// "conversation X is busy (streaming): …".
+/// The state in the daemon's busy message, "conversation X is busy
+/// (streaming): …". The code (`ErrorCode::Busy`) says busy; the body has
+/// no field for what it is doing, only the message says it.
 fn busy_state(message: &str) -> Option<&str> {
     let (_, after) = message.split_once("busy (")?;
     let (state, _) = after.split_once(')')?;
@@ -183,19 +177,6 @@ mod tests {
             r#"{"error":{"code":"unauthorized","message":"no"}}"#,
         );
         assert!(unauthorized.to_string().contains("KEEL_TOKEN"));
-    }
-
-    #[test]
-    fn a_busy_state_is_read_from_the_body() {
-        let busy = answer(
-            Some("7f3c"),
-            409,
-            r#"{"error":{"code":"busy","message":"in other words","state":"executing_tools"}}"#,
-        );
-        assert_eq!(
-            busy.to_string(),
-            "busy (executing_tools): `keel cancel 7f3c` first"
-        );
     }
 
     #[test]

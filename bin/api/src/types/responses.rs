@@ -27,10 +27,6 @@ pub struct ErrorDetail {
     pub code: ErrorCode,
     /// For a person: what went wrong and what to do.
     pub message: String,
-    /// With `busy`: what the conversation is doing (`streaming`,
-    /// `executing_tools`, …), so that a client need not read `message`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub state: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

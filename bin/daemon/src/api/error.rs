@@ -19,8 +19,6 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: ErrorCode,
     pub message: String,
-    /// With `busy`: what the conversation is doing, for the body's `state`.
-    pub state: Option<String>,
 }
 
 impl ApiError {
@@ -29,7 +27,6 @@ impl ApiError {
             status,
             code,
             message: message.into(),
-            state: None,
         }
     }
 
@@ -128,14 +125,7 @@ impl ApiError {
             ),
             other => other.to_string(),
         };
-        let state = match &rejection {
-            Rejection::Busy { state } => Some(state.to_string()),
-            _ => None,
-        };
-        ApiError {
-            state,
-            ..ApiError::new(status, code, message)
-        }
+        ApiError::new(status, code, message)
     }
 }
 
@@ -171,7 +161,6 @@ impl IntoResponse for ApiError {
             error: ErrorDetail {
                 code: self.code,
                 message: self.message,
-                state: self.state,
             },
         };
         (self.status, Json(body)).into_response()

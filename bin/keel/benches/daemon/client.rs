@@ -1,6 +1,7 @@
 //! The client: the daemon's JSON routes through reqwest, and event
 //! streams read off plain sockets, scanned only as far as the bench needs.
 
+use super::processes::Daemon;
 use super::*;
 
 /// The daemon's JSON routes, through reqwest.

@@ -1,5 +1,7 @@
 //! Part 1: fan-out to many subscribers of one conversation.
 
+use super::client::{open_many, Api, Sse};
+use super::processes::{self_cpu_seconds, Daemon};
 use super::*;
 
 /// What one subscriber read: each canonical frame's seq, whether it was

@@ -73,9 +73,7 @@ mod processes;
 mod streams;
 mod turns;
 
-use client::*;
 use fanout::*;
-use processes::*;
 use streams::*;
 use turns::*;
 

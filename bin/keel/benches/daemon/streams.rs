@@ -1,5 +1,7 @@
 //! Part 2: many open streams, and what each costs the daemon.
 
+use super::client::{open_many, Api, Sse};
+use super::processes::{self_rss_bytes, Daemon};
 use super::*;
 
 pub(crate) struct OpenStreams {

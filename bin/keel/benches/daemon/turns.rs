@@ -1,6 +1,8 @@
 //! Part 3: CPU per tool turn, over HTTP + SSE against the library in
 //! this process.
 
+use super::client::{Api, Sse};
+use super::processes::{self_cpu_seconds, Daemon};
 use super::*;
 
 pub(crate) struct Turns {

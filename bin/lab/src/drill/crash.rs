@@ -59,7 +59,6 @@ mod drill;
 mod worker;
 use checks::*;
 use drill::*;
-use worker::*;
 
 /// Where a kill is aimed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -419,6 +418,25 @@ impl Lives {
         }
         Ok(self.survivors(run_id))
     }
+}
+
+/// A state as the API names it.
+fn state_name(state: ApiState) -> String {
+    serde_json::to_value(state)
+        .ok()
+        .and_then(|value| value.as_str().map(str::to_owned))
+        .unwrap_or_else(|| format!("{state:?}"))
+}
+
+fn is_at_rest(state: ApiState) -> bool {
+    matches!(
+        state,
+        ApiState::Idle
+            | ApiState::AwaitingInput
+            | ApiState::Error
+            | ApiState::Completed
+            | ApiState::Failed
+    )
 }
 
 #[cfg(test)]

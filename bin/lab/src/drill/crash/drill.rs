@@ -2,6 +2,8 @@
 //! conversations and their workers, then kill after kill, each followed by
 //! the next life and the checks, and at the end the settling.
 
+use super::checks::{check_effects, check_log, settle};
+use super::worker::Worker;
 use super::*;
 
 pub(super) async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
@@ -319,13 +321,6 @@ pub(super) async fn create(
     Ok(client.create(&request).await?.id)
 }
 
-pub(super) fn state_name(state: ApiState) -> String {
-    serde_json::to_value(state)
-        .ok()
-        .and_then(|value| value.as_str().map(str::to_owned))
-        .unwrap_or_else(|| format!("{state:?}"))
-}
-
 /// `ids` and every sub-agent they started.
 pub(super) async fn with_children(client: &Client, ids: &[String]) -> Vec<String> {
     let mut all = ids.to_vec();
@@ -343,15 +338,4 @@ pub(super) async fn with_children(client: &Client, ids: &[String]) -> Vec<String
         );
     }
     all
-}
-
-pub(super) fn is_at_rest(state: ApiState) -> bool {
-    matches!(
-        state,
-        ApiState::Idle
-            | ApiState::AwaitingInput
-            | ApiState::Error
-            | ApiState::Completed
-            | ApiState::Failed
-    )
 }

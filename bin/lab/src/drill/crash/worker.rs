@@ -2,6 +2,7 @@
 //! approvals, queues faults now and then, and follows the conversation's
 //! event stream across the daemon's lives, keeping what it was told.
 
+use super::checks::{ends_a_turn, read_log};
 use super::*;
 
 pub(super) struct Worker {

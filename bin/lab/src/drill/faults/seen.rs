@@ -1,6 +1,7 @@
 //! What a case saw (the turn's events, the provider's recorded requests)
 //! and the check of it against what was expected.
 
+use super::matrix::{Case, Class, Expected, Mode, Wire};
 use super::*;
 
 /// What one turn looked like from outside.
