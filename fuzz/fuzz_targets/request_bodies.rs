@@ -11,7 +11,7 @@
 #![no_main]
 
 use base64::Engine as _;
-use keel::api::types::{CreateConversation, ResolveRequest, SendMessage};
+use keel_api::types::{CreateConversation, ResolveRequest, SendMessage};
 use keel_actors::image::{prepare, ImageLimits};
 use libfuzzer_sys::fuzz_target;
 

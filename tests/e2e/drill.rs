@@ -415,7 +415,7 @@ fn keel_drill_crash_drills_a_running_daemon_at_addr() {
     let last = report["daemon_pid"]
         .as_u64()
         .and_then(|pid| u32::try_from(pid).ok());
-    let running = keel::lab::port_of(&addr).and_then(keel::lab::listener_pid);
+    let running = keel_test_support::port_of(&addr).and_then(keel_test_support::listener_pid);
     for pid in [last, running].into_iter().flatten() {
         if pid != daemon.pid() {
             let _ = nix::sys::signal::kill(
@@ -462,7 +462,7 @@ fn a_daemon_started_by_keel_bench_dies_with_it() {
     bench.kill().unwrap();
     bench.wait().unwrap();
     let killed = std::time::Instant::now();
-    while keel::lab::is_running(daemon) {
+    while keel_test_support::is_running(daemon) {
         assert!(
             killed.elapsed() < patience,
             "the daemon {daemon} outlived the killed keel bench"
@@ -473,7 +473,7 @@ fn a_daemon_started_by_keel_bench_dies_with_it() {
 
 /// A `keel serve` whose parent is `parent`, from `/proc`.
 fn serve_child_of(parent: u32) -> Option<u32> {
-    keel::lab::pids().find(|pid| {
+    keel_test_support::pids().find(|pid| {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         let ppid = stat
             .rsplit_once(')')

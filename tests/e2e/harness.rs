@@ -2,13 +2,11 @@
 
 #![allow(clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::process::{Command, Output};
 
 use keel_actors::provider::{Endpoint, ProviderConfig, Timeouts};
+use keel_test_support::FakeProvider;
 use serde_json::Value;
 
 /// The `keel` binary Cargo built beside this test: the test runs as
@@ -57,75 +55,28 @@ pub fn keel_json_lines(args: &[&str]) -> Vec<serde_json::Value> {
 }
 
 /// A running `keel mock-llm --port 0`: the fake provider server, on a free
-/// loopback port. Dropping the guard kills the process.
+/// loopback port (keel-test-support's `FakeProvider`). Dropping the guard
+/// kills the process.
 pub struct MockLlm {
-    child: Child,
-    /// `http://127.0.0.1:PORT`, as the server announced it.
-    base: String,
+    provider: FakeProvider,
     http: reqwest::Client,
 }
-
-/// How long the mock may take to announce its address.
-const MOCK_START_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The line `keel mock-llm` prints once its socket is bound.
-const MOCK_BANNER: &str = "mock-llm listening on ";
 
 impl MockLlm {
     /// Start the fake provider and wait for its `mock-llm listening on
     /// http://127.0.0.1:PORT` line.
     pub fn start() -> MockLlm {
-        let bin = keel_bin();
-        let mut child = Command::new(&bin)
-            .args(["mock-llm", "--port", "0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|err| panic!("could not start {} mock-llm: {err}", bin.display()));
-        let stdout = child.stdout.take().expect("stdout is piped");
-        // From here on, the guard kills the child whatever happens.
-        let mut mock = MockLlm {
-            child,
-            base: String::new(),
+        let provider = FakeProvider::start(&keel_bin(), &[])
+            .unwrap_or_else(|error| panic!("starting mock-llm: {error:#}"));
+        MockLlm {
+            provider,
             http: reqwest::Client::new(),
-        };
-
-        // A thread reads the banner, then drains stdout until the child
-        // exits, so the child can never block on a full pipe.
-        let (sender, receiver) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            let first = lines.next();
-            let _ = sender.send(first);
-            for _ in lines {}
-        });
-        let line = match receiver.recv_timeout(MOCK_START_TIMEOUT) {
-            Ok(Some(Ok(line))) => line,
-            Ok(Some(Err(err))) => panic!("reading mock-llm's stdout: {err}"),
-            Ok(None) | Err(mpsc::RecvTimeoutError::Disconnected) => {
-                let status = mock.child.wait();
-                panic!("mock-llm exited before announcing its address: {status:?}")
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                panic!("mock-llm did not announce its address within {MOCK_START_TIMEOUT:?}")
-            }
-        };
-        let base = line
-            .trim()
-            .strip_prefix(MOCK_BANNER)
-            .unwrap_or_else(|| panic!("unexpected first line from mock-llm: {line:?}"));
-        assert!(
-            base.starts_with("http://127.0.0.1:"),
-            "mock-llm should listen on loopback: {base}"
-        );
-        mock.base = base.to_owned();
-        mock
+        }
     }
 
     /// `http://127.0.0.1:PORT`, without a trailing `/`.
     pub fn base_url(&self) -> &str {
-        &self.base
+        self.provider.url()
     }
 
     /// Both providers on this mock, by their SDK conventions: Anthropic's
@@ -134,11 +85,11 @@ impl MockLlm {
     pub fn provider_config(&self, timeouts: Timeouts) -> ProviderConfig {
         ProviderConfig {
             anthropic: Endpoint {
-                base_url: self.base.clone(),
+                base_url: self.provider.url().to_owned(),
                 api_key: Some("sk-ant-e2e".to_owned()),
             },
             openai: Endpoint {
-                base_url: format!("{}/v1", self.base),
+                base_url: format!("{}/v1", self.provider.url()),
                 api_key: Some("sk-openai-e2e".to_owned()),
             },
             mock_url: None,
@@ -151,7 +102,7 @@ impl MockLlm {
     pub async fn push_script(&self, script: Value) {
         let response = self
             .http
-            .post(format!("{}/_mock/script", self.base))
+            .post(format!("{}/_mock/script", self.provider.url()))
             .json(&script)
             .send()
             .await
@@ -166,7 +117,7 @@ impl MockLlm {
 
     /// Every request recorded so far (`GET /_mock/requests`).
     pub async fn requests(&self) -> Vec<Value> {
-        self.get_requests(&format!("{}/_mock/requests", self.base))
+        self.get_requests(&format!("{}/_mock/requests", self.provider.url()))
             .await
     }
 
@@ -176,7 +127,7 @@ impl MockLlm {
     pub async fn wait_ended(&self, n_requests: usize) -> Vec<Value> {
         let url = format!(
             "{}/_mock/requests?wait_ended={n_requests}&timeout_ms=5000",
-            self.base
+            self.provider.url()
         );
         let records = self.get_requests(&url).await;
         let settled = records.len() >= n_requests
@@ -209,13 +160,6 @@ impl MockLlm {
     }
 }
 
-impl Drop for MockLlm {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Whether no running process of group `pgid` is left. A killed process
 /// whose parent died is reparented to init, which reaps it when it gets to
 /// it (seconds, in some containers); such a zombie runs nothing, so it
@@ -233,7 +177,7 @@ pub fn group_is_gone(pgid: i32) -> bool {
 /// The state letter of every process in group `pgid`, from /proc.
 pub fn group_member_states(pgid: i32) -> Vec<char> {
     let mut states = Vec::new();
-    for pid in keel::lab::pids() {
+    for pid in keel_test_support::pids() {
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
             continue;
         };

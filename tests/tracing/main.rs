@@ -96,7 +96,7 @@ async fn turns_requests_and_tools_have_their_spans() {
     let recorder = Recorder::default();
     tracing::subscriber::set_global_default(tracing_subscriber::registry().with(recorder.clone()))
         .unwrap();
-    let metrics = keel::telemetry::install_metrics().unwrap();
+    let metrics = keel_daemon::telemetry::install_metrics().unwrap();
 
     let mock = MockLlm::start();
     let dir = tempfile::tempdir().unwrap();

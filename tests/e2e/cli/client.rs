@@ -5,10 +5,10 @@
 
 use std::time::Instant;
 
-use keel::api::types::{
+use keel_api::client::{Client, Error, Events, Frame};
+use keel_api::types::{
     ApiDecisionKind, ApiEventKind, ApiLiveEvent, ApiState, ApiToolPolicy, CreateConversation,
 };
-use keel::client::{Client, Error, Events, Frame};
 
 use super::{addr_of, free_port, Rig};
 use crate::daemon::{Daemon, Site, Wire, PATIENCE};

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use super::{assistant_texts, error_parts, Daemon, Reply, Site, Wire, PATIENCE};
 use crate::harness::{keel_bin, MockLlm};
 
-/// Every route `bin/src/api.rs` serves (`documented()` and the router's
+/// Every route `bin/daemon/src/api.rs` serves (`documented()` and the router's
 /// own `/openapi.json`), with its methods. A route added there and not
 /// here, or not in the document, fails `daemon_openapi_lists_every_route`.
 const ROUTES: &[(&str, &[&str])] = &[

@@ -1,0 +1,185 @@
+//! What clients send: the bodies of the API's POST routes and the enums
+//! they name, with their conversions into keel-core's configuration types.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use std::collections::BTreeMap;
+
+use keel_core::config::{BusyPolicy, ProviderKind, ToolPolicy};
+
+/// `POST /v1/conversations`. Every field is optional; the daemon's
+/// configured model and the daemon's working directory are the defaults.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateConversation {
+    /// Absolute path of the directory every tool call runs in, fixed for
+    /// the conversation's life. It must exist.
+    pub cwd: Option<String>,
+    /// The system prompt.
+    pub system: Option<String>,
+    pub provider: Option<ApiProvider>,
+    pub model: Option<String>,
+    pub busy_policy: Option<ApiBusyPolicy>,
+    /// How each named tool runs: `auto` (the default), `approve` (waits
+    /// for a human's approve or deny) or `client` (the client runs it and
+    /// answers).
+    #[serde(default)]
+    pub tools: BTreeMap<String, ApiToolPolicy>,
+    /// Asked with the same request once the primary's retries are
+    /// exhausted; its model defaults to the provider's default model.
+    pub fallback: Option<ApiModelChoice>,
+    /// How a failed LLM request is retried; fields left out keep keel's
+    /// defaults (3 retries from 1 s, doubling to 30 s, `retry-after`
+    /// honoured up to 60 s).
+    pub retry: Option<ApiRetry>,
+    /// Longest a whole LLM request may take before it counts as a
+    /// (retryable) timeout; 0 or left out: no limit.
+    pub request_timeout_ms: Option<u64>,
+    /// Let the file tools (`read_file`, `write_file`, `edit_file`, `glob`,
+    /// `grep`) reach paths outside `cwd`. Default false: a path that
+    /// resolves outside it (`..`, absolute, through a symlink) is refused.
+    #[serde(default)]
+    pub tools_may_leave_cwd: bool,
+}
+
+/// A provider and, optionally, its model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApiModelChoice {
+    pub provider: ApiProvider,
+    pub model: Option<String>,
+}
+
+/// A retry policy; every field is optional.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApiRetry {
+    /// Retries after the first attempt, per provider (at most 10).
+    pub max_retries: Option<u32>,
+    /// Delay before the first retry, doubling with each further one.
+    pub base_delay_ms: Option<u64>,
+    /// Ceiling of that delay.
+    pub max_delay_ms: Option<u64>,
+    /// Ceiling of a provider's `retry-after`.
+    pub retry_after_cap_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApiToolPolicy {
+    Auto,
+    Approve,
+    Client,
+}
+
+impl From<ApiToolPolicy> for ToolPolicy {
+    fn from(policy: ApiToolPolicy) -> ToolPolicy {
+        match policy {
+            ApiToolPolicy::Auto => ToolPolicy::Auto,
+            ApiToolPolicy::Approve => ToolPolicy::Approve,
+            ApiToolPolicy::Client => ToolPolicy::Client,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApiProvider {
+    Anthropic,
+    #[serde(rename = "openai")]
+    OpenAi,
+    Mock,
+}
+
+impl From<ApiProvider> for ProviderKind {
+    fn from(provider: ApiProvider) -> ProviderKind {
+        match provider {
+            ApiProvider::Anthropic => ProviderKind::Anthropic,
+            ApiProvider::OpenAi => ProviderKind::OpenAi,
+            ApiProvider::Mock => ProviderKind::Mock,
+        }
+    }
+}
+
+impl From<ProviderKind> for ApiProvider {
+    fn from(provider: ProviderKind) -> ApiProvider {
+        match provider {
+            ProviderKind::Anthropic => ApiProvider::Anthropic,
+            ProviderKind::OpenAi => ApiProvider::OpenAi,
+            ProviderKind::Mock => ApiProvider::Mock,
+        }
+    }
+}
+
+/// What a message sent mid-turn does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApiBusyPolicy {
+    /// Refused with 409; cancel first.
+    Reject,
+    /// Interrupts the running turn (after 100 ms without another message).
+    Interrupt,
+    /// Waits, durably, for the running turn to end.
+    Queue,
+}
+
+impl From<ApiBusyPolicy> for BusyPolicy {
+    fn from(policy: ApiBusyPolicy) -> BusyPolicy {
+        match policy {
+            ApiBusyPolicy::Reject => BusyPolicy::Reject,
+            ApiBusyPolicy::Interrupt => BusyPolicy::Interrupt,
+            ApiBusyPolicy::Queue => BusyPolicy::Queue,
+        }
+    }
+}
+
+impl From<BusyPolicy> for ApiBusyPolicy {
+    fn from(policy: BusyPolicy) -> ApiBusyPolicy {
+        match policy {
+            BusyPolicy::Reject => ApiBusyPolicy::Reject,
+            BusyPolicy::Interrupt => ApiBusyPolicy::Interrupt,
+            BusyPolicy::Queue => ApiBusyPolicy::Queue,
+        }
+    }
+}
+
+/// `POST /v1/conversations/{id}/messages`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SendMessage {
+    #[serde(default)]
+    pub text: String,
+    #[serde(default)]
+    pub images: Vec<ImageBody>,
+}
+
+/// An attached image: its bytes in standard base64 (no `data:` prefix).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ImageBody {
+    /// `image/png`, `image/jpeg`, `image/gif` or `image/webp`.
+    pub media_type: String,
+    pub data: String,
+}
+
+/// `POST /v1/conversations/{id}/resolve`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResolveRequest {
+    pub tool_call_id: String,
+    pub decision: ApiDecisionKind,
+    /// The answer (`decision = answer`): the reply to a question, or a
+    /// client-run tool's output.
+    pub text: Option<String>,
+    /// Who decided, recorded in the log.
+    pub by: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ApiDecisionKind {
+    Approve,
+    Deny,
+    Answer,
+}

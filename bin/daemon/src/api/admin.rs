@@ -1,0 +1,202 @@
+//! Operations: the live actors, evicting one, killing one (a crash, for
+//! drills), `/metrics` and `/healthz`.
+
+use std::collections::HashSet;
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use keel_actors::core::ConversationId;
+
+use super::error::{storage_unavailable_message, ApiError, ApiQuery};
+use super::paging::{self, PageQuery};
+use super::{AppState, ConversationPath};
+use crate::telemetry::{LIVE_CONVERSATIONS, STORE_AVAILABLE};
+use keel_api::types::{ActorList, ActorSummary, ErrorBody, Evicted, Health, Killed};
+
+/// The live actors: state, idle time, mailbox, subscribers and a memory
+/// estimate; an actor stuck on one message is listed `responding: false`.
+/// By id, a page at a time (`limit`, and `cursor` from the page before's
+/// `next_cursor`); only the page's actors are asked.
+#[utoipa::path(
+    get,
+    path = "/admin/actors",
+    tag = "admin",
+    params(PageQuery),
+    responses((status = 200, body = ActorList), (status = 400, body = ErrorBody))
+)]
+pub async fn actors(
+    State(state): State<AppState>,
+    ApiQuery(query): ApiQuery<PageQuery>,
+) -> Result<Json<ActorList>, ApiError> {
+    let limit = query.limit()?;
+    let after = query.after()?;
+    let mut live: Vec<String> = state
+        .runtime
+        .live()
+        .into_iter()
+        .map(|id| id.to_string())
+        .collect();
+    live.sort();
+    let (page, next_cursor) = paging::page(
+        live.into_iter().map(|id| (id.clone(), id)),
+        after.as_deref(),
+        limit,
+    );
+    let page: HashSet<String> = page.into_iter().collect();
+    let mut actors: Vec<ActorSummary> = state
+        .runtime
+        .actors_where(|id| page.contains(id.as_str()))
+        .await
+        .into_iter()
+        .map(|stats| ActorSummary {
+            id: stats.id.to_string(),
+            state: stats.state.into(),
+            responding: stats.responding,
+            mailbox: stats.mailbox,
+            idle_ms: stats.idle_ms,
+            memory_bytes: stats.memory_bytes,
+            subscribers: stats.subscribers,
+            hibernated: stats.hibernated,
+        })
+        .collect();
+    actors.sort_by(|left, right| left.id.cmp(&right.id));
+    Ok(Json(ActorList {
+        actors,
+        next_cursor,
+    }))
+}
+
+/// Save the conversation's snapshot and stop its actor; the next request
+/// starts it again from the store. A busy conversation answers 409.
+#[utoipa::path(
+    post,
+    path = "/admin/actors/{id}/evict",
+    tag = "admin",
+    params(("id" = String, Path, description = "Conversation id")),
+    responses(
+        (status = 200, body = Evicted),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Busy: cancel first", body = ErrorBody),
+    )
+)]
+pub async fn evict(
+    State(state): State<AppState>,
+    ConversationPath(id): ConversationPath,
+) -> Result<Json<Evicted>, ApiError> {
+    ensure_exists(&state, &id).await?;
+    let was_live = state.runtime.is_live(&id);
+    state
+        .runtime
+        .handle(id.clone())
+        .evict()
+        .await
+        .map_err(|error| ApiError::from_runtime(id.as_str(), error))?;
+    Ok(Json(Evicted {
+        id: id.to_string(),
+        was_live,
+    }))
+}
+
+/// Crash the conversation's actor on purpose (drills): its supervisor
+/// restarts it from the log under its recovery policy.
+#[utoipa::path(
+    post,
+    path = "/admin/actors/{id}/kill",
+    tag = "admin",
+    params(("id" = String, Path, description = "Conversation id")),
+    responses((status = 202, body = Killed), (status = 404, body = ErrorBody))
+)]
+pub async fn kill(
+    State(state): State<AppState>,
+    ConversationPath(id): ConversationPath,
+) -> Result<(StatusCode, Json<Killed>), ApiError> {
+    state
+        .runtime
+        .handle(id.clone())
+        .crash()
+        .await
+        .map_err(|error| ApiError::from_runtime(id.as_str(), error))?;
+    Ok((StatusCode::ACCEPTED, Json(Killed { id: id.to_string() })))
+}
+
+async fn ensure_exists(state: &AppState, id: &ConversationId) -> Result<(), ApiError> {
+    let last_seq = state
+        .runtime
+        .store()
+        .last_seq(id)
+        .await
+        .map_err(|error| ApiError::from_runtime(id.as_str(), error.into()))?;
+    if last_seq == 0 {
+        return Err(ApiError::not_found(id.as_str()));
+    }
+    Ok(())
+}
+
+/// Prometheus text: the runtime's counters and histograms (docs/daemon.md,
+/// "Metrics") and the number of live conversations now.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "admin",
+    responses((status = 200, content_type = "text/plain; version=0.0.4", body = String))
+)]
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let mut text = state
+        .metrics
+        .as_ref()
+        .map(|render| render())
+        .unwrap_or_default();
+    let live = state.runtime.live().len();
+    text.push_str(&format!(
+        "# HELP {LIVE_CONVERSATIONS} Conversations with a live actor now.\n\
+         # TYPE {LIVE_CONVERSATIONS} gauge\n\
+         {LIVE_CONVERSATIONS} {live}\n"
+    ));
+    let available = u8::from(state.store.stopped().is_none());
+    text.push_str(&format!(
+        "# HELP {STORE_AVAILABLE} 1 while the store takes writes, 0 once it has stopped.\n\
+         # TYPE {STORE_AVAILABLE} gauge\n\
+         {STORE_AVAILABLE} {available}\n"
+    ));
+    (
+        [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        text,
+    )
+        .into_response()
+}
+
+/// Health: answers without a token. 503 with the reason once the store
+/// has stopped taking writes (the daemon then exits for its supervisor to
+/// restart it; docs/daemon.md, "When the store stops").
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "admin",
+    security(()),
+    responses(
+        (status = 200, body = Health),
+        (status = 503, description = "The store stopped taking writes", body = Health),
+    )
+)]
+pub async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
+    match state.store.stopped() {
+        None => (
+            StatusCode::OK,
+            Json(Health {
+                status: "ok".to_owned(),
+                reason: None,
+            }),
+        ),
+        Some(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(Health {
+                status: "storage_unavailable".to_owned(),
+                reason: Some(storage_unavailable_message(&reason)),
+            }),
+        ),
+    }
+}

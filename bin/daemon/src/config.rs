@@ -1,0 +1,534 @@
+//! `keel serve`'s configuration: the environment, over an optional
+//! `keel.toml`, checked at start with errors that name the setting and say
+//! what would work (docs/daemon.md, "Configuration").
+//!
+//! Every setting has one name, its environment variable; the file's keys
+//! map onto those names, so one lookup reads both and the environment wins.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use keel_actors::core::config::{ModelRef, ProviderKind};
+use keel_actors::provider::ProviderConfig;
+use keel_actors::store::BackendKind;
+use keel_actors::DEFAULT_LIVE_INTERVAL;
+
+/// The default address: loopback only, so a first run exposes nothing.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:7777";
+pub const DEFAULT_DATA_DIR: &str = "./keel-data";
+/// Models used when `KEEL_MODEL` is unset.
+pub const DEFAULT_ANTHROPIC_MODEL: &str = "claude-sonnet-4-5";
+pub const DEFAULT_OPENAI_MODEL: &str = "gpt-4o-mini";
+
+/// A setting that cannot be used, and why; shown to the person starting
+/// the daemon as it is.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{setting}: {reason}")]
+pub struct ConfigError {
+    /// The environment variable (or, for the file itself, its path).
+    pub setting: String,
+    pub reason: String,
+}
+
+fn invalid(setting: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        setting: setting.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+/// Everything `keel serve` is started with, checked.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub data_dir: PathBuf,
+    pub addr: SocketAddr,
+    /// `KEEL_TOKEN`; `None` means one is read from (or generated into) the
+    /// data dir.
+    pub token: Option<String>,
+    pub store: BackendKind,
+    /// The model new conversations ask unless they name another.
+    pub model: ModelRef,
+    pub providers: ProviderConfig,
+    /// No provider was configured: the daemon runs the built-in fake
+    /// provider in-process and says so.
+    pub builtin_mock: bool,
+    /// `KEEL_LOG_FORMAT`: `plain` or `json`, read by the tracing set-up.
+    pub log_format: Option<String>,
+    /// `KEEL_SHUTDOWN_GRACE_MS`: how long a graceful stop lets turns in
+    /// flight finish before it interrupts them.
+    pub shutdown_grace: Duration,
+    /// `KEEL_LIVE_INTERVAL_MS`: how often at most live-only updates go out
+    /// to a conversation's watchers (`Settings::live_interval`).
+    pub live_interval: Duration,
+    /// `KEEL_MAX_MESSAGE_BYTES`: the most bytes a message's text may have
+    /// (its images are bounded on their own).
+    pub max_message_bytes: usize,
+    /// `KEEL_STORE_STOPPED_EXIT_MS`: how long a daemon whose store stopped
+    /// taking writes goes on answering 503 (so health checks and clients
+    /// see why) before it exits for its supervisor to restart it.
+    pub store_stopped_exit: Duration,
+    /// Where the file came from, if one was read.
+    pub file: Option<PathBuf>,
+}
+
+/// Largest body of `POST …/messages`: images come base64 in it (4/3 of
+/// their size), each up to 20 MiB before keel scales it down. The ceiling
+/// of `KEEL_MAX_MESSAGE_BYTES`.
+pub const MESSAGE_BODY_LIMIT: usize = 64 * 1024 * 1024;
+
+/// The default of `KEEL_MAX_MESSAGE_BYTES`: 1 MiB, a long document pasted
+/// whole; a message is a prompt, not a file transfer.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
+
+/// The default of `KEEL_SHUTDOWN_GRACE_MS`.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Long enough for a health check or two to see the 503 and its reason,
+/// short enough that a supervisor brings the daemon back soon after the
+/// disk has room again.
+pub const DEFAULT_STORE_STOPPED_EXIT: Duration = Duration::from_secs(5);
+
+/// `keel.toml`. Unknown keys are an error: a misspelt key silently
+/// ignored is a setting the user thinks they made.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    data_dir: Option<String>,
+    addr: Option<String>,
+    token: Option<String>,
+    store: Option<String>,
+    provider: Option<String>,
+    model: Option<String>,
+    log_format: Option<String>,
+    mock_url: Option<String>,
+    shutdown_grace_ms: Option<u64>,
+    live_interval_ms: Option<u64>,
+    max_message_bytes: Option<u64>,
+    store_stopped_exit_ms: Option<u64>,
+    #[serde(default)]
+    anthropic: Endpoint,
+    #[serde(default)]
+    openai: Endpoint,
+    #[serde(default)]
+    timeouts: Timeouts,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Endpoint {
+    api_key: Option<String>,
+    base_url: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Timeouts {
+    connect_ms: Option<u64>,
+    first_byte_ms: Option<u64>,
+    idle_ms: Option<u64>,
+}
+
+impl File {
+    /// The file's settings under their environment variables' names.
+    fn into_settings(self) -> HashMap<&'static str, String> {
+        let pairs = [
+            ("KEEL_DATA_DIR", self.data_dir),
+            ("KEEL_ADDR", self.addr),
+            ("KEEL_TOKEN", self.token),
+            ("KEEL_STORE", self.store),
+            ("KEEL_PROVIDER", self.provider),
+            ("KEEL_MODEL", self.model),
+            ("KEEL_LOG_FORMAT", self.log_format),
+            ("KEEL_MOCK_URL", self.mock_url),
+            (
+                "KEEL_SHUTDOWN_GRACE_MS",
+                self.shutdown_grace_ms.map(|ms| ms.to_string()),
+            ),
+            (
+                "KEEL_LIVE_INTERVAL_MS",
+                self.live_interval_ms.map(|ms| ms.to_string()),
+            ),
+            (
+                "KEEL_MAX_MESSAGE_BYTES",
+                self.max_message_bytes.map(|bytes| bytes.to_string()),
+            ),
+            (
+                "KEEL_STORE_STOPPED_EXIT_MS",
+                self.store_stopped_exit_ms.map(|ms| ms.to_string()),
+            ),
+            ("ANTHROPIC_API_KEY", self.anthropic.api_key),
+            ("ANTHROPIC_BASE_URL", self.anthropic.base_url),
+            ("OPENAI_API_KEY", self.openai.api_key),
+            ("OPENAI_BASE_URL", self.openai.base_url),
+            (
+                "KEEL_CONNECT_TIMEOUT_MS",
+                self.timeouts.connect_ms.map(|ms| ms.to_string()),
+            ),
+            (
+                "KEEL_FIRST_BYTE_TIMEOUT_MS",
+                self.timeouts.first_byte_ms.map(|ms| ms.to_string()),
+            ),
+            (
+                "KEEL_IDLE_TIMEOUT_MS",
+                self.timeouts.idle_ms.map(|ms| ms.to_string()),
+            ),
+        ];
+        pairs
+            .into_iter()
+            .filter_map(|(name, value)| Some((name, value?)))
+            .collect()
+    }
+}
+
+/// Read `keel.toml` from `path`. A file that was asked for by name must
+/// exist; the default `./keel.toml` is read only if it is there.
+pub fn read_file(path: &Path, asked: bool) -> Result<Option<String>, ConfigError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound && !asked => Ok(None),
+        Err(error) => Err(invalid(
+            &path.display().to_string(),
+            format!("cannot read the configuration file: {error}"),
+        )),
+    }
+}
+
+impl Config {
+    /// The configuration from `env` (the process environment in `keel
+    /// serve`) over the text of `keel.toml`, if any, read from `file`.
+    pub fn load(
+        env: impl Fn(&str) -> Option<String>,
+        file: Option<(&Path, &str)>,
+    ) -> Result<Config, ConfigError> {
+        let from_file = match file {
+            Some((path, text)) => toml::from_str::<File>(text)
+                .map_err(|error| {
+                    invalid(
+                        &path.display().to_string(),
+                        format!("not a valid keel.toml: {}", error.message()),
+                    )
+                })?
+                .into_settings(),
+            None => HashMap::new(),
+        };
+        let lookup = |name: &str| {
+            env(name)
+                .or_else(|| from_file.get(name).cloned())
+                .map(|value| value.trim().to_owned())
+                .filter(|value| !value.is_empty())
+        };
+
+        let data_dir = PathBuf::from(lookup("KEEL_DATA_DIR").unwrap_or(DEFAULT_DATA_DIR.into()));
+        let addr_text = lookup("KEEL_ADDR").unwrap_or(DEFAULT_ADDR.into());
+        let addr: SocketAddr = addr_text.parse().map_err(|_| {
+            invalid(
+                "KEEL_ADDR",
+                format!("{addr_text:?} is not IP:PORT (for example {DEFAULT_ADDR}, or 0.0.0.0:7777 with KEEL_TOKEN set)"),
+            )
+        })?;
+        let token = lookup("KEEL_TOKEN");
+        if token.is_none() && !addr.ip().is_loopback() {
+            return Err(invalid(
+                "KEEL_TOKEN",
+                format!(
+                    "must be set when keel listens beyond this machine (KEEL_ADDR={addr}); \
+                     a generated token is only for a loopback address"
+                ),
+            ));
+        }
+        let store = match lookup("KEEL_STORE") {
+            None => BackendKind::Redb,
+            Some(raw) => match raw.parse::<BackendKind>() {
+                Ok(BackendKind::Memory) => {
+                    return Err(invalid(
+                        "KEEL_STORE",
+                        "memory keeps nothing across a restart; a daemon uses redb (the default) or sled",
+                    ))
+                }
+                Ok(kind) => kind,
+                Err(reason) => return Err(invalid("KEEL_STORE", reason)),
+            },
+        };
+        let log_format = lookup("KEEL_LOG_FORMAT");
+        if let Some(format) = &log_format {
+            if format != "plain" && format != "json" {
+                return Err(invalid(
+                    "KEEL_LOG_FORMAT",
+                    format!("{format:?} is not plain or json"),
+                ));
+            }
+        }
+        let shutdown_grace =
+            millis(&lookup, "KEEL_SHUTDOWN_GRACE_MS")?.unwrap_or(DEFAULT_SHUTDOWN_GRACE);
+        let live_interval =
+            millis(&lookup, "KEEL_LIVE_INTERVAL_MS")?.unwrap_or(DEFAULT_LIVE_INTERVAL);
+        let max_message_bytes = match lookup("KEEL_MAX_MESSAGE_BYTES") {
+            None => DEFAULT_MAX_MESSAGE_BYTES,
+            Some(raw) => raw
+                .parse::<usize>()
+                .ok()
+                .filter(|bytes| (1..=MESSAGE_BODY_LIMIT).contains(bytes))
+                .ok_or_else(|| {
+                    invalid(
+                        "KEEL_MAX_MESSAGE_BYTES",
+                        format!(
+                            "{raw:?} is not a number of bytes from 1 to {MESSAGE_BODY_LIMIT} \
+                             (the most a message's body may carry)"
+                        ),
+                    )
+                })?,
+        };
+        let store_stopped_exit =
+            millis(&lookup, "KEEL_STORE_STOPPED_EXIT_MS")?.unwrap_or(DEFAULT_STORE_STOPPED_EXIT);
+        let mut providers = ProviderConfig::from_lookup(lookup).map_err(|error| match error {
+            keel_actors::Error::Config { name, reason } => invalid(name, reason),
+            other => invalid("provider", other.to_string()),
+        })?;
+        let (model, builtin_mock) = choose_model(&lookup, &providers)?;
+        if builtin_mock {
+            // Filled in once the in-process fake provider has its port.
+            providers.mock_url = None;
+        }
+        Ok(Config {
+            data_dir,
+            addr,
+            token,
+            store,
+            model,
+            providers,
+            builtin_mock,
+            log_format,
+            shutdown_grace,
+            live_interval,
+            max_message_bytes,
+            store_stopped_exit,
+            file: file.map(|(path, _)| path.to_owned()),
+        })
+    }
+}
+
+/// A setting given in whole milliseconds, if set.
+fn millis(
+    lookup: &impl Fn(&str) -> Option<String>,
+    name: &'static str,
+) -> Result<Option<Duration>, ConfigError> {
+    let Some(raw) = lookup(name) else {
+        return Ok(None);
+    };
+    let ms = raw.parse::<u64>().map_err(|_| {
+        invalid(
+            name,
+            format!("{raw:?} is not a whole number of milliseconds"),
+        )
+    })?;
+    Ok(Some(Duration::from_millis(ms)))
+}
+
+/// Which provider and model new conversations use: `KEEL_PROVIDER` if set,
+/// else the first provider with credentials (Anthropic, then OpenAI), else
+/// the fake provider. Returns whether the built-in fake provider must run.
+fn choose_model(
+    lookup: &impl Fn(&str) -> Option<String>,
+    providers: &ProviderConfig,
+) -> Result<(ModelRef, bool), ConfigError> {
+    let explicit = match lookup("KEEL_PROVIDER") {
+        None => None,
+        Some(raw) => Some(match raw.as_str() {
+            "anthropic" => ProviderKind::Anthropic,
+            "openai" => ProviderKind::OpenAi,
+            "mock" => ProviderKind::Mock,
+            other => {
+                return Err(invalid(
+                    "KEEL_PROVIDER",
+                    format!("{other:?} is not anthropic, openai or mock"),
+                ))
+            }
+        }),
+    };
+    let openai_custom = lookup("OPENAI_BASE_URL").is_some();
+    let anthropic_custom = lookup("ANTHROPIC_BASE_URL").is_some();
+    let provider = explicit.unwrap_or(if providers.anthropic.api_key.is_some() {
+        ProviderKind::Anthropic
+    } else if providers.openai.api_key.is_some() || openai_custom {
+        ProviderKind::OpenAi
+    } else {
+        ProviderKind::Mock
+    });
+    let model = lookup("KEEL_MODEL");
+    let model = match provider {
+        ProviderKind::Anthropic => {
+            if providers.anthropic.api_key.is_none() && !anthropic_custom {
+                return Err(invalid(
+                    "ANTHROPIC_API_KEY",
+                    "KEEL_PROVIDER=anthropic needs a key (or ANTHROPIC_BASE_URL for a server that takes none)",
+                ));
+            }
+            model.unwrap_or(DEFAULT_ANTHROPIC_MODEL.into())
+        }
+        ProviderKind::OpenAi => {
+            if providers.openai.api_key.is_none() && !openai_custom {
+                return Err(invalid(
+                    "OPENAI_API_KEY",
+                    "KEEL_PROVIDER=openai needs a key, or OPENAI_BASE_URL for a local OpenAI-compatible server (Ollama: http://localhost:11434/v1)",
+                ));
+            }
+            match model {
+                Some(model) => model,
+                None if openai_custom => {
+                    return Err(invalid(
+                        "KEEL_MODEL",
+                        format!(
+                            "name the model the server at {} serves (for Ollama, e.g. llama3.1)",
+                            providers.openai.base_url
+                        ),
+                    ))
+                }
+                None => DEFAULT_OPENAI_MODEL.into(),
+            }
+        }
+        ProviderKind::Mock => model.unwrap_or("mock".into()),
+    };
+    let builtin_mock = provider == ProviderKind::Mock && providers.mock_url.is_none();
+    Ok((ModelRef { provider, model }, builtin_mock))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    fn load(pairs: &[(&str, &str)], file: Option<&str>) -> Result<Config, ConfigError> {
+        Config::load(env(pairs), file.map(|text| (Path::new("keel.toml"), text)))
+    }
+
+    #[test]
+    fn nothing_configured_runs_the_builtin_fake_provider_on_loopback() {
+        let config = load(&[], None).unwrap();
+        assert_eq!(config.addr, DEFAULT_ADDR.parse().unwrap());
+        assert_eq!(config.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
+        assert_eq!(config.model.provider, ProviderKind::Mock);
+        assert!(config.builtin_mock);
+        assert_eq!(config.store, BackendKind::Redb);
+        assert_eq!(config.token, None);
+    }
+
+    #[test]
+    fn a_key_picks_its_provider_and_the_environment_wins_over_the_file() {
+        let file = "model = \"from-file\"\n[anthropic]\napi_key = \"sk-file\"\n";
+        let config = load(&[("KEEL_MODEL", "from-env")], Some(file)).unwrap();
+        assert_eq!(config.model.provider, ProviderKind::Anthropic);
+        assert_eq!(config.model.model, "from-env");
+        assert_eq!(
+            config.providers.anthropic.api_key.as_deref(),
+            Some("sk-file")
+        );
+        assert!(!config.builtin_mock);
+
+        let config = load(&[], Some(file)).unwrap();
+        assert_eq!(config.model.model, "from-file");
+    }
+
+    #[test]
+    fn a_local_openai_compatible_server_needs_a_model_but_no_key() {
+        let base = ("OPENAI_BASE_URL", "http://localhost:11434/v1");
+        let error = load(&[base], None).unwrap_err();
+        assert_eq!(error.setting, "KEEL_MODEL");
+        let config = load(&[base, ("KEEL_MODEL", "llama3.1")], None).unwrap();
+        assert_eq!(config.model.provider, ProviderKind::OpenAi);
+        assert_eq!(config.providers.openai.api_key, None);
+    }
+
+    #[test]
+    fn unusable_settings_are_refused_naming_the_setting() {
+        let cases: &[(&[(&str, &str)], &str)] = &[
+            (&[("KEEL_ADDR", "localhost")], "KEEL_ADDR"),
+            (&[("KEEL_ADDR", "0.0.0.0:7777")], "KEEL_TOKEN"),
+            (&[("KEEL_PROVIDER", "gemini")], "KEEL_PROVIDER"),
+            (&[("KEEL_PROVIDER", "anthropic")], "ANTHROPIC_API_KEY"),
+            (&[("KEEL_PROVIDER", "openai")], "OPENAI_API_KEY"),
+            (&[("KEEL_STORE", "memory")], "KEEL_STORE"),
+            (&[("KEEL_STORE", "postgres")], "KEEL_STORE"),
+            (&[("KEEL_LOG_FORMAT", "xml")], "KEEL_LOG_FORMAT"),
+            (
+                &[("KEEL_SHUTDOWN_GRACE_MS", "-1")],
+                "KEEL_SHUTDOWN_GRACE_MS",
+            ),
+            (&[("KEEL_IDLE_TIMEOUT_MS", "soon")], "KEEL_IDLE_TIMEOUT_MS"),
+            (
+                &[("KEEL_LIVE_INTERVAL_MS", "16ms")],
+                "KEEL_LIVE_INTERVAL_MS",
+            ),
+            (&[("KEEL_MAX_MESSAGE_BYTES", "0")], "KEEL_MAX_MESSAGE_BYTES"),
+            (
+                &[("KEEL_MAX_MESSAGE_BYTES", "1MiB")],
+                "KEEL_MAX_MESSAGE_BYTES",
+            ),
+        ];
+        for (pairs, setting) in cases {
+            let error = load(pairs, None).unwrap_err();
+            assert_eq!(&error.setting, setting, "{pairs:?} -> {error}");
+        }
+    }
+
+    #[test]
+    fn the_message_size_limit_defaults_and_is_set_from_the_environment_or_the_file() {
+        assert_eq!(
+            load(&[], None).unwrap().max_message_bytes,
+            DEFAULT_MAX_MESSAGE_BYTES
+        );
+        let config = load(&[("KEEL_MAX_MESSAGE_BYTES", "2048")], None).unwrap();
+        assert_eq!(config.max_message_bytes, 2048);
+        let config = load(&[], Some("max_message_bytes = 4096\n")).unwrap();
+        assert_eq!(config.max_message_bytes, 4096);
+    }
+
+    #[test]
+    fn a_non_loopback_address_is_accepted_with_a_token() {
+        let config = load(
+            &[("KEEL_ADDR", "0.0.0.0:7777"), ("KEEL_TOKEN", "s3cret")],
+            None,
+        )
+        .unwrap();
+        assert_eq!(config.token.as_deref(), Some("s3cret"));
+    }
+
+    #[test]
+    fn a_misspelt_file_key_is_an_error() {
+        let error = load(&[], Some("adress = \"127.0.0.1:1\"\n")).unwrap_err();
+        assert_eq!(error.setting, "keel.toml");
+        assert!(error.reason.contains("adress"), "{error}");
+        let error = load(&[], Some("addr = [")).unwrap_err();
+        assert_eq!(error.setting, "keel.toml");
+    }
+
+    #[test]
+    fn the_live_interval_defaults_and_is_set_from_the_environment_or_the_file() {
+        assert_eq!(
+            load(&[], None).unwrap().live_interval,
+            DEFAULT_LIVE_INTERVAL
+        );
+        let config = load(&[("KEEL_LIVE_INTERVAL_MS", "0")], None).unwrap();
+        assert_eq!(config.live_interval, Duration::ZERO);
+        let config = load(&[], Some("live_interval_ms = 40\n")).unwrap();
+        assert_eq!(config.live_interval, Duration::from_millis(40));
+    }
+
+    #[test]
+    fn the_file_sets_timeouts_by_their_own_names() {
+        let config = load(&[], Some("[timeouts]\nidle_ms = 1500\n")).unwrap();
+        assert_eq!(
+            config.providers.timeouts.idle,
+            std::time::Duration::from_millis(1500)
+        );
+    }
+}

@@ -1,0 +1,439 @@
+//! `keel serve`: the daemon. It reads its configuration (`config`), sets up
+//! logs, traces and metrics, opens the store in the data dir, starts the
+//! runtime (boot recovery, orphaned tool groups reaped), and serves the
+//! HTTP API (`crate::api`) until SIGTERM or Ctrl-C, then stops gracefully
+//! through the runtime's graceful stop and exits 0. A second signal exits
+//! at once. See docs/daemon.md.
+//!
+//! Start-up is [`start`], which returns a [`Daemon`] running in this
+//! process; `keel serve` and `keel demo` both go through it, and the demo
+//! also uses [`Daemon::crash`] to kill one mid-turn and start another on
+//! the same data dir.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures_util::future::BoxFuture;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use keel_actors::spawner::SpawnerCommand;
+use keel_actors::store::{Availability, EventLog};
+use keel_actors::tool::ToolRegistry;
+use keel_actors::{BootReport, Runtime, RuntimeConfig, Settings};
+
+use crate::api::error::storage_unavailable_message;
+use crate::api::{self, AppState, MetricsRender};
+use crate::config::{self, Config};
+use crate::net;
+use crate::telemetry::{self, LogFormat};
+use crate::token;
+
+/// The hidden subcommand this binary serves as the process spawner under
+/// (`cli::Command::Spawner`).
+pub const SPAWNER_COMMAND: &str = "spawner";
+
+/// How long, after the signal, HTTP connections may take to finish their
+/// request before the daemon stops waiting for them.
+const HTTP_DRAIN: Duration = Duration::from_secs(5);
+
+/// How long a crash drill waits for requests that were in flight to end
+/// against the killed runtime and let go of the store.
+const CRASH_DRAIN: Duration = Duration::from_secs(2);
+
+/// What `keel serve` was given on the command line, and by the binary.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// `--config FILE`; else `KEEL_CONFIG`; else `./keel.toml` if present.
+    pub config: Option<PathBuf>,
+    /// How to start a fake provider in this process when no provider is
+    /// configured ([`Config::builtin_mock`]). The daemon knows no fake
+    /// provider of its own: the binary that composes it chooses one.
+    /// `None`: such a configuration is refused.
+    pub fake_provider: Option<StartFakeProvider>,
+}
+
+/// Starts a fake provider in this process (within the daemon's async
+/// runtime) and returns its base URL, `http://HOST:PORT`.
+pub type StartFakeProvider = fn() -> BoxFuture<'static, anyhow::Result<String>>;
+
+/// Set by the drills and `keel bench` (keel-test-support's `ChildDaemon`) for the daemons they start:
+/// the pid of the starting process, which this daemon must not outlive.
+/// A drill killed by the OOM killer cannot stop its daemon itself.
+pub const EXIT_WITH_PARENT_ENV: &str = "KEEL_EXIT_WITH_PARENT";
+
+pub fn run(options: Options) -> anyhow::Result<()> {
+    exit_with_parent()?;
+    let config = load_config(&options)?;
+    let format = match config.log_format.as_deref() {
+        Some("json") => LogFormat::Json,
+        _ => LogFormat::Plain,
+    };
+    let _telemetry = telemetry::init_tracing(format)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .global_queue_interval(GLOBAL_QUEUE_INTERVAL)
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(serve(config, options.fake_provider))
+}
+
+/// With [`EXIT_WITH_PARENT_ENV`] set: be sent SIGKILL when the thread that
+/// started this process ends (the kernel's parent-death signal; `ChildDaemon`
+/// starts its daemons from the thread that lives as long as its process),
+/// and stop at once if that already happened.
+fn exit_with_parent() -> anyhow::Result<()> {
+    let Some(value) = std::env::var_os(EXIT_WITH_PARENT_ENV) else {
+        return Ok(());
+    };
+    let parent: i32 = value
+        .to_str()
+        .and_then(|text| text.parse().ok())
+        .with_context(|| format!("{EXIT_WITH_PARENT_ENV} must be a pid, not {value:?}"))?;
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .context("asking to die with the process that started this daemon")?;
+    // Set only now: a parent that died before would go unnoticed.
+    let now = nix::unistd::getppid().as_raw();
+    anyhow::ensure!(
+        now == parent,
+        "the process that started this daemon ({parent}) is gone"
+    );
+    Ok(())
+}
+
+/// How many tasks a worker runs from its own queue before it takes one
+/// from the runtime's shared queue: every time. An update to a
+/// conversation wakes every one of its event streams at once; a worker's
+/// own queue holds 256 tasks and the rest wait in the shared queue, which
+/// tokio otherwise looks at only now and then. Streams woken again by the
+/// turn's next update would then run ahead of streams still owed the
+/// first, and with 1,000 subscribers the last of them got a frame twice as
+/// late as the median. Taking turns keeps the wake-ups first come, first
+/// served (docs/benchmarks.md, "SSE fan-out").
+const GLOBAL_QUEUE_INTERVAL: u32 = 1;
+
+fn load_config(options: &Options) -> anyhow::Result<Config> {
+    let (path, asked) = match (&options.config, std::env::var_os("KEEL_CONFIG")) {
+        (Some(path), _) => (path.clone(), true),
+        (None, Some(path)) => (PathBuf::from(path), true),
+        (None, None) => (PathBuf::from("keel.toml"), false),
+    };
+    let text = config::read_file(&path, asked)?;
+    let file = text.as_deref().map(|text| (path.as_path(), text));
+    Ok(Config::load(|name| std::env::var(name).ok(), file)?)
+}
+
+async fn serve(mut config: Config, fake_provider: Option<StartFakeProvider>) -> anyhow::Result<()> {
+    if config.builtin_mock {
+        let start = fake_provider.context(
+            "no provider configured: set ANTHROPIC_API_KEY, OPENAI_API_KEY or KEEL_PROVIDER",
+        )?;
+        let url = start()
+            .await
+            .context("starting the built-in fake provider")?;
+        config.providers.mock_url = Some(url);
+    }
+    let metrics: Option<MetricsRender> = match telemetry::install_metrics() {
+        Ok(handle) => Some(Arc::new(move || handle.render())),
+        Err(error) => {
+            tracing::warn!(error = %error, "metrics are off");
+            None
+        }
+    };
+    let daemon = start(config, metrics).await?;
+    if let Some(url) = &daemon.builtin_mock {
+        tracing::warn!(
+            %url,
+            "no provider configured: using the built-in fake provider (set ANTHROPIC_API_KEY, OPENAI_API_KEY or KEEL_PROVIDER for a real one)"
+        );
+        say(&format!(
+            "no provider configured: using the built-in fake provider at {url}"
+        ))?;
+    }
+    say(&format!("keel listening on http://{}", daemon.addr))?;
+    if let Some(path) = &daemon.token_file {
+        say(&format!("token in {}", path.display()))?;
+    }
+
+    tokio::spawn(watch_signals(daemon.stop.clone()));
+    let mut until_stop = daemon.stop.subscribe();
+    let mut store = daemon.store_availability.clone();
+    let reason = tokio::select! {
+        _ = until_stop.wait_for(|stopping| *stopping) => None,
+        reason = store.until_stopped() => Some(reason),
+    };
+    let Some(reason) = reason else {
+        daemon.stop().await;
+        say("keel stopped")?;
+        return Ok(());
+    };
+    // The store stopped taking writes. It cannot be reopened under the
+    // running runtime (redb refuses every call after a failed write until
+    // its database is closed), so the daemon answers 503 with the reason
+    // for a while, for health checks and clients to see why, then exits
+    // non-zero for its supervisor to restart it on the same data, which
+    // recovers from the log. A signal meanwhile exits at once.
+    let exit_after = daemon.store_stopped_exit;
+    let message = storage_unavailable_message(&reason);
+    tracing::error!(
+        reason = %reason,
+        data_dir = %daemon.data_dir.display(),
+        exit_in = ?exit_after,
+        "the store stopped taking writes: answering 503 storage_unavailable, then exiting for the supervisor to restart keel"
+    );
+    tokio::select! {
+        () = tokio::time::sleep(exit_after) => {}
+        _ = until_stop.wait_for(|stopping| *stopping) => {}
+    }
+    daemon.abandon().await;
+    anyhow::bail!("{message}")
+}
+
+/// A daemon running in this process: the runtime over the store in its
+/// data dir and the HTTP API in front of it. `keel serve` runs one until a
+/// signal; `keel demo` starts one, crashes it and starts another on the
+/// same data dir, so both go through the same start-up.
+pub struct Daemon {
+    /// Where the API listens (the port chosen when `KEEL_ADDR` asked for 0).
+    pub addr: SocketAddr,
+    /// The bearer token every request but `/healthz` needs.
+    pub token: String,
+    /// Where the generated token was written; `None` when `KEEL_TOKEN` gave it.
+    pub token_file: Option<PathBuf>,
+    /// The built-in fake provider's URL, when no provider was configured.
+    pub builtin_mock: Option<String>,
+    /// What the runtime's boot did: conversations recovered, tool process
+    /// groups reaped, conversations that could not be started.
+    pub report: BootReport,
+    runtime: Runtime,
+    /// Set to true to stop: the HTTP server stops accepting and ends event
+    /// streams. `keel serve`'s signal watcher sets it.
+    stop: watch::Sender<bool>,
+    server: JoinHandle<std::io::Result<()>>,
+    /// Whether the store still takes writes: `serve` exits once it stops.
+    store_availability: Availability,
+    /// How long to answer 503 after the store stopped before exiting.
+    store_stopped_exit: Duration,
+    /// The data dir, for the log line when the store stops.
+    data_dir: PathBuf,
+    /// The store, held weakly: it is released (its files closed, the data
+    /// dir's lock let go) once the runtime and every request are gone.
+    store: Weak<dyn EventLog>,
+}
+
+/// Open the store in `config.data_dir` and the runtime over it (boot
+/// recovery, reaping), and serve the API on `config.addr`. Returns once
+/// the listener is bound: requests are accepted from then on. When no
+/// provider is configured ([`Config::builtin_mock`]), the caller has
+/// started a fake provider and put its URL in `config.providers.mock_url`.
+pub async fn start(config: Config, metrics: Option<MetricsRender>) -> anyhow::Result<Daemon> {
+    let data_dir = &config.data_dir;
+    std::fs::create_dir_all(data_dir).with_context(|| {
+        format!(
+            "creating the data dir {} (KEEL_DATA_DIR)",
+            data_dir.display()
+        )
+    })?;
+    let token = token::load_or_generate(config.token.clone(), data_dir)?;
+
+    let builtin_mock = if config.builtin_mock {
+        config.providers.mock_url.clone()
+    } else {
+        None
+    };
+
+    let store = keel_actors::store::open(config.store, data_dir).with_context(|| {
+        format!(
+            "opening the {} store in {} (is another keel using this data dir?)",
+            config.store,
+            data_dir.display()
+        )
+    })?;
+    let held_store = Arc::downgrade(&store);
+    let store_availability = store.availability();
+    let (runtime, report) = Runtime::open(RuntimeConfig {
+        store,
+        providers: config.providers.clone(),
+        tools: ToolRegistry::with_defaults(),
+        process_dir: Some(data_dir.join("processes")),
+        // This binary's `keel spawner`, started before the listener below
+        // exists: tool spawns then cost the same with 10,000 clients
+        // connected as with none (keel_actors::spawner).
+        spawner: Some(SpawnerCommand::this_binary([SPAWNER_COMMAND])),
+        settings: Settings {
+            shutdown_grace: config.shutdown_grace,
+            live_interval: config.live_interval,
+            ..Settings::default()
+        },
+    })
+    .await
+    .context("starting the runtime")?;
+    tracing::info!(
+        recovered = report.recovered.len(),
+        reaped = report.reaped.len(),
+        failed = report.failed.len(),
+        "runtime started"
+    );
+    for (id, why) in &report.failed {
+        tracing::error!(conversation = %id, why, "could not recover");
+    }
+
+    let listener = match tokio::net::TcpListener::bind(config.addr).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            // Let go of the data dir before saying why we cannot serve it.
+            runtime.shutdown().await;
+            return Err(error).with_context(|| {
+                format!(
+                    "cannot listen on {} (KEEL_ADDR): is another daemon running there?",
+                    config.addr
+                )
+            });
+        }
+    };
+    let addr = listener.local_addr().context("reading the bound address")?;
+    let (stop, stopping) = watch::channel(false);
+    let cwd = std::env::current_dir().context("reading the working directory")?;
+    let state = AppState::new(
+        runtime.clone(),
+        token.clone(),
+        config.model.clone(),
+        cwd,
+        metrics,
+        stopping.clone(),
+    )
+    .with_max_message_bytes(config.max_message_bytes);
+    let router = api::router(state);
+    tracing::info!(%addr, model = %config.model, data_dir = %data_dir.display(), "serving");
+
+    let mut until_stop = stopping;
+    let server = axum::serve(net::no_delay(listener), router).with_graceful_shutdown(async move {
+        let _ = until_stop.wait_for(|stopping| *stopping).await;
+    });
+    let server = tokio::spawn(async move { server.await });
+    Ok(Daemon {
+        addr,
+        token_file: config.token.is_none().then(|| token::token_path(data_dir)),
+        token,
+        builtin_mock,
+        report,
+        runtime,
+        stop,
+        server,
+        store_availability,
+        store_stopped_exit: config.store_stopped_exit,
+        data_dir: data_dir.clone(),
+        store: held_store,
+    })
+}
+
+impl Daemon {
+    /// Stop gracefully: no new connections, event streams end, and the
+    /// runtime's graceful stop (turns in flight get the grace period,
+    /// every conversation writes `SessionEnded` and a checkpoint). Returns
+    /// once both are done.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        tracing::info!("stopping: no new requests; turns in flight get the grace period");
+        let server = self.server;
+        let shutdown = self.runtime.shutdown();
+        let http = async {
+            if tokio::time::timeout(HTTP_DRAIN, server).await.is_err() {
+                tracing::warn!("some HTTP requests did not finish within {HTTP_DRAIN:?}");
+            }
+        };
+        tokio::join!(shutdown, http);
+        tracing::info!("stopped");
+    }
+
+    /// Give up after the store stopped taking writes: stop accepting and
+    /// end event streams (requests in flight get their answer, a 503), then
+    /// kill the runtime where it stands, as a crash would: it can record
+    /// nothing more, and the next daemon on this data recovers from the
+    /// log.
+    async fn abandon(self) {
+        let _ = self.stop.send(true);
+        if tokio::time::timeout(HTTP_DRAIN, self.server).await.is_err() {
+            tracing::warn!("some HTTP requests did not finish within {HTTP_DRAIN:?}");
+        }
+        self.runtime.crash().await;
+    }
+
+    /// Die as a crash would, for drills: the runtime is killed where it
+    /// stands (`Runtime::crash`: no turn is interrupted or recorded, no
+    /// `SessionEnded`, no checkpoint; running tools die with their process
+    /// groups), then the HTTP server is torn down. Returns once the store is
+    /// released, so a new daemon can open the same data dir and recover
+    /// from the log as it would after a killed process.
+    pub async fn crash(self) -> anyhow::Result<()> {
+        // The runtime first: nothing may get a chance to write anything a
+        // killed process would not have written.
+        self.runtime.crash().await;
+        let _ = self.stop.send(true);
+        let mut server = self.server;
+        if tokio::time::timeout(CRASH_DRAIN, &mut server)
+            .await
+            .is_err()
+        {
+            server.abort();
+        }
+        // Requests still in flight hold the runtime, and with it the store;
+        // against a killed runtime they end at once.
+        let deadline = tokio::time::Instant::now() + CRASH_DRAIN;
+        while self.store.strong_count() > 0 {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the crashed daemon still holds its store after {CRASH_DRAIN:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(())
+    }
+}
+
+/// The first SIGTERM or Ctrl-C starts a graceful stop; a second one exits
+/// at once.
+async fn watch_signals(stop: watch::Sender<bool>) {
+    stop_signal().await;
+    let _ = stop.send(true);
+    stop_signal().await;
+    eprintln!("second signal: exiting now");
+    std::process::exit(130);
+}
+
+/// The next SIGTERM or Ctrl-C (SIGTERM alone where Ctrl-C has no
+/// handler). `keel mock-llm` stops on it too.
+pub async fn stop_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            // No handler: wait for SIGTERM alone.
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => tokio::select! {
+                () = ctrl_c => {}
+                _ = terminate.recv() => {}
+            },
+            Err(_) => ctrl_c.await,
+        }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await;
+}
+
+/// A line for the person who started the daemon (and for tests, which
+/// wait for `keel listening on`).
+fn say(line: &str) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{line}")
+        .and_then(|()| stdout.flush())
+        .context("writing to stdout")
+}

@@ -1,0 +1,520 @@
+//! The client commands that ask once and print: `ls`, `new`, `inspect`,
+//! `log` (which may then follow), `cancel`, `approve` / `deny` / `answer`,
+//! `evict` and `ps`. Each prints a table or a line for people, or with
+//! `--json` the API's own JSON (one value; `log` prints one event a line).
+
+use std::path::PathBuf;
+
+use serde_json::{json, Value};
+
+use super::output::{self, Paint};
+use super::turn::tool_input;
+use super::Exit;
+use keel_api::client::{Client, Frame};
+use keel_api::types::{
+    ApiBusyPolicy, ApiDecisionKind, ApiEvent, ApiEventKind, ApiModelChoice, ApiProvider,
+    ApiToolPolicy, ConversationSummary, CreateConversation,
+};
+
+/// `keel ls`.
+pub async fn ls(client: &Client, all: bool, json: bool) -> anyhow::Result<Exit> {
+    let list = client.list(all).await?;
+    if json {
+        output::json_line(&list)?;
+        return Ok(Exit::Ok);
+    }
+    let mut header = vec!["ID", "STATE", "TURNS", "LAST ACTIVITY", "CWD"];
+    if all {
+        header.push("PARENT");
+    }
+    let mut table = output::table(&header);
+    let now = output::now_ms();
+    for (is_child, conversation) in under_parents(&list.conversations) {
+        let id = if is_child {
+            format!("└ {}", conversation.id)
+        } else {
+            conversation.id.clone()
+        };
+        let mut row = vec![
+            id,
+            state_name(&conversation.state),
+            conversation.turns.to_string(),
+            output::ago(conversation.last_activity_ms, now),
+            conversation.cwd.clone(),
+        ];
+        if all {
+            row.push(
+                conversation
+                    .parent
+                    .clone()
+                    .unwrap_or_else(|| "-".to_owned()),
+            );
+        }
+        table.add_row(row);
+    }
+    output::print_table(&table);
+    Ok(Exit::Ok)
+}
+
+/// The listing in the order `ls` shows it: each conversation followed by
+/// its sub-agents (marked `true`), in the listing's order; a sub-agent
+/// whose parent is not listed comes where it is.
+fn under_parents(conversations: &[ConversationSummary]) -> Vec<(bool, &ConversationSummary)> {
+    let listed: std::collections::HashSet<&str> = conversations
+        .iter()
+        .map(|conversation| conversation.id.as_str())
+        .collect();
+    let has_listed_parent = |conversation: &ConversationSummary| {
+        conversation
+            .parent
+            .as_deref()
+            .is_some_and(|parent| listed.contains(parent))
+    };
+    let mut ordered = Vec::with_capacity(conversations.len());
+    for conversation in conversations
+        .iter()
+        .filter(|conversation| !has_listed_parent(conversation))
+    {
+        ordered.push((conversation.parent.is_some(), conversation));
+        ordered.extend(
+            conversations
+                .iter()
+                .filter(|child| child.parent.as_deref() == Some(conversation.id.as_str()))
+                .map(|child| (true, child)),
+        );
+    }
+    ordered
+}
+
+/// What `keel new` asks for.
+#[derive(Debug, Default, clap::Args)]
+pub struct NewOptions {
+    /// The directory its tools run in (default: this one).
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<PathBuf>,
+    /// The model (default: the daemon's).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// The provider: anthropic, openai or mock (default: the daemon's).
+    #[arg(long, value_parser = super::parse_provider)]
+    pub provider: Option<ApiProvider>,
+    /// What a message sent mid-turn does: reject (default), interrupt
+    /// or queue.
+    #[arg(long, value_parser = super::parse_busy_policy)]
+    pub busy_policy: Option<ApiBusyPolicy>,
+    /// The system prompt.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// How a tool runs, as NAME=POLICY with POLICY auto, approve or
+    /// client; repeatable (`--tool bash=approve`).
+    #[arg(long = "tool", value_name = "NAME=POLICY", value_parser = super::parse_tool)]
+    pub tools: Vec<(String, ApiToolPolicy)>,
+    /// Ask this provider (and model) once the primary's retries are
+    /// exhausted: PROVIDER or PROVIDER/MODEL (`--fallback openai/gpt-4o`).
+    #[arg(long, value_name = "PROVIDER[/MODEL]", value_parser = super::parse_fallback)]
+    pub fallback: Option<ApiModelChoice>,
+    /// Let the file tools reach paths outside the working directory
+    /// (refused by default; `bash` is never confined).
+    #[arg(long)]
+    pub tools_may_leave_cwd: bool,
+}
+
+/// `keel new`: prints the new conversation's id.
+pub async fn new(client: &Client, options: NewOptions, json: bool) -> anyhow::Result<Exit> {
+    let request = create_request(options)?;
+    let created = client.create(&request).await?;
+    if json {
+        output::json_line(&created)?;
+    } else {
+        println!("{}", created.id);
+    }
+    Ok(Exit::Ok)
+}
+
+/// The creation request: the working directory is this shell's unless
+/// given (made absolute, as the daemon wants it).
+pub fn create_request(options: NewOptions) -> anyhow::Result<CreateConversation> {
+    let cwd = match options.cwd {
+        Some(cwd) => cwd,
+        None => std::env::current_dir()?,
+    };
+    let cwd = std::path::absolute(&cwd)?;
+    Ok(CreateConversation {
+        cwd: Some(cwd.display().to_string()),
+        system: options.system,
+        provider: options.provider,
+        model: options.model,
+        busy_policy: options.busy_policy,
+        tools: options.tools.into_iter().collect(),
+        fallback: options.fallback,
+        tools_may_leave_cwd: options.tools_may_leave_cwd,
+        ..CreateConversation::default()
+    })
+}
+
+/// `keel inspect`: the conversation, and its live actor if it has one.
+pub async fn inspect(client: &Client, id: &str, json: bool) -> anyhow::Result<Exit> {
+    let detail = client.get(id).await?;
+    let actor = client
+        .actors()
+        .await?
+        .actors
+        .into_iter()
+        .find(|actor| actor.id == detail.id);
+    if json {
+        output::json_line(&json!({"conversation": detail, "actor": actor}))?;
+        return Ok(Exit::Ok);
+    }
+    let paint = Paint::stdout();
+    let mut table = output::table(&["FIELD", "VALUE"]);
+    // The runtime's measure (`Usage::context_tokens`, what its
+    // `context_usage` live event reports): the last response's whole
+    // input, cached or not, plus its output, which the next request sends.
+    let usage = detail.usage;
+    let context = usage
+        .input_tokens
+        .saturating_add(usage.cache_creation_input_tokens)
+        .saturating_add(usage.cache_read_input_tokens)
+        .saturating_add(usage.output_tokens);
+    let percent = context
+        .saturating_mul(100)
+        .checked_div(detail.context_window)
+        .unwrap_or(0);
+    let mut rows = vec![
+        ("id", detail.id.clone()),
+        ("state", state_name(&detail.state)),
+        ("cwd", detail.cwd.clone()),
+        (
+            "model",
+            format!("{} ({})", detail.model, enum_name(&detail.provider)),
+        ),
+        ("busy policy", enum_name(&detail.busy_policy)),
+        ("turns", detail.turn.to_string()),
+        ("last seq", detail.last_seq.to_string()),
+        (
+            "context",
+            format!("{context} of {} tokens ({percent}%)", detail.context_window),
+        ),
+        (
+            "last response",
+            format!(
+                "{} tokens in, {} out",
+                usage.input_tokens, usage.output_tokens
+            ),
+        ),
+        ("messages", detail.messages.len().to_string()),
+        ("queued", detail.queued.to_string()),
+        ("pending", detail.pending.len().to_string()),
+        ("live", detail.live.to_string()),
+        ("idle", output::duration(detail.idle_ms)),
+        ("subscribers", detail.subscribers.to_string()),
+    ];
+    if let Some(error) = &detail.error {
+        rows.push(("error", error.clone()));
+    }
+    if let Some(parent) = &detail.parent {
+        rows.push(("parent", parent.clone()));
+    }
+    if let Some(actor) = &actor {
+        rows.push(("mailbox", actor.mailbox.to_string()));
+        rows.push((
+            "memory",
+            actor
+                .memory_bytes
+                .map(output::bytes)
+                .unwrap_or_else(|| "unknown (not responding)".to_owned()),
+        ));
+        rows.push(("responding", actor.responding.to_string()));
+    }
+    for (field, value) in rows {
+        table.add_row(vec![field.to_owned(), value]);
+    }
+    output::print_table(&table);
+    if !detail.pending.is_empty() {
+        println!();
+        println!("{}", paint.bold("pending calls"));
+        let mut calls = output::table(&["CALL", "TOOL", "KIND", "INPUT"]);
+        for call in &detail.pending {
+            calls.add_row(vec![
+                call.tool_call_id.clone(),
+                call.name.clone(),
+                enum_name(&call.kind),
+                call.prompt
+                    .clone()
+                    .unwrap_or_else(|| tool_input(&call.input)),
+            ]);
+        }
+        output::print_table(&calls);
+    }
+    Ok(Exit::Ok)
+}
+
+/// `keel log`: the canonical events from `from`, page by page; with
+/// `follow`, then every new one as it is stored, until interrupted.
+pub async fn log(
+    client: &Client,
+    id: &str,
+    from: u64,
+    follow: bool,
+    json: bool,
+) -> anyhow::Result<Exit> {
+    let paint = Paint::stdout();
+    let mut from = from.max(1);
+    loop {
+        let page = client.log(id, from, None).await?;
+        for event in &page.events {
+            print_event(event, json, paint)?;
+        }
+        if page.events.is_empty() || page.next_from == from {
+            break;
+        }
+        from = page.next_from;
+    }
+    if !follow {
+        return Ok(Exit::Ok);
+    }
+    let mut events = client.events(id, Some(from)).with_patience(None);
+    loop {
+        match events.next().await? {
+            Frame::Canonical(event) => print_event(&event, json, paint)?,
+            Frame::Reconnecting { error } if !json => {
+                eprintln!(
+                    "{}",
+                    paint.yellow(&format!("connection lost ({error}); reconnecting…"))
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
+fn print_event(event: &ApiEvent, json: bool, paint: Paint) -> anyhow::Result<()> {
+    if json {
+        return output::json_line(event);
+    }
+    let kind = serde_json::to_value(&event.kind)?;
+    let name = kind["type"].as_str().unwrap_or_default().to_owned();
+    println!(
+        "{:>5}  {}  {:<18}  {}",
+        event.seq,
+        clock(event.at_ms),
+        paint.bold(&name),
+        summary(&event.kind, &kind)
+    );
+    Ok(())
+}
+
+/// `HH:MM:SS` (UTC) of a time in ms since the epoch.
+fn clock(at_ms: u64) -> String {
+    let seconds = (at_ms / 1000) % 86_400;
+    format!(
+        "{:02}:{:02}:{:02}",
+        seconds / 3600,
+        (seconds / 60) % 60,
+        seconds % 60
+    )
+}
+
+/// One line about an event: its text for messages, else its fields.
+fn summary(kind: &ApiEventKind, value: &Value) -> String {
+    let text = match kind {
+        ApiEventKind::UserMessage { text, images } if images.is_empty() => text.clone(),
+        ApiEventKind::UserMessage { text, images } => {
+            format!("{text} [{} image(s)]", images.len())
+        }
+        ApiEventKind::AssistantMessage { content, .. } => content
+            .iter()
+            .filter_map(|block| match block {
+                keel_api::types::ApiContent::Text { text } => Some(text.clone()),
+                keel_api::types::ApiContent::ToolUse { name, input, .. } => {
+                    Some(format!("[{name}: {}]", tool_input(input)))
+                }
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        _ => value
+            .as_object()
+            .map(|fields| {
+                fields
+                    .iter()
+                    .filter(|(name, value)| *name != "type" && !value.is_null())
+                    .map(|(name, value)| match value {
+                        Value::String(text) => format!("{name}={text}"),
+                        other => format!("{name}={other}"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default(),
+    };
+    one_line(&text, 120)
+}
+
+/// `text` on one line, cut to `max` characters.
+fn one_line(text: &str, max: usize) -> String {
+    let flat: String = text
+        .trim()
+        .chars()
+        .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
+        .collect();
+    if flat.chars().count() > max {
+        let cut: String = flat.chars().take(max).collect();
+        format!("{cut}…")
+    } else {
+        flat
+    }
+}
+
+/// `keel cancel`.
+pub async fn cancel(client: &Client, id: &str, json: bool) -> anyhow::Result<Exit> {
+    let spinner = output::spinner("cancelling");
+    let cancelled = client.cancel(id).await;
+    spinner.finish_and_clear();
+    let cancelled = cancelled?;
+    if json {
+        output::json_line(&cancelled)?;
+    } else {
+        println!("{id} is {}", state_name(&cancelled.state));
+    }
+    Ok(Exit::Ok)
+}
+
+/// `keel approve`, `deny` and `answer`.
+pub async fn resolve(
+    client: &Client,
+    id: &str,
+    call: &str,
+    decision: ApiDecisionKind,
+    text: Option<String>,
+    by: Option<String>,
+    json: bool,
+) -> anyhow::Result<Exit> {
+    let resolved = client.decide(id, call, decision, text, by).await?;
+    if json {
+        output::json_line(&resolved)?;
+    } else {
+        let verb = match resolved.decision {
+            ApiDecisionKind::Approve => "approved",
+            ApiDecisionKind::Deny => "denied",
+            ApiDecisionKind::Answer => "answered",
+        };
+        println!("{verb} {call}");
+    }
+    Ok(Exit::Ok)
+}
+
+/// `keel evict`.
+pub async fn evict(client: &Client, id: &str, json: bool) -> anyhow::Result<Exit> {
+    let evicted = client.evict(id).await?;
+    if json {
+        output::json_line(&evicted)?;
+    } else if evicted.was_live {
+        println!("evicted {id}");
+    } else {
+        println!("{id} was not live");
+    }
+    Ok(Exit::Ok)
+}
+
+/// `keel ps`: the live actors.
+pub async fn ps(client: &Client, json: bool) -> anyhow::Result<Exit> {
+    let list = client.actors().await?;
+    if json {
+        output::json_line(&list)?;
+        return Ok(Exit::Ok);
+    }
+    let mut table = output::table(&["ID", "STATE", "IDLE", "MAILBOX", "MEMORY", "SUBSCRIBERS"]);
+    for actor in &list.actors {
+        let mut state = state_name(&actor.state);
+        if !actor.responding {
+            state.push_str(" (not responding)");
+        }
+        table.add_row(vec![
+            actor.id.clone(),
+            state,
+            output::duration(actor.idle_ms),
+            actor.mailbox.to_string(),
+            actor
+                .memory_bytes
+                .map(output::bytes)
+                .unwrap_or_else(|| "-".to_owned()),
+            actor
+                .subscribers
+                .map(|n| n.to_string())
+                .unwrap_or_else(|| "-".to_owned()),
+        ]);
+    }
+    output::print_table(&table);
+    Ok(Exit::Ok)
+}
+
+/// An enum's wire name (`awaiting_input`, `reject`, …).
+pub fn enum_name<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|value| value.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn state_name(state: &keel_api::types::ApiState) -> String {
+    enum_name(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ls_shows_each_sub_agent_under_its_parent() {
+        let summary = |id: &str, parent: Option<&str>| ConversationSummary {
+            id: id.to_owned(),
+            state: keel_api::types::ApiState::Idle,
+            cwd: "/".to_owned(),
+            turns: 0,
+            parent: parent.map(str::to_owned),
+            user_initiated: parent.is_none(),
+            created_at_ms: 0,
+            last_activity_ms: 0,
+            last_seq: 1,
+            turn_in_flight: false,
+            live: false,
+        };
+        let list = [
+            summary("p1", None),
+            summary("p2", None),
+            summary("k1", Some("p1")),
+            summary("k2", Some("p2")),
+            summary("k3", Some("p1")),
+            summary("orphan", Some("gone")),
+        ];
+        let shown: Vec<(bool, &str)> = under_parents(&list)
+            .into_iter()
+            .map(|(is_child, conversation)| (is_child, conversation.id.as_str()))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                (false, "p1"),
+                (true, "k1"),
+                (true, "k3"),
+                (false, "p2"),
+                (true, "k2"),
+                (true, "orphan"),
+            ]
+        );
+    }
+
+    #[test]
+    fn events_read_on_one_line() {
+        assert_eq!(clock(3_723_000), "01:02:03");
+        assert_eq!(one_line("a\nb\n", 10), "a b");
+        assert_eq!(one_line("abcdef", 3), "abc…");
+        let kind = ApiEventKind::TurnFailed {
+            turn: 2,
+            error: "boom".to_owned(),
+        };
+        let value = serde_json::to_value(&kind).unwrap();
+        assert_eq!(summary(&kind, &value), "error=boom turn=2");
+    }
+}
