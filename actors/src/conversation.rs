@@ -12,8 +12,8 @@ use ractor::RpcReplyPort;
 use keel_core::event::{Decision, Event, EventKind};
 use keel_core::ids::{ConversationId, EventId, Seq, ToolCallId};
 use keel_core::message::ImageRef;
+use keel_core::reducer::WorkingSet;
 use keel_core::state::{Phase, StateName};
-use keel_core::working::WorkingSet;
 use keel_core::ConversationConfig;
 
 use crate::activation::Starter;

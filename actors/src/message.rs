@@ -15,9 +15,9 @@ use serde::Serialize;
 use keel_core::event::{Decision, PendingCall};
 use keel_core::ids::{ConversationId, EventId, Seq, ToolCallId};
 use keel_core::message::{ImageRef, Message, Usage};
+use keel_core::reducer::WorkingSet;
 use keel_core::state::{Phase, StateName};
 use keel_core::time::Timestamp;
-use keel_core::working::WorkingSet;
 use keel_core::{
     AssistantResponse, ConversationConfig, Generation, LiveEvent, LlmFailure, Rejection,
     StreamDelta, Timer,

@@ -13,9 +13,9 @@
 //! canonical events it missed from the log, in order, without duplicates.
 //! So a subscriber sees every canonical event exactly once, in seq order.
 //!
-//! The channel carries each update once, as an `Arc<`[`Published`]`>`:
+//! The channel carries each update once, as an `Arc<`[`Wave`]`>`:
 //! a thousand subscribers share one allocation instead of each cloning the
-//! event, and [`Published::rendered`] lets an embedder derive something from
+//! event, and [`Wave::rendered`] lets an embedder derive something from
 //! an update once for all of them (the daemon renders its SSE frame there,
 //! so the same JSON is not made a thousand times). This crate stays out of
 //! what is rendered: the slot is type-erased.
@@ -32,8 +32,8 @@ use tokio::time::Instant;
 use keel_core::event::{Event, PendingCall};
 use keel_core::ids::{ConversationId, Seq};
 use keel_core::message::{Message, Usage};
+use keel_core::reducer::WorkingSet;
 use keel_core::state::{Phase, StateName};
-use keel_core::working::WorkingSet;
 use keel_core::LiveEvent;
 use keel_store::EventLog;
 
@@ -63,29 +63,29 @@ pub enum Update {
 /// What the channel carries: one wave of updates (one or more, in the
 /// order they were published), sent once and shared by every subscriber of
 /// the conversation through an `Arc`, with a slot that an embedder fills
-/// once with what it derives from the wave (see [`Published::rendered`]).
+/// once with what it derives from the wave (see [`Wave::rendered`]).
 /// A wave is what one step of the conversation published, with the
 /// live-only updates held for it (docs/requirements.md, "Live updates go
 /// out in waves"): every subscriber is woken once for it, not once per
 /// update.
-pub struct Published {
+pub struct Wave {
     updates: Vec<Update>,
-    /// What the first caller of [`Published::rendered`] derived from
+    /// What the first caller of [`Wave::rendered`] derived from
     /// `updates`, for every later caller. Type-erased so that this crate
     /// does not learn an embedder's formats (the daemon keeps its SSE
     /// frames here).
     rendered: OnceLock<Box<dyn Any + Send + Sync>>,
 }
 
-impl Published {
+impl Wave {
     /// One update on its own.
-    pub fn new(update: Update) -> Published {
-        Published::wave(vec![update])
+    pub fn new(update: Update) -> Wave {
+        Wave::of(vec![update])
     }
 
     /// Updates that go out together, oldest first.
-    pub fn wave(updates: Vec<Update>) -> Published {
-        Published {
+    pub fn of(updates: Vec<Update>) -> Wave {
+        Wave {
             updates,
             rendered: OnceLock::new(),
         }
@@ -127,15 +127,15 @@ impl Published {
 
     /// The updates, moved out when this was their last holder (an event
     /// read from the log for one subscriber), cloned otherwise.
-    fn into_updates(published: Arc<Published>) -> Vec<Update> {
+    fn into_updates(published: Arc<Wave>) -> Vec<Update> {
         match Arc::try_unwrap(published) {
             Ok(published) => published.updates,
             Err(shared) => shared.updates.clone(),
         }
     }
 
-    fn canonical(event: Arc<Event>) -> Arc<Published> {
-        Arc::new(Published::new(Update::Event { event }))
+    fn canonical(event: Arc<Event>) -> Arc<Wave> {
+        Arc::new(Wave::new(Update::Event { event }))
     }
 
     /// The seq of the last canonical event in the wave; `None` when it
@@ -168,9 +168,9 @@ impl Update {
     }
 }
 
-impl std::fmt::Debug for Published {
+impl std::fmt::Debug for Wave {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Published")
+        f.debug_struct("Wave")
             .field("updates", &self.updates)
             .field("rendered", &self.rendered.get().is_some())
             .finish()
@@ -222,8 +222,8 @@ impl View {
     }
 }
 
-/// What [`Subscription::next`] yields ([`Subscription::next_published`]
-/// yields the shared `Arc<Published>` in place of the update).
+/// What [`Subscription::next`] yields ([`Subscription::next_wave`]
+/// yields the shared `Arc<Wave>` in place of the update).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Received<U = Update> {
     Update(U),
@@ -250,7 +250,7 @@ pub enum Received<U = Update> {
 pub struct Subscription {
     pub view: View,
     /// `None` only while dropping.
-    receiver: Option<broadcast::Receiver<Arc<Published>>>,
+    receiver: Option<broadcast::Receiver<Arc<Wave>>>,
     store: Arc<dyn EventLog>,
     /// The seq of the next canonical event this subscriber is owed.
     next_seq: Seq,
@@ -258,17 +258,17 @@ pub struct Subscription {
     /// the log (each this subscriber's own), or the channel's event that
     /// came after a gap (shared). At most [`CATCH_UP_PAGE`] events and that
     /// one.
-    backlog: VecDeque<Arc<Published>>,
+    backlog: VecDeque<Arc<Wave>>,
     /// Canonical events from `next_seq` on still to be read from the log,
     /// a page at a time as the backlog empties, before anything else.
     owed: Option<Owed>,
     /// The channel's update that came after a gap: it goes out once the log
     /// has filled the gap (`owed` is done).
-    after_gap: Option<Arc<Published>>,
+    after_gap: Option<Arc<Wave>>,
     /// The updates of a wave this subscriber could not take whole (some of
     /// its events came from the log already, or a gap comes before them),
     /// one by one, after the backlog.
-    split: VecDeque<Arc<Published>>,
+    split: VecDeque<Arc<Wave>>,
     /// The rest of the wave [`Subscription::next`] is handing out.
     unread: VecDeque<Update>,
     /// Tells the actor this subscription is dropped, so it can free its
@@ -292,7 +292,7 @@ impl std::fmt::Debug for Subscription {
 impl Subscription {
     pub(crate) fn new(
         view: View,
-        receiver: broadcast::Receiver<Arc<Published>>,
+        receiver: broadcast::Receiver<Arc<Wave>>,
         store: Arc<dyn EventLog>,
         on_drop: OnDrop,
     ) -> Subscription {
@@ -342,9 +342,9 @@ impl Subscription {
             if let Some(update) = self.unread.pop_front() {
                 return Received::Update(update);
             }
-            match self.next_published().await {
+            match self.next_wave().await {
                 Received::Update(published) => {
-                    self.unread.extend(Published::into_updates(published));
+                    self.unread.extend(Wave::into_updates(published));
                 }
                 Received::Lagged { missed } => return Received::Lagged { missed },
                 Received::CatchUpFailed { error } => return Received::CatchUpFailed { error },
@@ -355,10 +355,10 @@ impl Subscription {
 
     /// The same as [`Subscription::next`], a wave at a time, as the
     /// channel shares it among the conversation's subscribers, so that
-    /// what is derived from it through [`Published::rendered`] is derived
+    /// what is derived from it through [`Wave::rendered`] is derived
     /// once. (Events read from the log for this subscriber, and the parts
     /// of a wave it could not take whole, are its own.)
-    pub async fn next_published(&mut self) -> Received<Arc<Published>> {
+    pub async fn next_wave(&mut self) -> Received<Arc<Wave>> {
         loop {
             if let Some(published) = self.backlog.pop_front() {
                 if let Some(seq) = published.last_seq() {
@@ -399,7 +399,7 @@ impl Subscription {
                                 published
                                     .updates()
                                     .iter()
-                                    .map(|update| Arc::new(Published::new(update.clone()))),
+                                    .map(|update| Arc::new(Wave::new(update.clone()))),
                             );
                             continue;
                         }
@@ -459,7 +459,7 @@ impl Subscription {
         self.backlog.extend(
             events
                 .into_iter()
-                .map(|event| Published::canonical(Arc::new(event))),
+                .map(|event| Wave::canonical(Arc::new(event))),
         );
         Ok(())
     }
@@ -492,7 +492,7 @@ impl Drop for Subscription {
 /// its client, so the publisher sends in waves
 /// (docs/requirements.md, "Live updates go out in waves"). What one step
 /// of the conversation publishes (the events it appended, the live updates
-/// it sent) is gathered and goes out as one [`Published`] when the step is
+/// it sent) is gathered and goes out as one [`Wave`] when the step is
 /// done or before the actor waits on anything ([`Publisher::send_wave`]),
 /// so a canonical event is never held past its own step. A canonical event
 /// takes the held live updates along, ahead of it. A live-only update
@@ -504,7 +504,7 @@ impl Drop for Subscription {
 /// interval holds nothing.
 #[derive(Debug)]
 pub(crate) struct Publisher {
-    sender: Option<broadcast::Sender<Arc<Published>>>,
+    sender: Option<broadcast::Sender<Arc<Wave>>>,
     interval: Duration,
     /// The wave being gathered, oldest first.
     wave: Vec<Update>,
@@ -533,7 +533,7 @@ impl Publisher {
 
     /// A receiver of everything published from now on. Updates gathered or
     /// held before go out first, to the subscribers they were published to.
-    pub(crate) fn subscribe(&mut self) -> broadcast::Receiver<Arc<Published>> {
+    pub(crate) fn subscribe(&mut self) -> broadcast::Receiver<Arc<Wave>> {
         self.flush();
         match &self.sender {
             Some(sender) => sender.subscribe(),
@@ -577,7 +577,7 @@ impl Publisher {
             self.held.clear();
             return;
         };
-        if sender.send(Arc::new(Published::wave(wave))).is_err() {
+        if sender.send(Arc::new(Wave::of(wave))).is_err() {
             // Every receiver is gone: free the buffer.
             self.sender = None;
             self.held.clear();
@@ -640,8 +640,8 @@ mod tests {
 
     use super::*;
 
-    fn live() -> Published {
-        Published::new(Update::Live {
+    fn live() -> Wave {
+        Wave::new(Update::Live {
             event: LiveEvent::StateChanged {
                 state: StateName::Idle,
             },
@@ -650,7 +650,7 @@ mod tests {
 
     #[test]
     fn a_wave_is_rendered_once_for_every_caller() {
-        let published = Published::wave(vec![canonical(3), state(StateName::Idle)]);
+        let published = Wave::of(vec![canonical(3), state(StateName::Idle)]);
         let renders = AtomicUsize::new(0);
         let render = |updates: &[Update]| {
             assert_eq!(updates.len(), 2);
@@ -685,7 +685,7 @@ mod tests {
     }
 
     /// Every wave the receiver has been sent so far.
-    fn drain(receiver: &mut broadcast::Receiver<Arc<Published>>) -> Vec<Vec<Update>> {
+    fn drain(receiver: &mut broadcast::Receiver<Arc<Wave>>) -> Vec<Vec<Update>> {
         let mut got = Vec::new();
         while let Ok(published) = receiver.try_recv() {
             got.push(published.updates().to_vec());
@@ -697,7 +697,7 @@ mod tests {
 
     #[test]
     fn a_wave_follows_a_seq_when_its_events_start_there_without_a_gap() {
-        let wave = Published::wave(vec![
+        let wave = Wave::of(vec![
             state(StateName::Streaming),
             canonical(4),
             canonical(5),
@@ -706,8 +706,8 @@ mod tests {
         assert!(!wave.follows(3), "a gap before 4");
         assert!(!wave.follows(5), "4 was had already");
         assert_eq!(wave.last_seq(), Some(5));
-        assert!(!Published::wave(vec![canonical(4), canonical(6)]).follows(4));
-        let live_only = Published::wave(vec![state(StateName::Idle)]);
+        assert!(!Wave::of(vec![canonical(4), canonical(6)]).follows(4));
+        let live_only = Wave::of(vec![state(StateName::Idle)]);
         assert!(live_only.follows(9));
         assert_eq!(live_only.last_seq(), None);
     }
@@ -901,12 +901,12 @@ mod tests {
     }
 
     /// The canonical seqs and live updates of what a subscription yields.
-    fn seqs(published: &Arc<Published>) -> Vec<Option<Seq>> {
+    fn seqs(published: &Arc<Wave>) -> Vec<Option<Seq>> {
         published.updates().iter().map(Update::seq).collect()
     }
 
-    async fn next(subscription: &mut Subscription) -> Arc<Published> {
-        match subscription.next_published().await {
+    async fn next(subscription: &mut Subscription) -> Arc<Wave> {
+        match subscription.next_wave().await {
             Received::Update(published) => published,
             other => panic!("expected an update, got {other:?}"),
         }
@@ -942,7 +942,7 @@ mod tests {
         );
 
         // Owed 3: a wave of 3 and 4 is taken whole, the same allocation.
-        let wave = Arc::new(Published::wave(vec![
+        let wave = Arc::new(Wave::of(vec![
             canonical(3),
             state(StateName::Streaming),
             canonical(4),
@@ -953,7 +953,7 @@ mod tests {
 
         // A wave that repeats 4: 4 is left out, the rest comes one by one.
         sender
-            .send(Arc::new(Published::wave(vec![
+            .send(Arc::new(Wave::of(vec![
                 canonical(4),
                 canonical(5),
                 state(StateName::Idle),
@@ -965,7 +965,7 @@ mod tests {
 
         // A wave after a gap (6 never came): 6 is read from the log first.
         sender
-            .send(Arc::new(Published::wave(vec![
+            .send(Arc::new(Wave::of(vec![
                 state(StateName::Streaming),
                 canonical(7),
                 canonical(8),
@@ -979,7 +979,7 @@ mod tests {
 
         // `next` hands a wave out one update at a time.
         sender
-            .send(Arc::new(Published::wave(vec![
+            .send(Arc::new(Wave::of(vec![
                 canonical(9),
                 state(StateName::Idle),
             ])))
@@ -1042,10 +1042,10 @@ mod tests {
             .await
             .unwrap();
         for seq in (missed + 1)..=last {
-            let _ = sender.send(Arc::new(Published::new(canonical(seq))));
+            let _ = sender.send(Arc::new(Wave::new(canonical(seq))));
         }
         assert!(matches!(
-            subscription.next_published().await,
+            subscription.next_wave().await,
             Received::Lagged { .. }
         ));
         let mut heard = Vec::new();

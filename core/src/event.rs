@@ -1,6 +1,6 @@
 //! Canonical events: the only truth about a conversation. They are appended to
 //! the log before anything else happens, folded by the reducer
-//! (`working.rs`) into the working set, and never change meaning once written
+//! (`reducer.rs`) into the working set, and never change meaning once written
 //! (`codec.rs` versions their encoding).
 
 use serde::{Deserialize, Serialize};

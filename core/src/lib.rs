@@ -17,6 +17,7 @@ pub mod input;
 pub mod live;
 pub mod message;
 pub mod recovery;
+pub mod reducer;
 pub mod rejection;
 pub mod retry;
 pub mod snapshot;
@@ -24,7 +25,6 @@ pub mod state;
 pub mod time;
 pub mod transition;
 pub mod wire;
-pub mod working;
 
 pub use config::{
     BusyPolicy, ConversationConfig, ModelRef, ProviderKind, RecoveryPolicy, ToolPolicy,
@@ -36,8 +36,8 @@ pub use event::{
 pub use ids::{ConversationId, EventId, Seq, ToolCallId};
 pub use input::{AssistantResponse, Input, LlmFailure, Timer};
 pub use live::{ChildPendingCall, LiveEvent, StreamDelta};
+pub use reducer::{Status, WorkingSet};
 pub use rejection::Rejection;
 pub use state::{Conversation, Generation, Phase, StateName};
 pub use time::Timestamp;
 pub use transition::{create, transition, NewConversation, Step};
-pub use working::{Status, WorkingSet};

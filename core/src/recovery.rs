@@ -7,7 +7,7 @@ use crate::config::RecoveryPolicy;
 use crate::event::InterruptReason;
 use crate::ids::Seq;
 use crate::message::ToolCall;
-use crate::working::{Status, WorkingSet};
+use crate::reducer::{Status, WorkingSet};
 
 /// Automatic resumes allowed in a row without new user input.
 pub const MAX_CONSECUTIVE_RESUMES: u32 = 2;

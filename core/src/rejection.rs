@@ -36,7 +36,7 @@ pub enum Rejection {
     },
     /// The call has its result and no resolution of it is on record: it got it otherwise (it ran, keel answered it when the turn
     /// was cancelled or interrupted), or was resolved so long ago that its
-    /// resolution is no longer on record (`working::RESOLUTIONS_KEPT`).
+    /// resolution is no longer on record (`reducer::RESOLUTIONS_KEPT`).
     AlreadySettled { tool_call_id: ToolCallId },
     /// The `by` of a resolution is longer than
     /// [`MAX_RESOLVED_BY_CHARS`](crate::event::MAX_RESOLVED_BY_CHARS).

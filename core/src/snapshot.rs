@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::event::PendingCall;
 use crate::ids::Seq;
-use crate::working::{Status, WorkingSet};
+use crate::reducer::{Status, WorkingSet};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FsmSnapshot {

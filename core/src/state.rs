@@ -7,8 +7,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{Seq, ToolCallId};
+use crate::reducer::{Status, WorkingSet};
 use crate::time::Timestamp;
-use crate::working::{Status, WorkingSet};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Conversation {
@@ -216,7 +216,7 @@ impl Conversation {
     /// Replay a whole log into a conversation ready for `Input::Started`.
     pub fn replay<'a>(
         events: impl IntoIterator<Item = &'a crate::event::Event>,
-    ) -> Result<Conversation, crate::working::ReplayError> {
+    ) -> Result<Conversation, crate::reducer::ReplayError> {
         WorkingSet::replay(events).map(Conversation::rehydrate)
     }
 

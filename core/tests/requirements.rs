@@ -15,8 +15,8 @@ use keel_core::message::{
     AssistantBlock, ContentBlock, ImageRef, Role, StopReason, ToolCall, Usage,
 };
 use keel_core::recovery::MAX_CONSECUTIVE_RESUMES;
+use keel_core::reducer::RESOLUTIONS_KEPT;
 use keel_core::state::{Request, Slot};
-use keel_core::working::RESOLUTIONS_KEPT;
 use keel_core::*;
 use serde_json::json;
 
@@ -2300,7 +2300,7 @@ fn shutdown_keeps_pending_approvals_pending() {
 // --- Checkpoints: the reducer's version ---------------------------------------------
 
 /// Checkpoints are trusted only when written by the same reducer
-/// (`working::REDUCER_VERSION`). This pins what the reducer makes of a fixed
+/// (`reducer::REDUCER_VERSION`). This pins what the reducer makes of a fixed
 /// log that touches every part of the working set: a change to the reducer
 /// fails here until the version is bumped (so old checkpoints are passed
 /// over) and the fixture rewritten with `KEEL_BLESS=1`.
@@ -2324,7 +2324,7 @@ fn a_reducer_change_comes_with_a_new_reducer_version() {
     assert_eq!(working.resolved.len(), 1);
 
     let actual = json!({
-        "reducer": keel_core::working::REDUCER_VERSION,
+        "reducer": keel_core::reducer::REDUCER_VERSION,
         "working": working,
     });
     let path =
@@ -2342,7 +2342,7 @@ fn a_reducer_change_comes_with_a_new_reducer_version() {
     assert!(
         expected["working"] == actual["working"],
         "the reducer makes something else of this log now: bump \
-         working::REDUCER_VERSION so that older checkpoints are not used, \
+         reducer::REDUCER_VERSION so that older checkpoints are not used, \
          then rewrite the fixture with KEEL_BLESS=1"
     );
 }
@@ -2585,7 +2585,7 @@ fn only_an_unfinished_sub_agent_has_a_deadline() {
 
 #[test]
 fn a_log_that_is_no_log_says_why() {
-    use keel_core::working::ReplayError;
+    use keel_core::reducer::ReplayError;
     assert_eq!(ReplayError::Empty.to_string(), "log is empty");
     assert_eq!(
         ReplayError::NotCreated { seq: 2 }.to_string(),

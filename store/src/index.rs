@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use keel_core::event::{Event, EventKind, Outcome};
 use keel_core::ids::{ConversationId, Seq, ToolCallId};
+use keel_core::reducer::Status;
 use keel_core::time::Timestamp;
-use keel_core::working::Status;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IndexEntry {
@@ -309,7 +309,7 @@ mod tests {
             entry,
             now: 1,
         };
-        assert_eq!(run.entry.status(), keel_core::working::Status::Idle);
+        assert_eq!(run.entry.status(), keel_core::reducer::Status::Idle);
 
         // A call that waits for approval, approved, run, answered.
         run.step(message("run it"));
@@ -321,7 +321,7 @@ mod tests {
         run.respond(vec![AssistantBlock::ToolUse { call }], StopReason::ToolUse);
         assert_eq!(
             run.entry.status(),
-            keel_core::working::Status::AwaitingInput
+            keel_core::reducer::Status::AwaitingInput
         );
         run.step(Input::Resolve {
             tool_call_id: ToolCallId::new("t1"),
@@ -337,7 +337,7 @@ mod tests {
             text: "ok".to_owned(),
         };
         run.respond(vec![text.clone()], StopReason::EndTurn);
-        assert_eq!(run.entry.status(), keel_core::working::Status::Idle);
+        assert_eq!(run.entry.status(), keel_core::reducer::Status::Idle);
 
         // A turn that fails for good rests in error; the next one clears it.
         run.step(message("again"));
@@ -351,9 +351,9 @@ mod tests {
             },
             jitter: 0,
         });
-        assert_eq!(run.entry.status(), keel_core::working::Status::Error);
+        assert_eq!(run.entry.status(), keel_core::reducer::Status::Error);
         run.step(message("once more"));
-        assert_eq!(run.entry.status(), keel_core::working::Status::TurnInFlight);
+        assert_eq!(run.entry.status(), keel_core::reducer::Status::TurnInFlight);
         run.respond(vec![text], StopReason::EndTurn);
         assert_eq!(run.entry.turns, 3);
 
@@ -368,6 +368,6 @@ mod tests {
         assert_eq!(run.entry.pending, vec![ToolCallId::new("t2")]);
         run.step(Input::Cancel);
         assert!(run.entry.pending.is_empty());
-        assert_eq!(run.entry.status(), keel_core::working::Status::Idle);
+        assert_eq!(run.entry.status(), keel_core::reducer::Status::Idle);
     }
 }

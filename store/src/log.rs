@@ -15,8 +15,8 @@ use tokio::sync::watch;
 
 use keel_core::event::Event;
 use keel_core::ids::{ConversationId, Seq};
+use keel_core::reducer::WorkingSet;
 use keel_core::snapshot::FsmSnapshot;
-use keel_core::working::WorkingSet;
 
 use crate::error::Result;
 use crate::index::IndexEntry;

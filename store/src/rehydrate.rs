@@ -5,9 +5,9 @@
 
 use keel_core::event::Event;
 use keel_core::ids::{ConversationId, Seq};
+use keel_core::reducer::{ReplayError, WorkingSet};
 use keel_core::snapshot::FsmSnapshot;
 use keel_core::state::Conversation;
-use keel_core::working::{ReplayError, WorkingSet};
 
 use crate::error::{Error, Result};
 use crate::log::EventLog;

@@ -38,8 +38,8 @@ use tokio::sync::{oneshot, watch};
 use keel_core::codec;
 use keel_core::event::Event;
 use keel_core::ids::{ConversationId, Seq};
+use keel_core::reducer::WorkingSet;
 use keel_core::snapshot::FsmSnapshot;
-use keel_core::working::WorkingSet;
 
 use crate::backend::{Backend, Entry};
 use crate::error::{Error, Result};

@@ -679,8 +679,20 @@ pub fn error_parts(body: &Value) -> (String, String) {
         .unwrap_or_else(|| panic!("`error` is an object: {body}"));
     let mut keys: Vec<&str> = inner.keys().map(String::as_str).collect();
     keys.sort_unstable();
-    assert_eq!(keys, ["code", "message"], "{body}");
     let code = inner["code"].as_str().unwrap_or_default().to_owned();
+    // `busy` says in which state, beside its message; nothing else adds a
+    // field.
+    if code == "busy" {
+        assert_eq!(keys, ["code", "message", "state"], "{body}");
+        assert!(
+            inner["state"]
+                .as_str()
+                .is_some_and(|state| !state.is_empty()),
+            "{body}"
+        );
+    } else {
+        assert_eq!(keys, ["code", "message"], "{body}");
+    }
     let message = inner["message"].as_str().unwrap_or_default().to_owned();
     assert!(!code.is_empty() && !message.is_empty(), "{body}");
     (code, message)

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use keel_actors::core::config::{ConversationConfig, ModelRef, ProviderKind, ToolPolicy};
 use keel_actors::core::event::{Decision, EventKind};
+use keel_actors::core::reducer::WorkingSet;
 use keel_actors::core::retry::RetryPolicy;
-use keel_actors::core::working::WorkingSet;
 use keel_actors::core::{
     BusyPolicy, Event, LiveEvent, RecoveryPolicy, Rejection, StateName, StreamDelta,
 };

@@ -10,8 +10,8 @@ use async_trait::async_trait;
 
 use keel_core::event::Event;
 use keel_core::ids::{ConversationId, Seq};
+use keel_core::reducer::WorkingSet;
 use keel_core::snapshot::FsmSnapshot;
-use keel_core::working::WorkingSet;
 use keel_store::{Availability, EventLog, IndexEntry, Result};
 
 use super::{store_error, StoreOp};

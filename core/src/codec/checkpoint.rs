@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::DecodeError;
 use crate::message::{ContentBlock, ImageRef, Message, Role, ToolCall, ToolResult};
-use crate::working::{WorkingSet, REDUCER_VERSION};
+use crate::reducer::{WorkingSet, REDUCER_VERSION};
 
 /// The layout of a checkpoint; bumped when it changes.
 pub const FORMAT: u32 = 1;

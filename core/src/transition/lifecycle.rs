@@ -9,10 +9,10 @@ use crate::event::{Event, EventKind, InterruptReason, RecoveryAction};
 use crate::ids::ConversationId;
 use crate::input::Timer;
 use crate::recovery::{plan_recovery, RecoveryPlan};
+use crate::reducer::WorkingSet;
 use crate::rejection::Rejection;
 use crate::state::{Conversation, Phase, Slot};
 use crate::time::Timestamp;
-use crate::working::WorkingSet;
 
 /// What a new conversation is made of.
 #[derive(Debug, Clone, PartialEq)]

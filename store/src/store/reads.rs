@@ -6,8 +6,8 @@
 use keel_core::codec;
 use keel_core::event::Event;
 use keel_core::ids::{ConversationId, Seq};
+use keel_core::reducer::WorkingSet;
 use keel_core::snapshot::FsmSnapshot;
-use keel_core::working::WorkingSet;
 
 use super::records::{decode_parallel, decode_record, decode_threads, Records, PARALLEL_READ_FROM};
 use super::{decode_index, SnapshotRecord};

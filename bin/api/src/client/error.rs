@@ -107,7 +107,11 @@ impl Error {
             (ErrorCode::NotFound, Some(id)) => Error::NotFound { id: id.to_owned() },
             (ErrorCode::Busy, Some(id)) => Error::Busy {
                 id: id.to_owned(),
-                state: busy_state(&error.message).unwrap_or("busy").to_owned(),
+                // A daemon before the `state` field said it only in words.
+                state: error
+                    .state
+                    .or_else(|| busy_state(&error.message).map(str::to_owned))
+                    .unwrap_or_else(|| "busy".to_owned()),
             },
             (ErrorCode::Unauthorized, _) => Error::Unauthorized {
                 addr: addr.to_owned(),
@@ -122,9 +126,8 @@ impl Error {
     }
 }
 
-/// The state in the daemon's busy message, "conversation X is busy
-/// (streaming): …". The code (`ErrorCode::Busy`) says busy; the body has
-/// no field for what it is doing, only the message says it.
+/// The state in a busy message, "conversation X is busy (streaming): …",
+/// for a daemon whose error body has no `state` yet.
 fn busy_state(message: &str) -> Option<&str> {
     let (_, after) = message.split_once("busy (")?;
     let (state, _) = after.split_once(')')?;
@@ -153,6 +156,15 @@ mod tests {
             r#"{"error":{"code":"not_found","message":"conversation 7f3c not found"}}"#,
         );
         assert_eq!(not_found.to_string(), "conversation 7f3c not found");
+        let fielded = answer(
+            Some("7f3c"),
+            409,
+            r#"{"error":{"code":"busy","message":"in other words","state":"executing_tools"}}"#,
+        );
+        assert_eq!(
+            fielded.to_string(),
+            "busy (executing_tools): `keel cancel 7f3c` first"
+        );
         let busy = answer(
             Some("7f3c"),
             409,

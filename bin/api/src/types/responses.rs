@@ -27,6 +27,11 @@ pub struct ErrorDetail {
     pub code: ErrorCode,
     /// For a person: what went wrong and what to do.
     pub message: String,
+    /// With `busy` only: the state the conversation is busy in
+    /// (`streaming`, `executing_tools`, …), so a client need not read it
+    /// out of `message`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

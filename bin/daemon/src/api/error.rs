@@ -19,6 +19,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: ErrorCode,
     pub message: String,
+    /// The state of a `busy` conversation, sent beside the message.
+    pub state: Option<String>,
 }
 
 impl ApiError {
@@ -27,6 +29,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            state: None,
         }
     }
 
@@ -125,7 +128,11 @@ impl ApiError {
             ),
             other => other.to_string(),
         };
-        ApiError::new(status, code, message)
+        let mut error = ApiError::new(status, code, message);
+        if let Rejection::Busy { state } = rejection {
+            error.state = Some(state.to_string());
+        }
+        error
     }
 }
 
@@ -161,6 +168,7 @@ impl IntoResponse for ApiError {
             error: ErrorDetail {
                 code: self.code,
                 message: self.message,
+                state: self.state,
             },
         };
         (self.status, Json(body)).into_response()

@@ -23,9 +23,9 @@
 //!
 //! Frames are bytes rendered whole (`frame`). A wave of updates the
 //! conversation publishes (what one of its steps published) reaches its
-//! subscribers as one shared `Published`, and the first stream to send it
+//! subscribers as one shared `Wave`, and the first stream to send it
 //! renders its frames into it, one buffer for the wave
-//! (`Published::rendered`); every other stream of the conversation sends
+//! (`Wave::rendered`); every other stream of the conversation sends
 //! those same bytes, in one write. A thousand subscribers cost one
 //! conversion and one JSON serialisation per update, not a thousand. What
 //! is one stream's own (its snapshot, `lagged`, events read from the log
@@ -54,7 +54,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::IntoParams;
 
 use keel_actors::core::{ConversationId, Seq};
-use keel_actors::{ConversationHandle, Following, Published, Received, Subscription, View};
+use keel_actors::{ConversationHandle, Following, Received, Subscription, View, Wave};
 
 use super::error::{ApiError, ApiQuery};
 use super::{AppState, ConversationPath};
@@ -226,7 +226,7 @@ impl Follow {
             // while no update is ready, and cheaply (`stop`).
             let received = {
                 let stop = &mut self.stop;
-                let mut next = std::pin::pin!(subscription.next_published());
+                let mut next = std::pin::pin!(subscription.next_wave());
                 std::future::poll_fn(|cx| {
                     if let Poll::Ready(received) = next.as_mut().poll(cx) {
                         return Poll::Ready(Some(received));
@@ -272,14 +272,14 @@ impl Follow {
 
     /// The frames of a wave as the conversation published it: rendered
     /// by the first of its streams to get there, the same bytes for all.
-    fn shared_frame(&self, published: &Arc<Published>) -> Bytes {
+    fn shared_frame(&self, published: &Arc<Wave>) -> Bytes {
         published
             .rendered(|updates| SseFrame(frame::updates(&self.id, updates)))
             .0
     }
 }
 
-/// What this module keeps in a `Published`'s render-once slot, which is
+/// What this module keeps in a `Wave`'s render-once slot, which is
 /// keyed by type: its own type, so that nothing else that renders updates
 /// to `Bytes` could take this one's place.
 #[derive(Clone)]

@@ -4,7 +4,7 @@
 //! A frame is rendered straight into the `Bytes` the response body sends,
 //! with no intermediate SSE event type, so that an update published to a
 //! conversation's subscribers is rendered once and the same bytes go to
-//! every stream (`Published::rendered` keeps them; see `super::Follow`).
+//! every stream (`Wave::rendered` keeps them; see `super::Follow`).
 //! The format is exactly what axum's `sse::Event` wrote before (the tests
 //! below compare the two), so clients see no change.
 
@@ -89,7 +89,7 @@ mod tests {
     use futures_util::stream;
     use keel_actors::core::event::{Event, EventKind};
     use keel_actors::core::{Generation, LiveEvent, StreamDelta, Timestamp};
-    use keel_actors::Published;
+    use keel_actors::Wave;
     use serde_json::json;
 
     use super::*;
@@ -201,11 +201,11 @@ mod tests {
         assert_eq!(KEEP_ALIVE, axum_bytes(SseEvent::DEFAULT_KEEP_ALIVE).await);
     }
 
-    /// The point of rendering into `Published`: every subscriber gets the
+    /// The point of rendering into `Wave`: every subscriber gets the
     /// same bytes, rendered once.
     #[test]
     fn a_published_update_is_rendered_once_for_every_subscriber() {
-        let published = Published::new(Update::Event {
+        let published = Wave::new(Update::Event {
             event: Arc::new(user_message(3)),
         });
         let renders = std::sync::atomic::AtomicUsize::new(0);
