@@ -95,8 +95,10 @@ impl ConversationHandle {
                 Ok(CallResult::SenderError) | Err(_) => match ticket.taken_after() {
                     // The actor stopped with the message still in its
                     // mailbox, or before it arrived: nothing is recorded,
-                    // and its next life is asked.
-                    None => tokio::task::yield_now().await,
+                    // and its next life is asked, once this one is gone.
+                    None => {
+                        let _ = actor.actor().get_cell().wait(Some(CALL_TIMEOUT)).await;
+                    }
                     Some(last_seq) => return self.recorded_after(last_seq, &text, &images).await,
                 },
             }
@@ -347,7 +349,13 @@ impl ConversationHandle {
                 Ok(CallResult::SenderError) if retry == Retry::OnlyUndelivered => {
                     return Err(Error::Stopped)
                 }
-                Ok(CallResult::SenderError) | Err(_) => tokio::task::yield_now().await,
+                // The actor stopped (a crash its supervisor is restarting, an
+                // eviction): wait until it is gone, so the next look finds
+                // its successor, or starts one, rather than the same dying
+                // actor again.
+                Ok(CallResult::SenderError) | Err(_) => {
+                    let _ = actor.actor().get_cell().wait(Some(CALL_TIMEOUT)).await;
+                }
             }
         }
         Err(Error::Stopped)

@@ -47,7 +47,7 @@ use ractor::ActorCell;
 use sha2::{Digest, Sha256};
 
 use keel_core::builtin::{self, SpawnTask};
-use keel_core::event::{EventKind, Outcome, PendingCall};
+use keel_core::event::{EventKind, PendingCall, SubAgentOutcome};
 use keel_core::ids::{ConversationId, Seq, ToolCallId};
 use keel_core::message::ToolCall;
 use keel_core::{ConversationConfig, LiveEvent, Rejection, StateName};
@@ -228,7 +228,7 @@ pub(crate) fn child_id(
 #[derive(Debug, Clone, PartialEq)]
 enum ChildEnd {
     /// Its terminal outcome, from its log.
-    Finished(Outcome),
+    Finished(SubAgentOutcome),
     /// It could not be created or followed; why, in words for the model.
     Lost(String),
     /// The runtime is stopping (it refused to start or create the child,
@@ -461,8 +461,8 @@ async fn attach(
                     // Said now: the state change comes after the event, and
                     // this subscription ends here.
                     let state = match outcome {
-                        Outcome::Completed { .. } => StateName::Completed,
-                        Outcome::Failed { .. } => StateName::Failed,
+                        SubAgentOutcome::Completed { .. } => StateName::Completed,
+                        SubAgentOutcome::Failed { .. } => StateName::Failed,
                     };
                     report_state(args, task_idx, child, state);
                     return Attached::Ended(ChildEnd::Finished(outcome.clone()));
@@ -561,7 +561,7 @@ fn aggregate(tasks: &[SpawnTask], children: &[ConversationId], ends: &[ChildEnd]
     let n_tasks = tasks.len();
     let n_completed = ends
         .iter()
-        .filter(|end| matches!(end, ChildEnd::Finished(Outcome::Completed { .. })))
+        .filter(|end| matches!(end, ChildEnd::Finished(SubAgentOutcome::Completed { .. })))
         .count();
     let mut text = format!(
         "{n_completed} of {n_tasks} sub-agent{} completed.",
@@ -575,10 +575,10 @@ fn aggregate(tasks: &[SpawnTask], children: &[ConversationId], ends: &[ChildEnd]
             headline(&task.task)
         );
         match end {
-            ChildEnd::Finished(Outcome::Completed { result }) => {
+            ChildEnd::Finished(SubAgentOutcome::Completed { result }) => {
                 let _ = write!(text, "Completed. Result:\n{result}");
             }
-            ChildEnd::Finished(Outcome::Failed { reason }) => {
+            ChildEnd::Finished(SubAgentOutcome::Failed { reason }) => {
                 let _ = write!(text, "Failed, no result: {reason}.");
             }
             ChildEnd::Lost(why) => {
@@ -659,10 +659,10 @@ mod tests {
         ];
         let children = [id("c-1"), id("c-2"), id("c-3")];
         let ends = [
-            ChildEnd::Finished(Outcome::Completed {
+            ChildEnd::Finished(SubAgentOutcome::Completed {
                 result: "42".to_owned(),
             }),
-            ChildEnd::Finished(Outcome::Failed {
+            ChildEnd::Finished(SubAgentOutcome::Failed {
                 reason: "timed out after 1 s without submitting a result".to_owned(),
             }),
             ChildEnd::Lost("could not be started: no such directory".to_owned()),

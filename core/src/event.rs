@@ -134,7 +134,7 @@ pub enum EventKind {
     },
     /// A sub-agent reached its terminal state.
     Finished {
-        outcome: Outcome,
+        outcome: SubAgentOutcome,
     },
 }
 
@@ -226,7 +226,7 @@ pub enum NudgeReason {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
-pub enum Outcome {
+pub enum SubAgentOutcome {
     Completed { result: String },
     Failed { reason: String },
 }

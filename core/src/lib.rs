@@ -31,7 +31,8 @@ pub use config::{
 };
 pub use effect::Effect;
 pub use event::{
-    Decision, Event, EventKind, InterruptReason, Outcome, PendingCall, PendingKind, TurnNote,
+    Decision, Event, EventKind, InterruptReason, PendingCall, PendingKind, SubAgentOutcome,
+    TurnNote,
 };
 pub use ids::{ConversationId, EventId, Seq, ToolCallId};
 pub use input::{AssistantResponse, Input, LlmFailure, Timer};

@@ -19,7 +19,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::config::ConversationConfig;
-use crate::event::{Decision, Event, EventKind, NudgeReason, Outcome, PendingCall, RecoveryAction};
+use crate::event::{
+    Decision, Event, EventKind, NudgeReason, PendingCall, RecoveryAction, SubAgentOutcome,
+};
 use crate::ids::{ConversationId, Seq, ToolCallId};
 use crate::message::{
     AssistantBlock, ContentBlock, ImageRef, Message, Role, ToolCall, ToolResult, Usage,
@@ -96,7 +98,7 @@ pub struct WorkingSet {
     /// recorded outside a turn.
     pub session: Option<Seq>,
     /// Set when a sub-agent reached its terminal state.
-    pub outcome: Option<Outcome>,
+    pub outcome: Option<SubAgentOutcome>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -272,8 +274,8 @@ impl WorkingSet {
 
     pub fn status(&self) -> Status {
         match (&self.outcome, &self.current_turn) {
-            (Some(Outcome::Completed { .. }), _) => Status::Completed,
-            (Some(Outcome::Failed { .. }), _) => Status::Failed,
+            (Some(SubAgentOutcome::Completed { .. }), _) => Status::Completed,
+            (Some(SubAgentOutcome::Failed { .. }), _) => Status::Failed,
             (None, Some(_)) if !self.pending.is_empty() => Status::AwaitingInput,
             (None, Some(_)) => Status::TurnInFlight,
             (None, None) if self.last_error.is_some() => Status::Error,
@@ -559,7 +561,7 @@ enum Payload<'a> {
         text: Cow<'a, str>,
     },
     Finished {
-        outcome: Cow<'a, Outcome>,
+        outcome: Cow<'a, SubAgentOutcome>,
     },
     DebounceCancelled,
     Unanswered {

@@ -169,10 +169,10 @@ impl Phase {
             Status::TurnInFlight => Phase::Recovering,
             Status::AwaitingInput => Phase::AwaitingInput,
             Status::Completed | Status::Failed => match &working.outcome {
-                Some(crate::event::Outcome::Completed { result }) => Phase::Completed {
+                Some(crate::event::SubAgentOutcome::Completed { result }) => Phase::Completed {
                     result: result.clone(),
                 },
-                Some(crate::event::Outcome::Failed { reason }) => Phase::Failed {
+                Some(crate::event::SubAgentOutcome::Failed { reason }) => Phase::Failed {
                     reason: reason.clone(),
                 },
                 None => Phase::Idle,

@@ -874,7 +874,7 @@ fn req_bed_008_sub_agent_completes_by_submitting_its_result() {
     assert!(matches!(
         harness.last_kind(),
         EventKind::Finished {
-            outcome: Outcome::Completed { .. }
+            outcome: SubAgentOutcome::Completed { .. }
         }
     ));
 }
@@ -983,7 +983,7 @@ fn req_bed_008_sub_agent_failure_is_terminal_and_reported() {
     assert!(matches!(
         harness.last_kind(),
         EventKind::Finished {
-            outcome: Outcome::Failed { .. }
+            outcome: SubAgentOutcome::Failed { .. }
         }
     ));
 }
@@ -2642,7 +2642,7 @@ fn a_sub_agent_interrupted_by_a_restart_under_idle_recovery_fails() {
     assert!(matches!(
         harness.last_kind(),
         EventKind::Finished {
-            outcome: Outcome::Failed { .. }
+            outcome: SubAgentOutcome::Failed { .. }
         }
     ));
     let mut user = Harness::new(config);

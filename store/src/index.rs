@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use keel_core::event::{Event, EventKind, Outcome};
+use keel_core::event::{Event, EventKind, SubAgentOutcome};
 use keel_core::ids::{ConversationId, Seq, ToolCallId};
 use keel_core::reducer::Status;
 use keel_core::time::Timestamp;
@@ -147,7 +147,7 @@ impl IndexEntry {
             }
             EventKind::Finished { outcome } => {
                 self.finished = true;
-                self.failed = matches!(outcome, Outcome::Failed { .. });
+                self.failed = matches!(outcome, SubAgentOutcome::Failed { .. });
             }
             EventKind::Created { .. }
             | EventKind::SessionStarted

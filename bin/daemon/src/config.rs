@@ -109,16 +109,16 @@ struct File {
     max_message_bytes: Option<u64>,
     store_stopped_exit_ms: Option<u64>,
     #[serde(default)]
-    anthropic: Endpoint,
+    anthropic: ProviderSection,
     #[serde(default)]
-    openai: Endpoint,
+    openai: ProviderSection,
     #[serde(default)]
     timeouts: Timeouts,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Endpoint {
+struct ProviderSection {
     api_key: Option<String>,
     base_url: Option<String>,
 }

@@ -632,7 +632,10 @@ impl<'t, W: Write> Demo<'t, W> {
 
     /// Read the event stream, showing each frame, until `done` says a
     /// frame is the one awaited; returns that frame.
-    async fn until(&mut self, mut done: impl FnMut(&Frame) -> bool) -> anyhow::Result<Frame> {
+    async fn until(
+        &mut self,
+        mut done: impl FnMut(&DemoFrame) -> bool,
+    ) -> anyhow::Result<DemoFrame> {
         let deadline = tokio::time::Instant::now() + PATIENCE;
         loop {
             let events = self
@@ -640,7 +643,7 @@ impl<'t, W: Write> Demo<'t, W> {
                 .as_mut()
                 .ok_or_else(|| anyhow!("no event stream open"))?;
             let frame = match tokio::time::timeout_at(deadline, events.next()).await {
-                Ok(Ok(frame)) => Frame::of(frame)?,
+                Ok(Ok(frame)) => DemoFrame::of(frame)?,
                 Ok(Err(error)) => return Err(error.into()),
                 Err(_) => bail!("nothing awaited arrived within {PATIENCE:?}"),
             };
@@ -653,7 +656,7 @@ impl<'t, W: Write> Demo<'t, W> {
 
     /// What a frame of the event stream shows: tokens and tool output as
     /// they arrive, and the canonical events that tell the story.
-    fn show(&mut self, frame: &Frame) -> anyhow::Result<()> {
+    fn show(&mut self, frame: &DemoFrame) -> anyhow::Result<()> {
         let data = &frame.data;
         if frame.event == "live" {
             match data["type"].as_str() {

@@ -41,11 +41,11 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use self::plan::{After, Frame, Plan};
-use self::recording::{now_ms, Exchange, Outcome, Recorder, Source};
+use self::plan::{After, Plan, PlannedEvent};
+use self::recording::{now_ms, Exchange, ExchangeOutcome, Recorder, Source};
 use self::script::{Action, Content, Ending, Entry, Reply, Script, StatusFault};
 
-pub use self::script::{parse_script, Endpoint, ScriptError};
+pub use self::script::{parse_script, ScriptError, WireApi};
 
 /// The header that dictates the answer to one request.
 pub const FAULT_HEADER: &str = "x-mock-fault";
@@ -195,7 +195,7 @@ async fn anthropic_messages(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    mock.answer(Endpoint::Anthropic, uri.path(), &headers, &body)
+    mock.answer(WireApi::Anthropic, uri.path(), &headers, &body)
         .await
 }
 
@@ -205,14 +205,14 @@ async fn openai_chat(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    mock.answer(Endpoint::Openai, uri.path(), &headers, &body)
+    mock.answer(WireApi::Openai, uri.path(), &headers, &body)
         .await
 }
 
 impl Mock {
     async fn answer(
         &self,
-        endpoint: Endpoint,
+        endpoint: WireApi,
         path: &str,
         headers: &HeaderMap,
         raw_body: &[u8],
@@ -260,8 +260,8 @@ impl Mock {
             },
         };
         let request_id = match endpoint {
-            Endpoint::Anthropic => ("request-id", format!("req_mock_{seq}")),
-            Endpoint::Openai => ("x-request-id", format!("req_mock_{seq}")),
+            WireApi::Anthropic => ("request-id", format!("req_mock_{seq}")),
+            WireApi::Openai => ("x-request-id", format!("req_mock_{seq}")),
         };
         for (name, value) in [
             ("x-mock-seq", seq.to_string()),
@@ -280,7 +280,7 @@ impl Mock {
     /// for the default behaviour. A bad `x-mock-fault` header is an error.
     fn choose(
         &self,
-        endpoint: Endpoint,
+        endpoint: WireApi,
         headers: &HeaderMap,
         request: &Value,
     ) -> Result<(Source, Option<Entry>), String> {
@@ -302,7 +302,7 @@ impl Mock {
 
     async fn act(
         &self,
-        endpoint: Endpoint,
+        endpoint: WireApi,
         request: &Value,
         stream: bool,
         action: Action,
@@ -320,13 +320,13 @@ impl Mock {
             Action::Malformed => {
                 let (frame, content_type) = if stream {
                     let frame = match endpoint {
-                        Endpoint::Anthropic => anthropic::malformed_frame(),
-                        Endpoint::Openai => openai::malformed_frame(),
+                        WireApi::Anthropic => anthropic::malformed_frame(),
+                        WireApi::Openai => openai::malformed_frame(),
                     };
                     (frame, body::EVENT_STREAM)
                 } else {
                     let cut_json = "{\"id\":\"mock\",\"type\":\"mess".to_owned();
-                    (Frame::event(cut_json), body::JSON)
+                    (PlannedEvent::event(cut_json), body::JSON)
                 };
                 body::respond(Plan::whole(vec![frame]), exchange, content_type)
             }
@@ -336,7 +336,7 @@ impl Mock {
 
     fn reply(
         &self,
-        endpoint: Endpoint,
+        endpoint: WireApi,
         request: &Value,
         stream: bool,
         reply: &Reply,
@@ -348,8 +348,8 @@ impl Mock {
         });
         let model = request["model"].as_str().unwrap_or("mock-model");
         let message_id = match endpoint {
-            Endpoint::Anthropic => format!("msg_mock_{n_message}"),
-            Endpoint::Openai => format!("chatcmpl-mock-{n_message}"),
+            WireApi::Anthropic => format!("msg_mock_{n_message}"),
+            WireApi::Openai => format!("chatcmpl-mock-{n_message}"),
         };
         let chunk_meta = openai::ChunkMeta {
             id: &message_id,
@@ -360,13 +360,13 @@ impl Mock {
 
         if stream {
             let planned = match endpoint {
-                Endpoint::Anthropic => plan::plan(
+                WireApi::Anthropic => plan::plan(
                     anthropic::stream(&answer, &message_id, model),
                     &reply.ending,
                     reply.drip_ms,
                     anthropic::error_frames,
                 ),
-                Endpoint::Openai => plan::plan(
+                WireApi::Openai => plan::plan(
                     openai::stream(&answer, chunk_meta),
                     &reply.ending,
                     reply.drip_ms,
@@ -379,12 +379,12 @@ impl Mock {
         // Not streamed: the same answer as one JSON object. Faults that
         // live inside a stream take their nearest plain-HTTP form.
         let whole = match endpoint {
-            Endpoint::Anthropic => anthropic::message(&answer, &message_id, model),
-            Endpoint::Openai => openai::completion(&answer, chunk_meta),
+            WireApi::Anthropic => anthropic::message(&answer, &message_id, model),
+            WireApi::Openai => openai::completion(&answer, chunk_meta),
         };
         match &reply.ending {
             Ending::Complete => {
-                exchange.finish(Outcome::Completed);
+                exchange.finish(ExchangeOutcome::Completed);
                 Json(whole).into_response()
             }
             Ending::Cut { clean_eof, .. } => {
@@ -394,7 +394,7 @@ impl Mock {
                     half -= 1;
                 }
                 let planned = Plan {
-                    frames: vec![Frame::event(text[..half].to_owned())],
+                    frames: vec![PlannedEvent::event(text[..half].to_owned())],
                     drip: None,
                     after: if *clean_eof { After::End } else { After::Abort },
                 };
@@ -410,16 +410,16 @@ impl Mock {
             }
             Ending::Error(error) => {
                 let (status, body) = match endpoint {
-                    Endpoint::Anthropic => (
+                    WireApi::Anthropic => (
                         anthropic::error_status(error),
                         anthropic::error_response_body(error),
                     ),
-                    Endpoint::Openai => (
+                    WireApi::Openai => (
                         openai::error_status(error),
                         openai::error_response_body(error),
                     ),
                 };
-                exchange.finish(Outcome::Completed);
+                exchange.finish(ExchangeOutcome::Completed);
                 let status =
                     StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
                 (status, Json(body)).into_response()
@@ -428,15 +428,15 @@ impl Mock {
     }
 }
 
-fn error_body(endpoint: Endpoint, status: u16, message: &str) -> Value {
+fn error_body(endpoint: WireApi, status: u16, message: &str) -> Value {
     match endpoint {
-        Endpoint::Anthropic => anthropic::error_body(status, message),
-        Endpoint::Openai => openai::error_body(status, message),
+        WireApi::Anthropic => anthropic::error_body(status, message),
+        WireApi::Openai => openai::error_body(status, message),
     }
 }
 
-fn invalid_request(endpoint: Endpoint, message: &str, exchange: &mut Exchange) -> Response {
-    exchange.finish(Outcome::Completed);
+fn invalid_request(endpoint: WireApi, message: &str, exchange: &mut Exchange) -> Response {
+    exchange.finish(ExchangeOutcome::Completed);
     (
         StatusCode::BAD_REQUEST,
         Json(error_body(endpoint, 400, message)),
@@ -444,7 +444,7 @@ fn invalid_request(endpoint: Endpoint, message: &str, exchange: &mut Exchange) -
         .into_response()
 }
 
-fn status_response(endpoint: Endpoint, fault: &StatusFault, exchange: &mut Exchange) -> Response {
+fn status_response(endpoint: WireApi, fault: &StatusFault, exchange: &mut Exchange) -> Response {
     let status = StatusCode::from_u16(fault.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let body = fault.body.clone().unwrap_or_else(|| {
         let reason = status.canonical_reason().unwrap_or("Error");
@@ -469,7 +469,7 @@ fn status_response(endpoint: Endpoint, fault: &StatusFault, exchange: &mut Excha
                 .insert(HeaderName::from_static(name), value);
         }
     }
-    exchange.finish(Outcome::Completed);
+    exchange.finish(ExchangeOutcome::Completed);
     response
 }
 
@@ -548,10 +548,10 @@ mod tests {
     use serde_json::json;
 
     use super::reply::{self, Answer};
-    use super::script::{Content, Ending, Endpoint, ErrorSpec, ScriptedCall, Stop};
+    use super::script::{Content, Ending, ErrorSpec, ScriptedCall, Stop, WireApi};
     use super::{anthropic, openai, plan};
 
-    fn answer(endpoint: Endpoint) -> Answer {
+    fn answer(endpoint: WireApi) -> Answer {
         let content = Content::Given {
             text: Some("Let me run that.".to_owned()),
             tool_calls: vec![ScriptedCall {
@@ -563,7 +563,7 @@ mod tests {
         reply::answer(endpoint, &json!({"messages": []}), &content, None, || 1)
     }
 
-    fn frames(endpoint: Endpoint, answer: &Answer, ending: &Ending) -> Vec<String> {
+    fn frames(endpoint: WireApi, answer: &Answer, ending: &Ending) -> Vec<String> {
         let meta = openai::ChunkMeta {
             id: "chatcmpl-mock-1",
             model: "gpt-mock",
@@ -571,13 +571,13 @@ mod tests {
             include_usage: true,
         };
         let planned = match endpoint {
-            Endpoint::Anthropic => plan::plan(
+            WireApi::Anthropic => plan::plan(
                 anthropic::stream(answer, "msg_mock_1", "claude-mock"),
                 ending,
                 None,
                 anthropic::error_frames,
             ),
-            Endpoint::Openai => plan::plan(
+            WireApi::Openai => plan::plan(
                 openai::stream(answer, meta),
                 ending,
                 None,
@@ -587,10 +587,10 @@ mod tests {
         planned.frames.into_iter().map(|frame| frame.text).collect()
     }
 
-    fn new_decoder(endpoint: Endpoint) -> Box<dyn StreamDecoder> {
+    fn new_decoder(endpoint: WireApi) -> Box<dyn StreamDecoder> {
         match endpoint {
-            Endpoint::Anthropic => Box::new(wire::anthropic::Decoder::new("claude-mock")),
-            Endpoint::Openai => Box::new(wire::openai::Decoder::new("gpt-mock")),
+            WireApi::Anthropic => Box::new(wire::anthropic::Decoder::new("claude-mock")),
+            WireApi::Openai => Box::new(wire::openai::Decoder::new("gpt-mock")),
         }
     }
 
@@ -616,7 +616,7 @@ mod tests {
 
     #[test]
     fn keels_decoders_read_the_mocks_streams() {
-        for endpoint in [Endpoint::Anthropic, Endpoint::Openai] {
+        for endpoint in [WireApi::Anthropic, WireApi::Openai] {
             let answer = answer(endpoint);
             let mut decoder = new_decoder(endpoint);
             feed(
@@ -653,7 +653,7 @@ mod tests {
             (Stop::Refusal, StopReason::Refusal, StopReason::ToolUse),
         ];
         for (stop, on_anthropic, on_openai) in cases {
-            for endpoint in [Endpoint::Anthropic, Endpoint::Openai] {
+            for endpoint in [WireApi::Anthropic, WireApi::Openai] {
                 let mut answer = answer(endpoint);
                 answer.stop = Some(stop);
                 let mut decoder = new_decoder(endpoint);
@@ -664,10 +664,10 @@ mod tests {
                 .unwrap();
                 let response = decoder.finish().unwrap();
                 let expected = match endpoint {
-                    Endpoint::Anthropic => on_anthropic,
+                    WireApi::Anthropic => on_anthropic,
                     // Tool calls decide an OpenAI stop reason, except a
                     // cut-off, which says so whatever it holds.
-                    Endpoint::Openai => on_openai,
+                    WireApi::Openai => on_openai,
                 };
                 assert_eq!(response.stop_reason, expected, "{stop:?} on {endpoint:?}");
                 let call = response.blocks[1].tool_call().unwrap();
@@ -682,7 +682,7 @@ mod tests {
 
     #[test]
     fn keels_decoders_see_the_mocks_faults_as_failures() {
-        for endpoint in [Endpoint::Anthropic, Endpoint::Openai] {
+        for endpoint in [WireApi::Anthropic, WireApi::Openai] {
             let answer = answer(endpoint);
             let cut = Ending::Cut {
                 after_events: 4,
@@ -707,8 +707,8 @@ mod tests {
             assert!(failure.message.contains("Overloaded"), "{failure:?}");
 
             let malformed = match endpoint {
-                Endpoint::Anthropic => anthropic::malformed_frame(),
-                Endpoint::Openai => openai::malformed_frame(),
+                WireApi::Anthropic => anthropic::malformed_frame(),
+                WireApi::Openai => openai::malformed_frame(),
             };
             let mut decoder = new_decoder(endpoint);
             let failure = feed(decoder.as_mut(), &[malformed.text])

@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{ConversationConfig, ProviderKind};
 use crate::event::{
-    Decision, Event, EventKind, InterruptReason, NudgeReason, Outcome, PendingCall, RecoveryAction,
-    TurnNote,
+    Decision, Event, EventKind, InterruptReason, NudgeReason, PendingCall, RecoveryAction,
+    SubAgentOutcome, TurnNote,
 };
 use crate::ids::{ConversationId, Seq, ToolCallId};
 use crate::message::{AssistantBlock, ImageRef, StopReason, ToolCall, Usage};
@@ -114,7 +114,7 @@ enum Kind {
     },
     DebounceCancelled,
     Finished {
-        outcome: Outcome,
+        outcome: SubAgentOutcome,
     },
     Unanswered {
         messages: Vec<Seq>,

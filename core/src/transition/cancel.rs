@@ -6,7 +6,7 @@
 
 use super::{turn, Ctx};
 use crate::effect::Effect;
-use crate::event::{InterruptReason, Outcome};
+use crate::event::{InterruptReason, SubAgentOutcome};
 use crate::input::Timer;
 use crate::state::Phase;
 
@@ -21,7 +21,7 @@ pub(super) fn cancel(ctx: &mut Ctx) {
             turn::unanswered(ctx, owed, InterruptReason::Cancelled);
             turn::finish_sub_agent(
                 ctx,
-                Outcome::Failed {
+                SubAgentOutcome::Failed {
                     reason: "cancelled".to_owned(),
                 },
             );
@@ -46,7 +46,7 @@ pub(super) fn cancel(ctx: &mut Ctx) {
             if sub_agent {
                 turn::finish_sub_agent(
                     ctx,
-                    Outcome::Failed {
+                    SubAgentOutcome::Failed {
                         reason: "cancelled".to_owned(),
                     },
                 );

@@ -8,7 +8,9 @@ use super::{turn, Ctx};
 use crate::builtin::{self, ASK_USER, SPAWN_AGENTS, SUBMIT_RESULT};
 use crate::config::ToolPolicy;
 use crate::effect::Effect;
-use crate::event::{Decision, EventKind, Outcome, PendingCall, PendingKind, MAX_RESOLVED_BY_CHARS};
+use crate::event::{
+    Decision, EventKind, PendingCall, PendingKind, SubAgentOutcome, MAX_RESOLVED_BY_CHARS,
+};
 use crate::ids::ToolCallId;
 use crate::live::LiveEvent;
 use crate::message::ToolCall;
@@ -129,7 +131,7 @@ fn submit(ctx: &mut Ctx, call: ToolCall) {
             note: None,
         });
     }
-    turn::finish_sub_agent(ctx, Outcome::Completed { result });
+    turn::finish_sub_agent(ctx, SubAgentOutcome::Completed { result });
 }
 
 pub(super) fn output(ctx: &mut Ctx, tool_call_id: ToolCallId, chunk: String) {

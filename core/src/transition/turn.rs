@@ -14,7 +14,7 @@
 
 use crate::builtin;
 use crate::effect::Effect;
-use crate::event::{EventKind, InterruptReason, Outcome, TurnNote};
+use crate::event::{EventKind, InterruptReason, SubAgentOutcome, TurnNote};
 use crate::ids::{Seq, ToolCallId};
 use crate::input::Timer;
 use crate::state::{Generation, Phase, Request, Slot};
@@ -130,7 +130,7 @@ pub(super) fn fail(ctx: &mut Ctx, error: String) {
         error: error.clone(),
     });
     if ctx.conv.working.is_sub_agent() {
-        return finish_sub_agent(ctx, Outcome::Failed { reason: error });
+        return finish_sub_agent(ctx, SubAgentOutcome::Failed { reason: error });
     }
     answer_queued(ctx, &queued, Phase::Error { message: error });
 }
@@ -286,14 +286,14 @@ pub(super) fn fail_sub_agent(
     stopped: Stopped,
 ) {
     end_interrupted(ctx, reason, stopped);
-    finish_sub_agent(ctx, Outcome::Failed { reason: message });
+    finish_sub_agent(ctx, SubAgentOutcome::Failed { reason: message });
 }
 
 /// A sub-agent reached its terminal state: record it, and drop its
 /// deadline, which can no longer change anything. Messages still owed a
 /// turn (queued behind the turn that submitted or failed, or left owed by
 /// a graceful stop) never get one now: they are named `Unanswered`.
-pub(super) fn finish_sub_agent(ctx: &mut Ctx, outcome: Outcome) {
+pub(super) fn finish_sub_agent(ctx: &mut Ctx, outcome: SubAgentOutcome) {
     let owed = ctx.conv.working.untriggered.clone();
     unanswered(ctx, owed, InterruptReason::Finished);
     ctx.emit(EventKind::Finished {
@@ -303,8 +303,8 @@ pub(super) fn finish_sub_agent(ctx: &mut Ctx, outcome: Outcome) {
         timer: Timer::Deadline,
     });
     ctx.set_phase(match outcome {
-        Outcome::Completed { result } => Phase::Completed { result },
-        Outcome::Failed { reason } => Phase::Failed { reason },
+        SubAgentOutcome::Completed { result } => Phase::Completed { result },
+        SubAgentOutcome::Failed { reason } => Phase::Failed { reason },
     });
 }
 

@@ -12,7 +12,7 @@ use super::PATIENCE;
 
 /// One SSE frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Frame {
+pub struct SseFrame {
     /// `snapshot`, `canonical`, `live` or `error`.
     pub event: String,
     /// The SSE `id`: a canonical event's seq; none on other frames.
@@ -22,7 +22,7 @@ pub struct Frame {
     pub raw: Vec<u8>,
 }
 
-impl Frame {
+impl SseFrame {
     pub fn json(&self) -> Value {
         serde_json::from_str(&self.data)
             .unwrap_or_else(|err| panic!("frame data is not JSON ({err}): {self:?}"))
@@ -85,7 +85,7 @@ pub struct EventStream {
     data: Vec<String>,
     /// The bytes of the frame being read.
     raw: Vec<u8>,
-    ready: VecDeque<Frame>,
+    ready: VecDeque<SseFrame>,
     ended: bool,
 }
 
@@ -105,14 +105,14 @@ impl EventStream {
 
     /// The next frame; `None` once the server ended the stream. Panics if
     /// nothing comes within [`PATIENCE`].
-    pub async fn next(&mut self) -> Option<Frame> {
+    pub async fn next(&mut self) -> Option<SseFrame> {
         let deadline = tokio::time::Instant::from_std(Instant::now() + PATIENCE);
         tokio::time::timeout_at(deadline, self.next_frame())
             .await
             .unwrap_or_else(|_| panic!("no SSE frame within {PATIENCE:?}"))
     }
 
-    async fn next_frame(&mut self) -> Option<Frame> {
+    async fn next_frame(&mut self) -> Option<SseFrame> {
         loop {
             if let Some(frame) = self.ready.pop_front() {
                 return Some(frame);
@@ -131,7 +131,11 @@ impl EventStream {
     /// Reads frames until `done` accepts one; returns them all, that one
     /// last. Panics if the stream ends first or takes longer than
     /// [`PATIENCE`] in all, showing what it read.
-    pub async fn until(&mut self, what: &str, mut done: impl FnMut(&Frame) -> bool) -> Vec<Frame> {
+    pub async fn until(
+        &mut self,
+        what: &str,
+        mut done: impl FnMut(&SseFrame) -> bool,
+    ) -> Vec<SseFrame> {
         let deadline = Instant::now() + PATIENCE;
         let mut frames = Vec::new();
         loop {
@@ -152,7 +156,7 @@ impl EventStream {
     }
 
     /// Reads until the server ends the stream; returns what came.
-    pub async fn until_end(&mut self) -> Vec<Frame> {
+    pub async fn until_end(&mut self) -> Vec<SseFrame> {
         let deadline = Instant::now() + PATIENCE;
         let mut frames = Vec::new();
         loop {
@@ -190,7 +194,7 @@ impl EventStream {
             let data = std::mem::take(&mut self.data);
             let raw = std::mem::take(&mut self.raw);
             if event.is_some() || !data.is_empty() {
-                self.ready.push_back(Frame {
+                self.ready.push_back(SseFrame {
                     event: event.unwrap_or_else(|| "message".to_owned()),
                     id,
                     data: data.join("\n"),
@@ -216,6 +220,6 @@ impl EventStream {
 }
 
 /// The canonical frames among `frames`.
-pub fn canonical(frames: &[Frame]) -> Vec<&Frame> {
+pub fn canonical(frames: &[SseFrame]) -> Vec<&SseFrame> {
     frames.iter().filter(|frame| frame.is_canonical()).collect()
 }

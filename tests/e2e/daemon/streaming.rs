@@ -6,7 +6,7 @@
 
 use serde_json::json;
 
-use super::sse::{canonical, Frame};
+use super::sse::{canonical, SseFrame};
 use super::{assistant_texts, mock_requests, seqs, Daemon, Resume, Site, Wire};
 use crate::harness::MockLlm;
 
@@ -25,7 +25,7 @@ pub async fn expect_snapshot(stream: &mut super::sse::EventStream, id: &str) -> 
 }
 
 /// The states of the `state_changed` frames, in order.
-fn states(frames: &[Frame]) -> Vec<String> {
+fn states(frames: &[SseFrame]) -> Vec<String> {
     frames
         .iter()
         .filter(|frame| frame.is_live("state_changed"))
@@ -285,7 +285,7 @@ async fn daemon_stream_takes_the_largest_last_event_id_as_nothing_missed() {
         assert_eq!(expect_snapshot(&mut stream, &id).await, last);
         daemon.send(&id, "again").await;
         let next = stream
-            .until("the next canonical event", Frame::is_canonical)
+            .until("the next canonical event", SseFrame::is_canonical)
             .await;
         assert_eq!(
             canonical(&next)[0].seq(),
@@ -298,7 +298,7 @@ async fn daemon_stream_takes_the_largest_last_event_id_as_nothing_missed() {
 }
 
 /// Frames until the turn completed and the conversation is idle again.
-async fn until_idle(stream: &mut super::sse::EventStream) -> Vec<Frame> {
+async fn until_idle(stream: &mut super::sse::EventStream) -> Vec<SseFrame> {
     let (mut completed, mut state) = (false, String::new());
     stream
         .until("the turn completed and the conversation idle", |frame| {
@@ -312,7 +312,7 @@ async fn until_idle(stream: &mut super::sse::EventStream) -> Vec<Frame> {
 }
 
 /// A frame's bytes as text, for assertions that show them.
-fn raw(frame: &Frame) -> &str {
+fn raw(frame: &SseFrame) -> &str {
     std::str::from_utf8(&frame.raw).expect("SSE is UTF-8")
 }
 
@@ -343,7 +343,7 @@ async fn daemon_subscribers_of_a_conversation_get_byte_identical_frames() {
     let frames = until_idle(&mut first).await;
     let others = until_idle(&mut second).await;
 
-    let bytes = |frames: &[Frame]| -> Vec<Vec<u8>> {
+    let bytes = |frames: &[SseFrame]| -> Vec<Vec<u8>> {
         frames.iter().map(|frame| frame.raw.clone()).collect()
     };
     assert_eq!(
@@ -372,7 +372,7 @@ async fn daemon_subscribers_of_a_conversation_get_byte_identical_frames() {
             frame.is_canonical_of("turn_completed")
         })
         .await;
-    let live_canonical: Vec<&Frame> = canonical(&frames);
+    let live_canonical: Vec<&SseFrame> = canonical(&frames);
     assert_eq!(
         canonical(&replayed)
             .iter()

@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use keel_actors::core::config::SubAgentLimits;
-use keel_actors::core::event::Outcome;
+use keel_actors::core::event::SubAgentOutcome;
 use keel_actors::core::ids::ConversationId;
 use keel_actors::store::IndexEntry;
 use serde_json::Value;
@@ -120,7 +120,7 @@ async fn child_for(runtime: &Runtime, parent: &ConversationId, task: &str) -> Co
 }
 
 /// A child's terminal outcome, from its log.
-async fn outcome_of(runtime: &Runtime, child: &ConversationId) -> Outcome {
+async fn outcome_of(runtime: &Runtime, child: &ConversationId) -> SubAgentOutcome {
     let events = runtime.store().read_all(child).await.unwrap();
     events
         .iter()
@@ -198,7 +198,7 @@ async fn sub_agents_run_in_parallel_and_their_results_come_back_in_task_order() 
         longest_child_ms = longest_child_ms.max(finished_at.millis_since(child.created_at));
         assert!(matches!(
             outcome_of(&runtime, &child.id).await,
-            Outcome::Completed { .. }
+            SubAgentOutcome::Completed { .. }
         ));
     }
     // The children worked at the same time: the whole call took about as
@@ -296,7 +296,10 @@ async fn each_way_a_sub_agent_ends_without_a_result_is_reported_as_such() {
         &child_for(&runtime, parent.id(), "TASK-BROKEN").await,
     )
     .await;
-    assert!(matches!(broken, Outcome::Failed { .. }), "{broken:?}");
+    assert!(
+        matches!(broken, SubAgentOutcome::Failed { .. }),
+        "{broken:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -345,7 +348,7 @@ async fn cancelling_the_parent_cancels_its_sub_agents_and_their_tools() {
         );
         assert_eq!(
             outcome_of(&runtime, &child.id).await,
-            Outcome::Failed {
+            SubAgentOutcome::Failed {
                 reason: "cancelled".to_owned()
             }
         );
@@ -661,7 +664,7 @@ async fn a_provider_that_reuses_tool_call_ids_still_gets_new_sub_agents_for_a_ne
 }
 
 /// Waits until `child` has finished; returns its outcome.
-async fn finished(runtime: &Runtime, child: &ConversationId) -> Outcome {
+async fn finished(runtime: &Runtime, child: &ConversationId) -> SubAgentOutcome {
     let waited = tokio::time::timeout(PATIENCE, async {
         loop {
             let events = runtime.store().read_all(child).await.unwrap();
@@ -706,7 +709,7 @@ async fn a_parent_recovered_idle_cancels_the_sub_agents_it_no_longer_waits_for()
 
     assert_eq!(
         finished(&runtime, &children[0]).await,
-        Outcome::Failed {
+        SubAgentOutcome::Failed {
             reason: "cancelled".to_owned()
         }
     );
@@ -762,7 +765,7 @@ async fn a_sub_agent_whose_parent_was_cancelled_before_a_crash_is_cancelled_at_b
     assert!(!report.recovered.contains(&child), "{report:?}");
     assert_eq!(
         finished(&runtime, &child).await,
-        Outcome::Failed {
+        SubAgentOutcome::Failed {
             reason: "cancelled".to_owned()
         }
     );

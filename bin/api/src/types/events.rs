@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use keel_core::event::{
-    Decision, Event, EventKind, InterruptReason, NudgeReason, Outcome, RecoveryAction, TurnNote,
+    Decision, Event, EventKind, InterruptReason, NudgeReason, RecoveryAction, SubAgentOutcome,
+    TurnNote,
 };
 use keel_core::live::{ContextWarning, LiveEvent, StreamDelta};
 use keel_core::message::StopReason;
@@ -248,11 +249,11 @@ impl From<EventKind> for ApiEventKind {
                 reason: interrupt_reason_name(reason).to_owned(),
             },
             EventKind::Finished { outcome } => match outcome {
-                Outcome::Completed { result } => ApiEventKind::Finished {
+                SubAgentOutcome::Completed { result } => ApiEventKind::Finished {
                     status: "completed".to_owned(),
                     detail: result,
                 },
-                Outcome::Failed { reason } => ApiEventKind::Finished {
+                SubAgentOutcome::Failed { reason } => ApiEventKind::Finished {
                     status: "failed".to_owned(),
                     detail: reason,
                 },

@@ -20,14 +20,14 @@ pub(super) fn config(data_dir: &Path, mock_url: &str) -> anyhow::Result<Config> 
 
 /// A frame of the event stream as the demo reads it: which kind, and its
 /// data in the API's JSON (the shape `--json` prints).
-pub(super) struct Frame {
+pub(super) struct DemoFrame {
     /// `snapshot`, `canonical` or `live`.
     pub(super) event: &'static str,
     pub(super) data: Value,
 }
 
-impl Frame {
-    pub(super) fn of(frame: client::Frame) -> anyhow::Result<Frame> {
+impl DemoFrame {
+    pub(super) fn of(frame: client::Frame) -> anyhow::Result<DemoFrame> {
         let (event, data) = match frame {
             client::Frame::Snapshot(snapshot) => ("snapshot", serde_json::to_value(snapshot)?),
             client::Frame::Canonical(event) => ("canonical", serde_json::to_value(event)?),
@@ -39,7 +39,7 @@ impl Frame {
             }
             client::Frame::Reconnecting { error } => bail!("the event stream broke: {error}"),
         };
-        Ok(Frame { event, data })
+        Ok(DemoFrame { event, data })
     }
 }
 
@@ -70,11 +70,11 @@ pub(super) fn state_name(state: ApiState) -> String {
         .unwrap_or_default()
 }
 
-pub(super) fn is_live(frame: &Frame, kind: &str) -> bool {
+pub(super) fn is_live(frame: &DemoFrame, kind: &str) -> bool {
     frame.event == "live" && frame.data["type"] == kind
 }
 
-pub(super) fn is_canonical(frame: &Frame, kind: &str) -> bool {
+pub(super) fn is_canonical(frame: &DemoFrame, kind: &str) -> bool {
     frame.event == "canonical" && frame.data["type"] == kind
 }
 

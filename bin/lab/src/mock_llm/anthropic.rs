@@ -11,7 +11,7 @@
 
 use serde_json::{json, Value};
 
-use super::plan::{Frame, Frames};
+use super::plan::{Frames, PlannedEvent};
 use super::reply::{json_fragments, text_deltas, Answer};
 use super::script::{ErrorSpec, Stop};
 
@@ -34,7 +34,7 @@ fn stop_reason(answer: &Answer) -> &'static str {
 
 /// The whole stream for `answer`, as message `message_id` of `model`.
 pub fn stream(answer: &Answer, message_id: &str, model: &str) -> Frames {
-    let mut events = vec![Frame::event(sse(
+    let mut events = vec![PlannedEvent::event(sse(
         "message_start",
         &json!({
             "type": "message_start",
@@ -55,12 +55,12 @@ pub fn stream(answer: &Answer, message_id: &str, model: &str) -> Frames {
             },
         }),
     ))];
-    let ping = Frame::event(sse("ping", &json!({"type": "ping"})));
+    let ping = PlannedEvent::event(sse("ping", &json!({"type": "ping"})));
     let mut block_idx = 0;
     let mut last_block_stop = None;
 
     if let Some(text) = &answer.text {
-        events.push(Frame::event(sse(
+        events.push(PlannedEvent::event(sse(
             "content_block_start",
             &json!({
                 "type": "content_block_start",
@@ -70,7 +70,7 @@ pub fn stream(answer: &Answer, message_id: &str, model: &str) -> Frames {
         )));
         events.push(ping.clone());
         for piece in text_deltas(text) {
-            events.push(Frame::delta(sse(
+            events.push(PlannedEvent::delta(sse(
                 "content_block_delta",
                 &json!({
                     "type": "content_block_delta",
@@ -84,7 +84,7 @@ pub fn stream(answer: &Answer, message_id: &str, model: &str) -> Frames {
         block_idx += 1;
     }
     for (call_idx, call) in answer.tool_calls.iter().enumerate() {
-        events.push(Frame::event(sse(
+        events.push(PlannedEvent::event(sse(
             "content_block_start",
             &json!({
                 "type": "content_block_start",
@@ -103,7 +103,7 @@ pub fn stream(answer: &Answer, message_id: &str, model: &str) -> Frames {
         let input = answer.wire_input(call_idx);
         let pieces = std::iter::once("").chain(json_fragments(&input, JSON_PIECE));
         for piece in pieces {
-            events.push(Frame::delta(sse(
+            events.push(PlannedEvent::delta(sse(
                 "content_block_delta",
                 &json!({
                     "type": "content_block_delta",
@@ -121,7 +121,7 @@ pub fn stream(answer: &Answer, message_id: &str, model: &str) -> Frames {
     }
 
     let message_delta = events.len();
-    events.push(Frame::event(sse(
+    events.push(PlannedEvent::event(sse(
         "message_delta",
         &json!({
             "type": "message_delta",
@@ -129,7 +129,7 @@ pub fn stream(answer: &Answer, message_id: &str, model: &str) -> Frames {
             "usage": {"output_tokens": answer.usage.output_tokens},
         }),
     )));
-    events.push(Frame::event(sse(
+    events.push(PlannedEvent::event(sse(
         "message_stop",
         &json!({"type": "message_stop"}),
     )));
@@ -139,8 +139,8 @@ pub fn stream(answer: &Answer, message_id: &str, model: &str) -> Frames {
     }
 }
 
-fn block_stop(block_idx: usize) -> Frame {
-    Frame::event(sse(
+fn block_stop(block_idx: usize) -> PlannedEvent {
+    PlannedEvent::event(sse(
         "content_block_stop",
         &json!({"type": "content_block_stop", "index": block_idx}),
     ))
@@ -178,8 +178,8 @@ pub fn message(answer: &Answer, message_id: &str, model: &str) -> Value {
 }
 
 /// The `error` event that ends a stream early.
-pub fn error_frames(error: &ErrorSpec) -> Vec<Frame> {
-    vec![Frame::event(sse("error", &error_object(error)))]
+pub fn error_frames(error: &ErrorSpec) -> Vec<PlannedEvent> {
+    vec![PlannedEvent::event(sse("error", &error_object(error)))]
 }
 
 fn error_object(error: &ErrorSpec) -> Value {
@@ -190,8 +190,8 @@ fn error_object(error: &ErrorSpec) -> Value {
 }
 
 /// A frame whose data is cut off in the middle of its JSON.
-pub fn malformed_frame() -> Frame {
-    Frame::event(
+pub fn malformed_frame() -> PlannedEvent {
+    PlannedEvent::event(
         "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"unfinis\n\n"
             .to_owned(),
     )
@@ -257,7 +257,7 @@ mod tests {
             .collect()
     }
 
-    fn data(frame: &Frame) -> Value {
+    fn data(frame: &PlannedEvent) -> Value {
         let line = frame.text.lines().nth(1).unwrap();
         serde_json::from_str(line.strip_prefix("data: ").unwrap()).unwrap()
     }

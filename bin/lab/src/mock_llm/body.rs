@@ -23,7 +23,7 @@ use http_body::Frame as BodyFrame;
 use tokio::sync::mpsc;
 
 use super::plan::{After, Plan};
-use super::recording::{Exchange, Outcome};
+use super::recording::{Exchange, ExchangeOutcome};
 
 pub const EVENT_STREAM: &str = "text/event-stream; charset=utf-8";
 pub const JSON: &str = "application/json";
@@ -107,17 +107,17 @@ impl http_body::Body for PlannedBody {
             }
             Poll::Ready(Some(Piece::Last(bytes))) => {
                 this.exchange.event_sent();
-                this.exchange.finish(Outcome::Completed);
+                this.exchange.finish(ExchangeOutcome::Completed);
                 Poll::Ready(Some(Ok(BodyFrame::data(bytes))))
             }
             Poll::Ready(Some(Piece::Cut)) => {
-                this.exchange.finish(Outcome::Cut);
+                this.exchange.finish(ExchangeOutcome::Cut);
                 Poll::Ready(Some(Err(io::Error::other(
                     "mock-llm cut the stream on purpose",
                 ))))
             }
             Poll::Ready(None) => {
-                this.exchange.finish(Outcome::Completed);
+                this.exchange.finish(ExchangeOutcome::Completed);
                 Poll::Ready(None)
             }
         }
@@ -133,9 +133,9 @@ mod tests {
     use serde_json::value::RawValue;
 
     use super::*;
-    use crate::mock_llm::plan::Frame;
+    use crate::mock_llm::plan::PlannedEvent;
     use crate::mock_llm::recording::Recorder;
-    use crate::mock_llm::script::Endpoint;
+    use crate::mock_llm::script::WireApi;
 
     /// A client that has read the whole answer may hang up before hyper
     /// polls the body for its end: the exchange is complete all the same
@@ -145,13 +145,13 @@ mod tests {
         let recorder = Recorder::default();
         let body = RawValue::from_string("{}".to_owned()).unwrap();
         let exchange = recorder.start(
-            Endpoint::Anthropic,
+            WireApi::Anthropic,
             "/v1/messages",
             &HeaderMap::new(),
             body,
             true,
         );
-        let frames = ["one", "two"].map(|text| Frame {
+        let frames = ["one", "two"].map(|text| PlannedEvent {
             text: text.to_owned(),
             is_delta: false,
         });
@@ -169,7 +169,7 @@ mod tests {
         // The client goes away now, before the body's end is polled.
         drop(body);
         let records = recorder.list();
-        assert_eq!(records[0].outcome, Outcome::Completed);
+        assert_eq!(records[0].outcome, ExchangeOutcome::Completed);
         assert_eq!(records[0].events_sent, 2);
     }
 }

@@ -12,7 +12,7 @@
 
 use serde_json::{json, Value};
 
-use super::plan::{Frame, Frames};
+use super::plan::{Frames, PlannedEvent};
 use super::reply::{json_fragments, text_deltas, Answer};
 use super::script::{ErrorSpec, Stop};
 
@@ -69,10 +69,10 @@ pub fn stream(answer: &Answer, meta: ChunkMeta<'_>) -> Frames {
     } else {
         json!({"role": "assistant", "content": null, "refusal": null})
     };
-    let mut events = vec![Frame::event(data(&chunk(meta, first_delta, None)))];
+    let mut events = vec![PlannedEvent::event(data(&chunk(meta, first_delta, None)))];
     if let Some(text) = &answer.text {
         for piece in text_deltas(text) {
-            events.push(Frame::delta(data(&chunk(
+            events.push(PlannedEvent::delta(data(&chunk(
                 meta,
                 json!({"content": piece}),
                 None,
@@ -80,7 +80,7 @@ pub fn stream(answer: &Answer, meta: ChunkMeta<'_>) -> Frames {
         }
     }
     for (call_idx, call) in answer.tool_calls.iter().enumerate() {
-        events.push(Frame::delta(data(&chunk(
+        events.push(PlannedEvent::delta(data(&chunk(
             meta,
             json!({"tool_calls": [{
                 "index": call_idx,
@@ -92,7 +92,7 @@ pub fn stream(answer: &Answer, meta: ChunkMeta<'_>) -> Frames {
         ))));
         let arguments = answer.wire_input(call_idx);
         for piece in json_fragments(&arguments, JSON_PIECE) {
-            events.push(Frame::delta(data(&chunk(
+            events.push(PlannedEvent::delta(data(&chunk(
                 meta,
                 json!({"tool_calls": [{"index": call_idx, "function": {"arguments": piece}}]}),
                 None,
@@ -101,13 +101,13 @@ pub fn stream(answer: &Answer, meta: ChunkMeta<'_>) -> Frames {
     }
 
     let closing = events.len();
-    events.push(Frame::event(data(&chunk(
+    events.push(PlannedEvent::event(data(&chunk(
         meta,
         json!({}),
         Some(finish_reason(answer)),
     ))));
     if meta.include_usage {
-        events.push(Frame::event(data(&json!({
+        events.push(PlannedEvent::event(data(&json!({
             "id": meta.id,
             "object": "chat.completion.chunk",
             "created": meta.created,
@@ -121,8 +121,8 @@ pub fn stream(answer: &Answer, meta: ChunkMeta<'_>) -> Frames {
     Frames { events, closing }
 }
 
-fn done() -> Frame {
-    Frame::event("data: [DONE]\n\n".to_owned())
+fn done() -> PlannedEvent {
+    PlannedEvent::event("data: [DONE]\n\n".to_owned())
 }
 
 fn usage(answer: &Answer) -> Value {
@@ -170,13 +170,16 @@ pub fn completion(answer: &Answer, meta: ChunkMeta<'_>) -> Value {
 }
 
 /// An error chunk, then `[DONE]`, as OpenAI ends a stream that failed.
-pub fn error_frames(error: &ErrorSpec) -> Vec<Frame> {
-    vec![Frame::event(data(&error_response_body(error))), done()]
+pub fn error_frames(error: &ErrorSpec) -> Vec<PlannedEvent> {
+    vec![
+        PlannedEvent::event(data(&error_response_body(error))),
+        done(),
+    ]
 }
 
 /// A chunk whose data is cut off in the middle of its JSON.
-pub fn malformed_frame() -> Frame {
-    Frame::event(
+pub fn malformed_frame() -> PlannedEvent {
+    PlannedEvent::event(
         "data: {\"id\":\"chatcmpl-mock\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"unfinis\n\n"
             .to_owned(),
     )

@@ -10,22 +10,22 @@ use super::script::{Ending, ErrorSpec};
 /// One piece of a response body, usually one SSE event (`event:`/`data:`
 /// lines and the blank line after them).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Frame {
+pub struct PlannedEvent {
     pub text: String,
     /// A content delta: a slow drip waits before each of these.
     pub is_delta: bool,
 }
 
-impl Frame {
-    pub fn event(text: String) -> Frame {
-        Frame {
+impl PlannedEvent {
+    pub fn event(text: String) -> PlannedEvent {
+        PlannedEvent {
             text,
             is_delta: false,
         }
     }
 
-    pub fn delta(text: String) -> Frame {
-        Frame {
+    pub fn delta(text: String) -> PlannedEvent {
+        PlannedEvent {
             text,
             is_delta: true,
         }
@@ -35,7 +35,7 @@ impl Frame {
 /// A whole stream as the provider would send it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frames {
-    pub events: Vec<Frame>,
+    pub events: Vec<PlannedEvent>,
     /// Index of the first closing event (`content_block_stop` of the last
     /// block, `message_delta`, `message_stop`; the finish, usage and
     /// `[DONE]` chunks): an in-stream error replaces everything from here.
@@ -56,14 +56,14 @@ pub enum After {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
-    pub frames: Vec<Frame>,
+    pub frames: Vec<PlannedEvent>,
     pub drip: Option<Duration>,
     pub after: After,
 }
 
 impl Plan {
     /// Every frame at once, then the end.
-    pub fn whole(frames: Vec<Frame>) -> Plan {
+    pub fn whole(frames: Vec<PlannedEvent>) -> Plan {
         Plan {
             frames,
             drip: None,
@@ -78,7 +78,7 @@ pub fn plan(
     stream: Frames,
     ending: &Ending,
     drip_ms: Option<u64>,
-    error_frames: impl FnOnce(&ErrorSpec) -> Vec<Frame>,
+    error_frames: impl FnOnce(&ErrorSpec) -> Vec<PlannedEvent>,
 ) -> Plan {
     let Frames {
         mut events,
@@ -121,11 +121,11 @@ mod tests {
     fn frames() -> Frames {
         Frames {
             events: vec![
-                Frame::event("start".to_owned()),
-                Frame::delta("a".to_owned()),
-                Frame::delta("b".to_owned()),
-                Frame::event("stop".to_owned()),
-                Frame::event("done".to_owned()),
+                PlannedEvent::event("start".to_owned()),
+                PlannedEvent::delta("a".to_owned()),
+                PlannedEvent::delta("b".to_owned()),
+                PlannedEvent::event("stop".to_owned()),
+                PlannedEvent::event("done".to_owned()),
             ],
             closing: 3,
         }
@@ -138,7 +138,7 @@ mod tests {
             .collect()
     }
 
-    fn no_error(_: &ErrorSpec) -> Vec<Frame> {
+    fn no_error(_: &ErrorSpec) -> Vec<PlannedEvent> {
         unreachable!("no error ending here")
     }
 
@@ -171,7 +171,7 @@ mod tests {
             message: "Overloaded".to_owned(),
         });
         let error = plan(frames(), &error, None, |spec| {
-            vec![Frame::event(format!("error {}", spec.kind))]
+            vec![PlannedEvent::event(format!("error {}", spec.kind))]
         });
         assert_eq!(texts(&error), ["start", "a", "b", "error overloaded_error"]);
         assert_eq!(error.after, After::End);

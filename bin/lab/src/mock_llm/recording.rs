@@ -28,7 +28,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::script::Endpoint;
+use super::script::WireApi;
 
 /// How many requests the recording keeps by default (the latest).
 pub const KEEP_RECORDS: usize = 1_000;
@@ -40,7 +40,7 @@ pub const KEEP_BODY_BYTES: usize = 64 * 1024 * 1024;
 /// How an exchange ended, so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Outcome {
+pub enum ExchangeOutcome {
     /// Still answering (or hanging on purpose).
     Pending,
     /// The whole response was handed to the connection.
@@ -69,7 +69,7 @@ pub enum Source {
 pub struct Record {
     /// 1, 2, … in arrival order; not reset by clearing the recording.
     pub seq: u64,
-    pub endpoint: Endpoint,
+    pub endpoint: WireApi,
     pub path: String,
     /// Milliseconds since the Unix epoch.
     pub received_at_ms: u64,
@@ -84,7 +84,7 @@ pub struct Record {
     pub source: Source,
     /// The script entry (or header JSON) that answered, as given.
     pub entry: Option<Value>,
-    pub outcome: Outcome,
+    pub outcome: ExchangeOutcome,
     /// Body pieces (SSE events, for a stream) handed to the connection.
     pub events_sent: u64,
     /// When the outcome stopped being `pending`.
@@ -197,7 +197,7 @@ impl Recorder {
     /// Record a new request; the returned guard follows it to its end.
     pub fn start(
         &self,
-        endpoint: Endpoint,
+        endpoint: WireApi,
         path: &str,
         headers: &HeaderMap,
         body: Box<RawValue>,
@@ -226,7 +226,7 @@ impl Recorder {
                 stream,
                 source: Source::None,
                 entry: None,
-                outcome: Outcome::Pending,
+                outcome: ExchangeOutcome::Pending,
                 events_sent: 0,
                 ended_at_ms: None,
                 disconnected_at_ms: None,
@@ -271,7 +271,7 @@ impl Recorder {
                     let ended = records
                         .records
                         .iter()
-                        .all(|record| record.outcome != Outcome::Pending);
+                        .all(|record| record.outcome != ExchangeOutcome::Pending);
                     if records.records.len() >= n_records && ended {
                         return;
                     }
@@ -313,7 +313,7 @@ impl Exchange {
     }
 
     /// Record how the exchange ended; only the first call counts.
-    pub fn finish(&mut self, outcome: Outcome) {
+    pub fn finish(&mut self, outcome: ExchangeOutcome) {
         if self.ended {
             return;
         }
@@ -322,7 +322,7 @@ impl Exchange {
         self.recorder.update(self.seq, |record| {
             record.outcome = outcome;
             record.ended_at_ms = Some(now);
-            if outcome == Outcome::Disconnected {
+            if outcome == ExchangeOutcome::Disconnected {
                 record.disconnected_at_ms = Some(now);
             }
         });
@@ -331,7 +331,7 @@ impl Exchange {
 
 impl Drop for Exchange {
     fn drop(&mut self) {
-        self.finish(Outcome::Disconnected);
+        self.finish(ExchangeOutcome::Disconnected);
     }
 }
 
@@ -345,7 +345,7 @@ mod tests {
 
     fn start(recorder: &Recorder) -> Exchange {
         recorder.start(
-            Endpoint::Anthropic,
+            WireApi::Anthropic,
             "/v1/messages",
             &HeaderMap::new(),
             raw("null"),
@@ -359,14 +359,14 @@ mod tests {
         let mut finished = start(&recorder);
         let abandoned = start(&recorder);
         finished.event_sent();
-        finished.finish(Outcome::Completed);
+        finished.finish(ExchangeOutcome::Completed);
         drop(finished);
         drop(abandoned);
         let records = recorder.list();
-        assert_eq!(records[0].outcome, Outcome::Completed);
+        assert_eq!(records[0].outcome, ExchangeOutcome::Completed);
         assert_eq!(records[0].events_sent, 1);
         assert_eq!(records[0].disconnected_at_ms, None);
-        assert_eq!(records[1].outcome, Outcome::Disconnected);
+        assert_eq!(records[1].outcome, ExchangeOutcome::Disconnected);
         assert!(records[1].disconnected_at_ms.is_some());
         assert_eq!(recorder.clear(), 2);
         assert_eq!(start(&recorder).seq(), 3, "sequence numbers are not reused");
@@ -381,15 +381,15 @@ mod tests {
             tokio::spawn(async move { recorder.wait_ended(1, Duration::from_secs(30)).await })
         };
         tokio::task::yield_now().await;
-        exchange.finish(Outcome::Cut);
+        exchange.finish(ExchangeOutcome::Cut);
         let records = waiter.await.unwrap();
-        assert_eq!(records[0].outcome, Outcome::Cut);
+        assert_eq!(records[0].outcome, ExchangeOutcome::Cut);
 
         let _pending = start(&recorder);
         let records = recorder.wait_ended(2, Duration::from_millis(10)).await;
         assert_eq!(
             records[1].outcome,
-            Outcome::Pending,
+            ExchangeOutcome::Pending,
             "a timeout returns as is"
         );
     }
@@ -404,12 +404,12 @@ mod tests {
         // still find theirs.
         for mut exchange in exchanges {
             exchange.event_sent();
-            exchange.finish(Outcome::Completed);
+            exchange.finish(ExchangeOutcome::Completed);
         }
         let records = recorder.list();
         assert!(records
             .iter()
-            .all(|record| record.outcome == Outcome::Completed && record.events_sent == 1));
+            .all(|record| record.outcome == ExchangeOutcome::Completed && record.events_sent == 1));
         assert_eq!(recorder.clear(), 3);
     }
 
@@ -419,7 +419,7 @@ mod tests {
         let body = |bytes: usize| raw(&format!("\"{}\"", "a".repeat(bytes - 2)));
         let start = |bytes: usize| {
             recorder.start(
-                Endpoint::Openai,
+                WireApi::Openai,
                 "/v1/chat/completions",
                 &HeaderMap::new(),
                 body(bytes),
@@ -441,7 +441,7 @@ mod tests {
     async fn waiting_for_more_than_is_kept_waits_for_what_is_kept() {
         let recorder = Recorder::keeping(2);
         for _ in 0..3 {
-            start(&recorder).finish(Outcome::Completed);
+            start(&recorder).finish(ExchangeOutcome::Completed);
         }
         let records = recorder.wait_ended(10, Duration::from_secs(30)).await;
         assert_eq!(records.len(), 2);

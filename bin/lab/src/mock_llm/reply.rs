@@ -12,7 +12,7 @@
 
 use serde_json::{json, Value};
 
-use super::script::{Content, Endpoint, ScriptedCall, Stop};
+use super::script::{Content, ScriptedCall, Stop, WireApi};
 
 /// A reply ready to be put on the wire.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,7 +58,7 @@ pub struct Usage {
 /// The answer to `body` on `endpoint`. Tool calls without a scripted id take
 /// the next number from `next_id`, so ids stay unique across requests.
 pub fn answer(
-    endpoint: Endpoint,
+    endpoint: WireApi,
     body: &Value,
     content: &Content,
     stop: Option<Stop>,
@@ -69,8 +69,8 @@ pub fn answer(
         Content::Given { text, tool_calls } => (text.clone(), tool_calls.clone()),
     };
     let prefix = match endpoint {
-        Endpoint::Anthropic => "toolu_mock_",
-        Endpoint::Openai => "call_mock_",
+        WireApi::Anthropic => "toolu_mock_",
+        WireApi::Openai => "call_mock_",
     };
     let tool_calls: Vec<AnswerCall> = calls
         .into_iter()
@@ -98,10 +98,10 @@ pub fn answer(
 }
 
 /// The demo's behaviour: summarise tool results, run `run: CMD`, or echo.
-pub fn default_content(endpoint: Endpoint, body: &Value) -> (Option<String>, Vec<ScriptedCall>) {
+pub fn default_content(endpoint: WireApi, body: &Value) -> (Option<String>, Vec<ScriptedCall>) {
     let turn = match endpoint {
-        Endpoint::Anthropic => anthropic_last_turn(body),
-        Endpoint::Openai => openai_last_turn(body),
+        WireApi::Anthropic => anthropic_last_turn(body),
+        WireApi::Openai => openai_last_turn(body),
     };
     let Some(turn) = turn else {
         return (
@@ -163,14 +163,14 @@ fn answer_or_submit(text: String, sub_agent: bool) -> (Option<String>, Vec<Scrip
 }
 
 /// Whether the request offers the model a tool called `name`.
-fn offers(endpoint: Endpoint, body: &Value, name: &str) -> bool {
+fn offers(endpoint: WireApi, body: &Value, name: &str) -> bool {
     let Some(tools) = body.get("tools").and_then(Value::as_array) else {
         return false;
     };
     tools.iter().any(|tool| {
         let named = match endpoint {
-            Endpoint::Anthropic => tool.get("name"),
-            Endpoint::Openai => tool
+            WireApi::Anthropic => tool.get("name"),
+            WireApi::Openai => tool
                 .get("function")
                 .and_then(|function| function.get("name")),
         };
@@ -333,7 +333,7 @@ pub fn json_fragments(json: &str, size: usize) -> Vec<&str> {
 mod tests {
     use super::*;
 
-    fn default_text(endpoint: Endpoint, body: Value) -> Option<String> {
+    fn default_text(endpoint: WireApi, body: Value) -> Option<String> {
         let (text, calls) = default_content(endpoint, &body);
         assert!(calls.is_empty(), "{calls:?}");
         text
@@ -346,7 +346,7 @@ mod tests {
             "tools": offered("submit_result"),
             "messages": [{"role": "user", "content": "count the files"}]
         });
-        let (text, calls) = default_content(Endpoint::Anthropic, &child);
+        let (text, calls) = default_content(WireApi::Anthropic, &child);
         assert_eq!(text, None);
         assert_eq!(calls[0].name, "submit_result");
         assert_eq!(calls[0].input, json!({"result": "count the files"}));
@@ -354,7 +354,7 @@ mod tests {
             "tools": [{"type": "function", "function": {"name": "spawn_agents"}}],
             "messages": [{"role": "user", "content": "spawn: one | two |"}]
         });
-        let (_, calls) = default_content(Endpoint::Openai, &parent);
+        let (_, calls) = default_content(WireApi::Openai, &parent);
         assert_eq!(calls[0].name, "spawn_agents");
         assert_eq!(
             calls[0].input,
@@ -363,7 +363,7 @@ mod tests {
         // Not offered: echoed, like any text.
         let plain = json!({"messages": [{"role": "user", "content": "spawn: one"}]});
         assert_eq!(
-            default_text(Endpoint::Anthropic, plain).as_deref(),
+            default_text(WireApi::Anthropic, plain).as_deref(),
             Some("spawn: one")
         );
     }
@@ -372,12 +372,12 @@ mod tests {
     fn plain_text_is_echoed_on_both_endpoints() {
         let anthropic = json!({"messages": [{"role": "user", "content": "hello there"}]});
         assert_eq!(
-            default_text(Endpoint::Anthropic, anthropic).as_deref(),
+            default_text(WireApi::Anthropic, anthropic).as_deref(),
             Some("hello there")
         );
         let blocks = json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "in blocks"}]}]});
         assert_eq!(
-            default_text(Endpoint::Anthropic, blocks).as_deref(),
+            default_text(WireApi::Anthropic, blocks).as_deref(),
             Some("in blocks")
         );
         let openai = json!({"messages": [
@@ -385,7 +385,7 @@ mod tests {
             {"role": "user", "content": [{"type": "text", "text": "parts"}]}
         ]});
         assert_eq!(
-            default_text(Endpoint::Openai, openai).as_deref(),
+            default_text(WireApi::Openai, openai).as_deref(),
             Some("parts")
         );
     }
@@ -396,7 +396,7 @@ mod tests {
             {"role": "user", "content": "hi"},
             {"role": "assistant", "content": "Hel"}
         ]});
-        for endpoint in [Endpoint::Anthropic, Endpoint::Openai] {
+        for endpoint in [WireApi::Anthropic, WireApi::Openai] {
             assert_eq!(
                 default_text(endpoint, prefill.clone()).as_deref(),
                 Some("There is no question to answer.")
@@ -404,7 +404,7 @@ mod tests {
         }
         let blank = json!({"messages": [{"role": "user", "content": "  "}]});
         assert_eq!(
-            default_text(Endpoint::Openai, blank).as_deref(),
+            default_text(WireApi::Openai, blank).as_deref(),
             Some("I see no text to echo.")
         );
     }
@@ -413,11 +413,11 @@ mod tests {
     fn run_becomes_one_bash_call() {
         for (endpoint, body) in [
             (
-                Endpoint::Anthropic,
+                WireApi::Anthropic,
                 json!({"messages": [{"role": "user", "content": "run: echo hi"}]}),
             ),
             (
-                Endpoint::Openai,
+                WireApi::Openai,
                 json!({"messages": [{"role": "user", "content": "  run:echo hi "}]}),
             ),
         ] {
@@ -444,14 +444,14 @@ mod tests {
             ]}
         ]});
         assert_eq!(
-            default_text(Endpoint::Anthropic, anthropic).as_deref(),
+            default_text(WireApi::Anthropic, anthropic).as_deref(),
             Some("The command printed: hello from keel")
         );
         let failed = json!({"messages": [{"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "no such file"}], "is_error": true}
         ]}]});
         assert_eq!(
-            default_text(Endpoint::Anthropic, failed).as_deref(),
+            default_text(WireApi::Anthropic, failed).as_deref(),
             Some("The command failed: no such file")
         );
         let openai = json!({"messages": [
@@ -461,7 +461,7 @@ mod tests {
             {"role": "tool", "tool_call_id": "call_mock_2", "content": ""}
         ]});
         assert_eq!(
-            default_text(Endpoint::Openai, openai).as_deref(),
+            default_text(WireApi::Openai, openai).as_deref(),
             Some("The command printed: a.txt\nThe command succeeded and printed nothing.")
         );
     }
@@ -470,7 +470,7 @@ mod tests {
     fn an_answer_numbers_its_calls_and_counts_words() {
         let body = json!({"system": "one two", "messages": [{"role": "user", "content": "run: echo a b"}]});
         let mut counter = 6;
-        let answer = answer(Endpoint::Anthropic, &body, &Content::Default, None, || {
+        let answer = answer(WireApi::Anthropic, &body, &Content::Default, None, || {
             counter += 1;
             counter
         });
@@ -487,7 +487,7 @@ mod tests {
                 id: Some("fixed".to_owned()),
             }],
         };
-        let answer = super::answer(Endpoint::Openai, &json!({}), &given, None, || 99);
+        let answer = super::answer(WireApi::Openai, &json!({}), &given, None, || 99);
         assert_eq!(answer.tool_calls[0].id, "fixed");
         assert_eq!(answer.usage.input_tokens, 1, "never zero");
         assert_eq!(answer.usage.output_tokens, 5);

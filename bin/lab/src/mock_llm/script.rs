@@ -23,7 +23,7 @@ use serde_json::{Map, Value};
 /// Which wire format a request spoke.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Endpoint {
+pub enum WireApi {
     /// `POST /v1/messages`, the Anthropic Messages API.
     Anthropic,
     /// `POST /v1/chat/completions`, OpenAI Chat Completions.
@@ -35,7 +35,7 @@ pub enum Endpoint {
 pub struct Entry {
     /// Serve this entry only to requests on this endpoint; `None` serves it
     /// to whichever endpoint asks first.
-    pub endpoint: Option<Endpoint>,
+    pub endpoint: Option<WireApi>,
     /// Serve this entry only to a request whose prompt (system prompt and
     /// user texts) contains this text; `None` serves it to any.
     pub when: Option<String>,
@@ -166,7 +166,7 @@ impl std::error::Error for ScriptError {}
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawEntry {
-    endpoint: Option<Endpoint>,
+    endpoint: Option<WireApi>,
     when: Option<String>,
     text: Option<String>,
     tool_calls: Option<Vec<ScriptedCall>>,
@@ -290,7 +290,7 @@ impl Entry {
 
     /// Whether this entry may answer a request on `endpoint` whose
     /// prompt (see [`prompt_text`]) is `prompt`.
-    pub fn serves(&self, endpoint: Endpoint, prompt: &str) -> bool {
+    pub fn serves(&self, endpoint: WireApi, prompt: &str) -> bool {
         self.endpoint.is_none_or(|wanted| wanted == endpoint)
             && self
                 .when
@@ -478,7 +478,7 @@ impl Script {
     /// The first entry that serves a request on `endpoint` with this
     /// `prompt`, removed from the queue. Entries meant for other requests
     /// keep their place.
-    pub fn take_for(&mut self, endpoint: Endpoint, prompt: &str) -> Option<Entry> {
+    pub fn take_for(&mut self, endpoint: WireApi, prompt: &str) -> Option<Entry> {
         let entry_idx = self
             .entries
             .iter()
@@ -675,20 +675,20 @@ mod tests {
         );
         let text = |entry: Option<Entry>| entry.map(|entry| entry.source["text"].clone());
         assert_eq!(
-            text(script.take_for(Endpoint::Anthropic, "")),
+            text(script.take_for(WireApi::Anthropic, "")),
             Some(json!("for anyone"))
         );
         assert_eq!(script.len(), 2);
         assert_eq!(
-            text(script.take_for(Endpoint::Anthropic, "")),
+            text(script.take_for(WireApi::Anthropic, "")),
             Some(json!("for anthropic"))
         );
-        assert_eq!(script.take_for(Endpoint::Anthropic, ""), None);
+        assert_eq!(script.take_for(WireApi::Anthropic, ""), None);
         assert_eq!(
-            text(script.take_for(Endpoint::Openai, "")),
+            text(script.take_for(WireApi::Openai, "")),
             Some(json!("for openai"))
         );
-        assert_eq!(script.take_for(Endpoint::Openai, ""), None);
+        assert_eq!(script.take_for(WireApi::Openai, ""), None);
     }
 
     #[test]
@@ -704,16 +704,16 @@ mod tests {
         );
         let text = |entry: Option<Entry>| entry.map(|entry| entry.source["text"].clone());
         assert_eq!(
-            text(script.take_for(Endpoint::Anthropic, "do task A now")),
+            text(script.take_for(WireApi::Anthropic, "do task A now")),
             Some(json!("for A"))
         );
         assert_eq!(
-            text(script.take_for(Endpoint::Anthropic, "no match")),
+            text(script.take_for(WireApi::Anthropic, "no match")),
             Some(json!("for anyone"))
         );
-        assert_eq!(script.take_for(Endpoint::Anthropic, "task A again"), None);
+        assert_eq!(script.take_for(WireApi::Anthropic, "task A again"), None);
         assert_eq!(
-            text(script.take_for(Endpoint::Openai, "then task B")),
+            text(script.take_for(WireApi::Openai, "then task B")),
             Some(json!("for B"))
         );
         assert!(refusal(json!({"when": "", "text": "x"})).contains("leave it out"));
