@@ -15,7 +15,6 @@ mod effects;
 mod state;
 
 pub(crate) use state::ConversationState;
-use state::TOOL_GROUPS_PATIENCE;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -53,6 +52,11 @@ pub(crate) struct ConversationArgs {
     pub(crate) shared: Arc<Shared>,
     pub(crate) start: Start,
 }
+
+/// How long a rebuilt conversation waits for the tool worker and process
+/// groups of the actor that crashed before it (as boot waits for the
+/// groups of a crashed process).
+const TOOL_GROUPS_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub(crate) struct ConversationActor;
 

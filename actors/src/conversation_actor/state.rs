@@ -29,11 +29,7 @@ pub(crate) struct Worker<K> {
 }
 
 /// What keel calls itself as an agent: `gen_ai.agent.name` of its turn spans.
-pub(super) const AGENT_NAME: &str = "keel";
-/// How long a rebuilt conversation waits for the tool worker and process
-/// groups of the actor that crashed before it (as boot waits for the
-/// groups of a crashed process).
-pub(super) const TOOL_GROUPS_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+const AGENT_NAME: &str = "keel";
 
 /// The span of a turn in progress: an OpenTelemetry GenAI `invoke_agent`
 /// span (its name for OpenTelemetry is `otel.name`; `turn` stays the

@@ -123,17 +123,40 @@ pub(super) fn percentile(sorted: &[Duration], quantile: f64) -> f64 {
     stats::rounded_rank(sorted, quantile).map_or(0.0, ms)
 }
 
+/// `task(i)` for every `i` below `count`, at most `OPENING` at once; the
+/// results in the order they ended. What the bench does to many
+/// conversations or streams before it measures: creating, opening.
+pub(super) async fn at_most_opening<T, F, Fut>(count: usize, task: F) -> anyhow::Result<Vec<T>>
+where
+    T: Send + 'static,
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>> + Send + 'static,
+{
+    let gate = Arc::new(Semaphore::new(OPENING));
+    let mut tasks = JoinSet::new();
+    for index in 0..count {
+        let gate = gate.clone();
+        let work = task(index);
+        tasks.spawn(async move {
+            let _permit = gate.acquire_owned().await;
+            work.await
+        });
+    }
+    let mut done = Vec::with_capacity(count);
+    while let Some(joined) = tasks.join_next().await {
+        done.push(joined.context("a bench task failed")??);
+    }
+    Ok(done)
+}
+
 /// Create `count` conversations, `OPENING` at a time.
 pub(super) async fn create_many(
     client: &Client,
     cwd: &str,
     count: usize,
 ) -> anyhow::Result<Vec<String>> {
-    let gate = Arc::new(Semaphore::new(OPENING));
-    let mut tasks = JoinSet::new();
-    for _ in 0..count {
+    at_most_opening(count, |_| {
         let client = client.clone();
-        let gate = gate.clone();
         // The fake provider, named: a daemon at `--addr` with a real
         // provider configured must refuse rather than be billed.
         let request = CreateConversation {
@@ -141,16 +164,9 @@ pub(super) async fn create_many(
             provider: Some(ApiProvider::Mock),
             ..CreateConversation::default()
         };
-        tasks.spawn(async move {
-            let _permit = gate.acquire_owned().await;
-            client.create(&request).await.map(|created| created.id)
-        });
-    }
-    let mut ids = Vec::with_capacity(count);
-    while let Some(joined) = tasks.join_next().await {
-        ids.push(joined.context("a creating task failed")??);
-    }
-    Ok(ids)
+        async move { Ok(client.create(&request).await?.id) }
+    })
+    .await
 }
 
 /// One connection to an event stream, read as bytes and scanned.
@@ -295,21 +311,12 @@ pub(super) async fn crowded_run(
 ) -> anyhow::Result<Turns> {
     let quiet = create_many(client, cwd, 1).await?;
     let quiet = quiet.first().context("no conversation was created")?;
-    let gate = Arc::new(Semaphore::new(OPENING));
-    let mut opening = JoinSet::new();
-    for _ in 0..streams {
+    let open_streams = at_most_opening(streams, |_| {
         let client = client.clone();
-        let gate = gate.clone();
         let quiet = quiet.clone();
-        opening.spawn(async move {
-            let _permit = gate.acquire_owned().await;
-            ScannedStream::open(&client, &quiet).await
-        });
-    }
-    let mut open_streams = Vec::with_capacity(streams);
-    while let Some(joined) = opening.join_next().await {
-        open_streams.push(joined.context("an opening task failed")??);
-    }
+        async move { ScannedStream::open(&client, &quiet).await }
+    })
+    .await?;
     let (mut run, _) = turn_run(client, pid, cwd, "tool", 1, each).await?;
     run.kind = "tool, among open streams";
     run.other_streams_open = streams;
@@ -357,22 +364,15 @@ pub(super) async fn turn_run(
     each: usize,
 ) -> anyhow::Result<(Turns, Vec<String>)> {
     let ids = create_many(client, cwd, conversations).await?;
-    let gate = Arc::new(Semaphore::new(OPENING));
-    let mut opening = JoinSet::new();
-    for id in &ids {
+    let streams = at_most_opening(ids.len(), |index| {
         let client = client.clone();
-        let gate = gate.clone();
-        let id = id.clone();
-        opening.spawn(async move {
-            let _permit = gate.acquire_owned().await;
-            open(&client, &id).await.map(|events| (id, events))
-        });
-    }
-    let mut streams = Vec::with_capacity(conversations);
-    while let Some(joined) = opening.join_next().await {
-        streams.push(joined.context("an opening task failed")??);
-    }
+        let id = ids[index].clone();
+        async move { open(&client, &id).await.map(|events| (id, events)) }
+    })
+    .await?;
     let text = if kind == "tool" { "run: true" } else { "hello" };
+    // Sends take turns as the openings did.
+    let gate = Arc::new(Semaphore::new(OPENING));
     let measuring = Measuring::start(pid)?;
     let mut working = JoinSet::new();
     for (id, mut events) in streams {
