@@ -212,6 +212,10 @@ struct Target {
 
 impl ProviderClient {
     pub fn new(config: ProviderConfig) -> Result<ProviderClient, Error> {
+        // reqwest is built with `rustls-no-provider` (ring instead of
+        // aws-lc, for build time) and refuses to build a client until a
+        // provider is installed; an error only says one is installed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
             .connect_timeout(config.timeouts.connect)
             .tcp_nodelay(true)

@@ -270,7 +270,7 @@ impl Daemon {
             printed,
             url: String::new(),
             token: String::new(),
-            http: reqwest::Client::new(),
+            http: keel_api::http::client(),
             exit: None,
             lines,
         };
@@ -313,7 +313,7 @@ impl Daemon {
         let mut headers = HeaderMap::new();
         let bearer = HeaderValue::from_str(&format!("Bearer {}", daemon.token)).unwrap();
         headers.insert(AUTHORIZATION, bearer);
-        daemon.http = reqwest::Client::builder()
+        daemon.http = keel_api::http::client_builder()
             .default_headers(headers)
             .build()
             .unwrap();
@@ -403,7 +403,7 @@ impl Daemon {
 
     /// An HTTP client that sends no token.
     pub fn anonymous(&self) -> reqwest::Client {
-        reqwest::Client::new()
+        keel_api::http::client()
     }
 
     pub async fn get(&self, path: &str) -> Reply {

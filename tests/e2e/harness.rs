@@ -70,7 +70,7 @@ impl MockLlm {
             .unwrap_or_else(|error| panic!("starting mock-llm: {error:#}"));
         MockLlm {
             provider,
-            http: reqwest::Client::new(),
+            http: keel_api::http::client(),
         }
     }
 

@@ -23,13 +23,65 @@ pub(crate) struct Checked {
     /// `None` when the tool's own schema does not compile: a bug in the
     /// tool, logged at registration. Its calls then run unchecked rather
     /// than never, since the tool parses its input itself anyway.
-    validator: Option<jsonschema::Validator>,
+    validator: Option<Validator>,
+}
+
+/// A tool's input schema, compiled (by boon: every draft from 4 to
+/// 2020-12, and a fraction of jsonschema's build time, which was the
+/// heaviest crate of a fresh release build).
+struct Validator {
+    schemas: boon::Schemas,
+    index: boon::SchemaIndex,
+}
+
+/// The name a tool's schema is compiled under. Nothing is ever fetched
+/// from it: references resolve inside the schema or not at all.
+const SCHEMA_URL: &str = "https://keel.invalid/tool-input.json";
+
+impl Validator {
+    /// The schema compiled, or why it does not compile (with its cause).
+    fn compile(schema: &Value) -> Result<Validator, String> {
+        let why = |error: boon::CompileError| format!("{error:#}");
+        let mut schemas = boon::Schemas::new();
+        let mut compiler = boon::Compiler::new();
+        // A schema comes from a tool, a client or (later) an MCP server: it
+        // may not make keel read files (boon's default loads `file:` URLs)
+        // or fetch anything. The drafts' own metaschemas are built in.
+        compiler.use_loader(Box::new(boon::SchemeUrlLoader::new()));
+        compiler
+            .add_resource(SCHEMA_URL, schema.clone())
+            .map_err(why)?;
+        let index = compiler.compile(SCHEMA_URL, &mut schemas).map_err(why)?;
+        Ok(Validator { schemas, index })
+    }
+
+    /// Every leaf violation of `input`, as (where in the input, what).
+    fn violations(&self, input: &Value) -> Vec<(String, String)> {
+        let mut found = Vec::new();
+        if let Err(error) = self.schemas.validate(input, self.index) {
+            leaves(&error, &mut found);
+        }
+        found
+    }
+}
+
+/// The leaves of boon's tree of errors: the groups above them ("validation
+/// failed") say nothing a model can act on.
+fn leaves(error: &boon::ValidationError<'_, '_>, found: &mut Vec<(String, String)>) {
+    if error.causes.is_empty() {
+        let at = error.instance_location.to_string();
+        let at = if at.is_empty() { "/".to_owned() } else { at };
+        found.push((at, error.kind.to_string()));
+    }
+    for cause in &error.causes {
+        leaves(cause, found);
+    }
 }
 
 impl Checked {
     pub(crate) fn new(tool: Arc<dyn Tool>) -> Checked {
         let spec = tool.spec();
-        let validator = match jsonschema::validator_for(&spec.input_schema) {
+        let validator = match Validator::compile(&spec.input_schema) {
             Ok(validator) => Some(validator),
             Err(error) => {
                 tracing::error!(
@@ -45,28 +97,23 @@ impl Checked {
 
     /// Why `input` does not fit the schema, or `None` when it does.
     fn problems(&self, name: &str, input: &Value) -> Option<String> {
-        let validator = self.validator.as_ref()?;
-        let mut listed = Vec::new();
-        let mut n_problems = 0usize;
-        for error in validator.iter_errors(input) {
-            n_problems += 1;
-            if listed.len() < MAX_LISTED {
-                let at = error.instance_path().to_string();
-                let at = if at.is_empty() { "/".to_owned() } else { at };
-                listed.push(format!("- at {at}: {error}"));
-            }
-        }
-        if n_problems == 0 {
+        let violations = self.validator.as_ref()?.violations(input);
+        if violations.is_empty() {
             return None;
         }
+        let listed: Vec<String> = violations
+            .iter()
+            .take(MAX_LISTED)
+            .map(|(at, what)| format!("- at {at}: {what}"))
+            .collect();
         let mut message = format!(
             "the input does not match the {name} tool's schema, so the tool did not run:\n{}",
             listed.join("\n")
         );
-        if n_problems > listed.len() {
+        if violations.len() > listed.len() {
             message.push_str(&format!(
                 "\n(and {} more problems)",
-                n_problems - listed.len()
+                violations.len() - listed.len()
             ));
         }
         message.push_str(&format!("\ninput: {input}"));
@@ -107,17 +154,43 @@ mod tests {
             .problems("read_file", &json!({"path": 7, "offset": 0}))
             .unwrap();
         assert!(
-            problems.contains("at /path: 7 is not of type \"string\""),
+            problems.contains("at /path: want string, but got number"),
             "{problems}"
         );
         assert!(
-            problems.contains("at /offset: 0 is less than the minimum of 1"),
+            problems.contains("at /offset: must be >=1, but got 0"),
             "{problems}"
         );
         let problems = checked.problems("read_file", &json!({})).unwrap();
         assert!(
-            problems.contains("at /: \"path\" is a required property"),
+            problems.contains("at /: missing properties 'path'"),
             "{problems}"
+        );
+    }
+
+    /// A schema may not make keel read a file or fetch anything: a
+    /// reference outside the schema does not compile, while one inside it
+    /// and the drafts' own metaschemas do.
+    #[test]
+    fn references_outside_the_schema_are_never_loaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = dir.path().join("outside.json");
+        std::fs::write(&outside, r#"{"type": "string"}"#).unwrap();
+        let by_file = json!({"$ref": format!("file://{}", outside.display())});
+        assert!(Validator::compile(&by_file).is_err());
+        assert!(Validator::compile(&json!({"$ref": "http://127.0.0.1:9/s.json"})).is_err());
+
+        let inside = json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$defs": {"name": {"type": "string"}},
+            "type": "object",
+            "properties": {"name": {"$ref": "#/$defs/name"}}
+        });
+        let validator = Validator::compile(&inside).unwrap();
+        assert!(validator.violations(&json!({"name": "a"})).is_empty());
+        assert_eq!(
+            validator.violations(&json!({"name": 1})),
+            vec![("/name".to_owned(), "want string, but got number".to_owned())]
         );
     }
 

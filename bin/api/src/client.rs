@@ -94,7 +94,7 @@ impl Client {
         } else {
             format!("http://{addr}")
         };
-        let http = reqwest::Client::builder()
+        let http = crate::http::client_builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .build()
             // Building fails only without a TLS backend or a resolver,

@@ -8,6 +8,7 @@
 
 pub mod client;
 pub mod error;
+pub mod http;
 pub mod types;
 
 pub use error::ErrorCode;

@@ -301,7 +301,7 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await });
-        let http = reqwest::Client::new();
+        let http = keel_api::http::client();
 
         let failed = http
             .get(format!("http://{address}/boom"))

@@ -178,6 +178,9 @@ fn otlp_configured() -> bool {
 /// the `OTEL_EXPORTER_OTLP_*` variables (the general endpoint gets
 /// `/v1/traces` appended).
 fn tracer_provider(endpoint: Option<&str>) -> anyhow::Result<SdkTracerProvider> {
+    // The exporter builds a reqwest client, which needs a crypto provider
+    // installed (keel's reqwest has none of its own).
+    keel_api::http::install_crypto_provider();
     let mut exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_protocol(Protocol::HttpBinary);

@@ -249,7 +249,7 @@ fn ms(duration: Duration) -> String {
 }
 
 async fn push_script(mock_url: &str, script: &Value) {
-    let response = reqwest::Client::new()
+    let response = keel_api::http::client()
         .post(format!("{mock_url}/_mock/script"))
         .json(script)
         .send()

@@ -30,7 +30,7 @@ impl MockLlm {
     fn start_with(extra_args: &[&str]) -> MockLlm {
         let provider = FakeProvider::start(Path::new(env!("CARGO_BIN_EXE_keel")), extra_args)
             .expect("keel mock-llm starts");
-        let client = Client::builder().no_proxy().build().unwrap();
+        let client = keel_api::http::client_builder().no_proxy().build().unwrap();
         MockLlm { provider, client }
     }
 

@@ -241,8 +241,8 @@ async fn daemon_openapi_lists_every_route() {
             let concrete = path.replace("{id}", "c-openapi-probe");
             let url = format!("{}{concrete}", daemon.url);
             let request = match method.as_str() {
-                "get" => reqwest::Client::new().get(url),
-                "post" => reqwest::Client::new().post(url).json(&json!({})),
+                "get" => keel_api::http::client().get(url),
+                "post" => keel_api::http::client().post(url).json(&json!({})),
                 other => panic!("no probe for {other}"),
             };
             let request = if concrete.ends_with("/events") {

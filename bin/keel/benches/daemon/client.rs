@@ -14,7 +14,7 @@ pub(crate) struct Api {
 impl Api {
     pub(crate) fn new(daemon: &Daemon) -> Api {
         Api {
-            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+            http: keel_api::http::client_builder().no_proxy().build().unwrap(),
             base: format!("http://{}", daemon.addr),
         }
     }

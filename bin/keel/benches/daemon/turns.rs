@@ -182,7 +182,7 @@ pub(crate) async fn library_turn(
 }
 
 pub(crate) async fn push_script(mock_url: &str, script: &Value) {
-    let response = reqwest::Client::new()
+    let response = keel_api::http::client()
         .post(format!("{mock_url}/_mock/script"))
         .json(script)
         .send()
@@ -193,7 +193,7 @@ pub(crate) async fn push_script(mock_url: &str, script: &Value) {
 
 /// Every scripted answer was taken: each turn had its tool call and text.
 pub(crate) async fn assert_script_used(mock_url: &str) {
-    let script: Value = reqwest::Client::new()
+    let script: Value = keel_api::http::client()
         .get(format!("{mock_url}/_mock/script"))
         .send()
         .await

@@ -493,7 +493,7 @@ pub(super) async fn cancels(
     cwd: &str,
     count: usize,
 ) -> anyhow::Result<Latency> {
-    let http = reqwest::Client::new();
+    let http = keel_api::http::client();
     let mut samples = Vec::with_capacity(count);
     for _ in 0..count {
         let id = create_many(client, cwd, 1)

@@ -46,7 +46,7 @@ impl DemoFrame {
 /// The fake provider's script API: `POST /_mock/script` queues replies,
 /// one per request, before its default behaviour resumes.
 pub(super) async fn push_script(mock_url: &str, entries: Value) -> anyhow::Result<()> {
-    let response = reqwest::Client::new()
+    let response = keel_api::http::client()
         .post(format!("{mock_url}/_mock/script"))
         .json(&entries)
         .timeout(PATIENCE)

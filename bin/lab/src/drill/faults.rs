@@ -195,7 +195,7 @@ impl Lab {
         let client = Client::new(&daemon.addr.to_string(), Some(daemon.token.clone()));
         Ok(Lab {
             mock_url,
-            http: reqwest::Client::new(),
+            http: keel_api::http::client(),
             client,
             daemon,
             _data: data,

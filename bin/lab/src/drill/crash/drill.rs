@@ -79,7 +79,7 @@ pub(super) async fn drill_in(
     };
     // The commands a daemon of somebody else's runs mark themselves.
     let mark = matches!(lives, Lives::Running(_)).then(|| run_id.clone());
-    let http = reqwest::Client::new();
+    let http = keel_api::http::client();
 
     let shared = Shared {
         book: Arc::new(Mutex::new(Book::default())),
