@@ -1,0 +1,378 @@
+//! Reading the stream: each `chat.completion.chunk` fed to the [`Decoder`]
+//! (text, reasoning, refusals, the finish reason, usage, `[DONE]`), and the
+//! finished response with its stop reason.
+//!
+//! This is the [`StreamDecoder`] the shell drives; it hands tool-call
+//! fragments to `calls.rs`, a chunk that is an error to `error.rs` and the
+//! usage to `usage.rs`, so what is left here is the order of the response's
+//! parts and the liberal reading of how the servers end a stream.
+
+use serde_json::Value;
+
+use super::calls::parse_fragment;
+use super::error::{error_of, retryable, stream_failure};
+use super::usage::parse_usage;
+use super::{Decoder, Part};
+use crate::config::ProviderKind;
+use crate::input::{AssistantResponse, LlmFailure};
+use crate::live::StreamDelta;
+use crate::message::{AssistantBlock, StopReason};
+use crate::wire::{SseEvent, StreamDecoder};
+
+impl Decoder {
+    fn fail(&mut self, failure: LlmFailure) -> Result<Vec<StreamDelta>, LlmFailure> {
+        self.failure = Some(failure.clone());
+        Err(failure)
+    }
+
+    fn note_metadata(&mut self, chunk: &Value) {
+        if let Some(model) = chunk.get("model").and_then(Value::as_str) {
+            if !model.is_empty() {
+                self.model = Some(model.to_owned());
+            }
+        }
+        if self.response_id.is_none() {
+            self.response_id = chunk
+                .get("id")
+                .and_then(Value::as_str)
+                .filter(|id| !id.is_empty())
+                .map(str::to_owned);
+        }
+        if self.created.is_none() {
+            self.created = chunk.get("created").and_then(Value::as_u64);
+        }
+    }
+
+    fn apply_delta(&mut self, delta: &Value, out: &mut Vec<StreamDelta>) {
+        // DeepSeek, SGLang and llama.cpp say `reasoning_content`; vLLM,
+        // Ollama and OpenRouter say `reasoning`. A server in transition may
+        // send both with the same text, so only the first is taken.
+        let reasoning = ["reasoning_content", "reasoning"]
+            .iter()
+            .find_map(|key| delta.get(key).and_then(Value::as_str))
+            .filter(|text| !text.is_empty());
+        if let Some(text) = reasoning {
+            self.push_thinking(text, out);
+        }
+        match delta.get("content") {
+            Some(Value::String(text)) => self.push_text(text, out),
+            // A few servers (Mistral) send content as typed parts.
+            Some(Value::Array(parts)) => {
+                for part in parts {
+                    if part.get("type").and_then(Value::as_str) == Some("text") {
+                        if let Some(text) = part.get("text").and_then(Value::as_str) {
+                            self.push_text(text, out);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        if let Some(refusal) = delta.get("refusal").and_then(Value::as_str) {
+            if !refusal.is_empty() {
+                self.refused = true;
+                self.push_text(refusal, out);
+            }
+        }
+        if let Some(fragments) = delta.get("tool_calls").and_then(Value::as_array) {
+            for fragment in fragments {
+                self.apply_fragment(parse_fragment(fragment), out);
+            }
+        }
+    }
+
+    fn push_text(&mut self, text: &str, out: &mut Vec<StreamDelta>) {
+        if text.is_empty() {
+            return;
+        }
+        match self.parts.last_mut() {
+            Some(Part::Text(so_far)) => so_far.push_str(text),
+            _ => self.parts.push(Part::Text(text.to_owned())),
+        }
+        out.push(StreamDelta::Text {
+            text: text.to_owned(),
+        });
+    }
+
+    fn push_thinking(&mut self, text: &str, out: &mut Vec<StreamDelta>) {
+        match self.parts.last_mut() {
+            Some(Part::Thinking(so_far)) => so_far.push_str(text),
+            _ => self.parts.push(Part::Thinking(text.to_owned())),
+        }
+        out.push(StreamDelta::Thinking {
+            text: text.to_owned(),
+        });
+    }
+
+    fn stop_reason(&self, has_tool_calls: bool) -> StopReason {
+        // A response cut off at max_tokens says so even with tool calls in
+        // it: the last call's arguments may be incomplete, and none may run.
+        if self.finish_reason.as_deref() == Some("length") {
+            return StopReason::MaxTokens;
+        }
+        // Whether the model called tools is read from what it sent: vLLM,
+        // llama.cpp and others say "stop" after tool calls.
+        if has_tool_calls {
+            return StopReason::ToolUse;
+        }
+        if self.refused {
+            return StopReason::Refusal;
+        }
+        match self.finish_reason.as_deref() {
+            Some("stop") | None => StopReason::EndTurn,
+            Some("length") => StopReason::MaxTokens,
+            Some("content_filter") => StopReason::Refusal,
+            // "tool_calls" (or the deprecated "function_call") with no call
+            // assembled is a reason keel cannot act on.
+            Some(_) => StopReason::Other,
+        }
+    }
+}
+
+impl StreamDecoder for Decoder {
+    fn feed(&mut self, event: SseEvent<'_>) -> Result<Vec<StreamDelta>, LlmFailure> {
+        if let Some(failure) = &self.failure {
+            return Err(failure.clone());
+        }
+        let data = event.data.trim();
+        if self.done || data.is_empty() {
+            return Ok(Vec::new());
+        }
+        if data == "[DONE]" {
+            self.done = true;
+            return Ok(Vec::new());
+        }
+        let chunk: Value = match serde_json::from_str(data) {
+            Ok(chunk @ Value::Object(_)) => chunk,
+            Ok(_) => return self.fail(retryable("malformed stream chunk: not a JSON object")),
+            Err(error) => return self.fail(retryable(format!("malformed stream chunk: {error}"))),
+        };
+        if let Some(error) = error_of(&chunk, event.event) {
+            return self.fail(stream_failure(&error));
+        }
+
+        self.note_metadata(&chunk);
+        if let Some(usage) = chunk.get("usage").filter(|usage| usage.is_object()) {
+            self.usage = Some(parse_usage(usage));
+        }
+        let mut out = Vec::new();
+        let choices = chunk.get("choices").and_then(Value::as_array);
+        for choice in choices.into_iter().flatten() {
+            // keel asks for one choice; anything else is not its answer.
+            if choice.get("index").and_then(Value::as_u64).unwrap_or(0) != 0 {
+                continue;
+            }
+            if let Some(delta) = choice.get("delta") {
+                self.apply_delta(delta, &mut out);
+            }
+            if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+                self.finish_reason = Some(reason.to_owned());
+            }
+        }
+        Ok(out)
+    }
+
+    fn is_complete(&self) -> bool {
+        self.done
+    }
+
+    fn finish(self: Box<Self>) -> Result<AssistantResponse, LlmFailure> {
+        let mut this = *self;
+        if let Some(failure) = this.failure {
+            return Err(failure);
+        }
+        // Some servers close the stream without `[DONE]`; a finish_reason
+        // says the answer was whole all the same.
+        if !this.done && this.finish_reason.is_none() {
+            return Err(retryable(
+                "stream ended early: no finish_reason and no [DONE] before the connection closed",
+            ));
+        }
+        let mut blocks = Vec::with_capacity(this.parts.len());
+        let mut has_tool_calls = false;
+        for part in std::mem::take(&mut this.parts) {
+            match part {
+                // Whitespace between reasoning and tool calls (Qwen's "\n\n")
+                // says nothing, and Anthropic rejects it should this history
+                // ever be sent there.
+                Part::Text(text) if text.trim().is_empty() => {}
+                Part::Text(text) => blocks.push(AssistantBlock::Text { text }),
+                Part::Thinking(text) => blocks.push(AssistantBlock::Thinking {
+                    text,
+                    signature: None,
+                }),
+                Part::Tool(slot) => {
+                    let call = this.finish_call(&this.calls[slot], slot)?;
+                    blocks.push(AssistantBlock::ToolUse { call });
+                    has_tool_calls = true;
+                }
+            }
+        }
+        Ok(AssistantResponse {
+            blocks,
+            stop_reason: this.stop_reason(has_tool_calls),
+            usage: this.usage.unwrap_or_default(),
+            provider: ProviderKind::OpenAi,
+            model: this.model.unwrap_or(this.requested_model),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::wire::openai::testing::{done, feed_all, finish_chunk, tool_chunk};
+
+    #[test]
+    fn finish_reasons_map_to_stop_reasons() {
+        for (reason, expected) in [
+            ("stop", StopReason::EndTurn),
+            ("length", StopReason::MaxTokens),
+            ("content_filter", StopReason::Refusal),
+            ("tool_calls", StopReason::Other),
+            ("something_new", StopReason::Other),
+        ] {
+            let mut decoder = Decoder::new("m");
+            feed_all(&mut decoder, &[finish_chunk(reason)]);
+            let response = Box::new(decoder).finish().unwrap();
+            assert_eq!(response.stop_reason, expected, "{reason}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_is_shown_as_text_and_ends_as_refusal() {
+        let mut decoder = Decoder::new("m");
+        let deltas = feed_all(
+            &mut decoder,
+            &[
+                json!({ "choices": [{ "index": 0, "delta": { "refusal": "I can't help with that." } }] }),
+                finish_chunk("stop"),
+            ],
+        );
+        assert_eq!(
+            deltas,
+            vec![StreamDelta::Text {
+                text: "I can't help with that.".into()
+            }]
+        );
+        let response = Box::new(decoder).finish().unwrap();
+        assert_eq!(response.stop_reason, StopReason::Refusal);
+    }
+
+    #[test]
+    fn content_sent_as_typed_parts_is_text() {
+        let mut decoder = Decoder::new("m");
+        let chunk = json!({ "choices": [{ "index": 0, "delta": { "content": [
+            { "type": "text", "text": "Bonjour" },
+            { "type": "reference", "text": "not said" },
+            { "type": "text", "text": " !" },
+        ] } }] });
+        let deltas = feed_all(&mut decoder, &[chunk, finish_chunk("stop")]);
+        assert_eq!(
+            deltas,
+            vec![
+                StreamDelta::Text {
+                    text: "Bonjour".to_owned()
+                },
+                StreamDelta::Text {
+                    text: " !".to_owned()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn whitespace_only_text_is_streamed_but_not_kept() {
+        let mut decoder = Decoder::new("m");
+        let deltas = feed_all(
+            &mut decoder,
+            &[
+                json!({ "choices": [{ "index": 0, "delta": { "content": "\n\n" } }] }),
+                tool_chunk(
+                    json!([{ "id": "a", "index": 0, "function": { "name": "t", "arguments": "{}" } }]),
+                ),
+                finish_chunk("tool_calls"),
+            ],
+        );
+        assert_eq!(
+            deltas[0],
+            StreamDelta::Text {
+                text: "\n\n".into()
+            }
+        );
+        let response = Box::new(decoder).finish().unwrap();
+        assert_eq!(response.blocks.len(), 1);
+        assert_eq!(response.stop_reason, StopReason::ToolUse);
+    }
+
+    #[test]
+    fn malformed_chunks_fail_retryably() {
+        for data in ["{\"choices\": [", "42", "not json"] {
+            let mut decoder = Decoder::new("m");
+            let failure = decoder.feed(SseEvent { event: "", data }).unwrap_err();
+            assert!(failure.retryable);
+            assert!(
+                failure.message.starts_with("malformed stream chunk"),
+                "{}",
+                failure.message
+            );
+        }
+    }
+
+    #[test]
+    fn empty_data_and_everything_after_done_are_ignored() {
+        let mut decoder = Decoder::new("m");
+        assert_eq!(
+            decoder.feed(SseEvent {
+                event: "",
+                data: "  "
+            }),
+            Ok(vec![])
+        );
+        assert!(!decoder.is_complete());
+        done(&mut decoder);
+        assert!(decoder.is_complete());
+        assert_eq!(
+            decoder.feed(SseEvent {
+                event: "",
+                data: "garbage"
+            }),
+            Ok(vec![])
+        );
+        let response = Box::new(decoder).finish().unwrap();
+        assert!(response.blocks.is_empty());
+        assert_eq!(response.model, "m");
+        assert_eq!(response.provider, ProviderKind::OpenAi);
+    }
+
+    #[test]
+    fn only_the_first_choice_is_the_answer() {
+        let mut decoder = Decoder::new("m");
+        let deltas = feed_all(
+            &mut decoder,
+            &[json!({ "choices": [
+                { "index": 1, "delta": { "content": "other" } },
+                { "index": 0, "delta": { "content": "mine" } },
+            ] })],
+        );
+        assert_eq!(
+            deltas,
+            vec![StreamDelta::Text {
+                text: "mine".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn reasoning_is_taken_once_even_when_both_names_are_sent() {
+        let mut decoder = Decoder::new("m");
+        let deltas = feed_all(
+            &mut decoder,
+            &[json!({ "choices": [{ "index": 0,
+                "delta": { "reasoning_content": "hmm", "reasoning": "hmm", "content": "" } }] })],
+        );
+        assert_eq!(deltas, vec![StreamDelta::Thinking { text: "hmm".into() }]);
+    }
+}
