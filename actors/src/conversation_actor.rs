@@ -450,6 +450,7 @@ impl Actor for ConversationActor {
                     retryable: true,
                     retry_after_ms: None,
                     message: format!("the stream worker {why}"),
+                    prompt_too_long: false,
                 },
                 jitter: fastrand::u16(0..=1000),
             };

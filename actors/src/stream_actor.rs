@@ -275,6 +275,7 @@ async fn load_image(
             retryable: true,
             retry_after_ms: None,
             message: format!("cannot read image {}: {error}", image.hash),
+            prompt_too_long: false,
         })?;
     let Some(bytes) = bytes else {
         return Ok(Err("it is missing from the store".to_owned()));

@@ -528,7 +528,8 @@ fn follow_pending(pending: &mut Vec<PendingCall>, kind: &EventKind) -> bool {
         | EventKind::Recovered { .. }
         | EventKind::Nudge { .. }
         | EventKind::DebounceCancelled
-        | EventKind::Unanswered { .. } => {}
+        | EventKind::Unanswered { .. }
+        | EventKind::Compacted { .. } => {}
     }
     pending.len() != before
 }

@@ -91,6 +91,10 @@ pub enum ToolPolicy {
     Client,
 }
 
+/// Compaction's default threshold: a prompt past 80% of the context window
+/// is compacted before it is sent.
+pub const DEFAULT_COMPACT_AT_PERCENT: u8 = 80;
+
 /// The default cap on sub-agents per `spawn_agents` call, and the one the
 /// tool's schema shows the model.
 pub const DEFAULT_MAX_CHILDREN: u32 = 10;
@@ -143,6 +147,10 @@ pub struct ConversationConfig {
     pub tools: BTreeMap<String, ToolPolicy>,
     /// The model's context window in tokens; warnings go out at 80% and 95%.
     pub context_window: u64,
+    /// Compact the prompt before a request that would fill more than this
+    /// share of the context window, in percent (docs/compaction.md); 0
+    /// never compacts ahead (a provider's "too long" still does).
+    pub compact_at_percent: u8,
     /// Most LLM requests one user turn may make; stops runaway tool loops.
     pub max_requests_per_turn: u32,
     /// Largest generation the model may produce per request.
@@ -172,6 +180,7 @@ impl Default for ConversationConfig {
             retry: RetryPolicy::default(),
             tools: BTreeMap::new(),
             context_window: 200_000,
+            compact_at_percent: DEFAULT_COMPACT_AT_PERCENT,
             max_requests_per_turn: 50,
             max_tokens: 8192,
             sub_agent: SubAgentLimits::default(),

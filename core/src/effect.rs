@@ -24,6 +24,12 @@ pub enum Effect {
         generation: Generation,
         model: ModelRef,
         timeout_ms: u64,
+        /// Set for a summary request: send not the prompt but a request for
+        /// a summary of its first this many messages
+        /// (`compaction::summary_request`, with `compaction::SUMMARY_SYSTEM`
+        /// and no tools).
+        #[serde(default)]
+        summarise: Option<u32>,
     },
     /// Drop the stream of `generation` and close its connection now.
     AbortStream { generation: Generation },

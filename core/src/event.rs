@@ -136,6 +136,25 @@ pub enum EventKind {
     Finished {
         outcome: SubAgentOutcome,
     },
+    /// The older part of the prompt was replaced by a summary of it (or,
+    /// when no summary could be had, left out with a note) so that the
+    /// prompt fits the model's context window. The log keeps every event
+    /// it replaced; only the prompt built from the log is smaller
+    /// (docs/compaction.md).
+    Compacted {
+        /// Seq of the last event whose content the summary stands for.
+        through_seq: Seq,
+        /// How many leading messages of the prompt were replaced: always
+        /// up to the start of a turn, so no tool call is parted from its
+        /// result.
+        replaced_messages: u32,
+        /// The model's summary; `None` when the messages were left out
+        /// without one (the summary request failed or could not fit).
+        summary: Option<String>,
+        /// The prompt's estimated tokens before and after.
+        tokens_before: u64,
+        tokens_after: u64,
+    },
 }
 
 /// The longest `by` a resolution may name, in characters: enough for any

@@ -91,6 +91,12 @@ pub struct LlmFailure {
     pub retry_after_ms: Option<u64>,
     /// What went wrong, intact from the provider where it said.
     pub message: String,
+    /// The provider refused the prompt as longer than the model's context
+    /// window (Anthropic's "prompt is too long", OpenAI's
+    /// `context_length_exceeded`): keel compacts and tries again
+    /// (docs/compaction.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prompt_too_long: bool,
 }
 
 /// Timers the shell schedules on the core's behalf; each names what it is for,

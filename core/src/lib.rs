@@ -9,6 +9,7 @@
 
 pub mod builtin;
 pub mod codec;
+pub mod compaction;
 pub mod config;
 pub mod effect;
 pub mod event;

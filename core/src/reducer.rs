@@ -32,7 +32,7 @@ use crate::time::Timestamp;
 /// whenever the same events would give a different working set, or one
 /// with other fields: checkpoints (`codec::checkpoint`) written by another
 /// version are then ignored and the log replayed.
-pub const REDUCER_VERSION: u32 = 6;
+pub const REDUCER_VERSION: u32 = 7;
 
 /// How many of the latest resolutions the working set keeps on record
 /// (`WorkingSet::resolved`).
@@ -51,6 +51,10 @@ pub struct WorkingSet {
     pub user_initiated: bool,
     /// The prompt as the LLM will see it. Interrupted partial text never enters.
     pub messages: Vec<Message>,
+    /// For each of `messages`, the seq of the event that started it: where
+    /// in the log a compaction cuts (`compaction.rs`).
+    #[serde(default)]
+    pub message_seqs: Vec<Seq>,
     pub last_seq: Seq,
     pub last_activity: Timestamp,
     /// Number of the latest turn started; 0 before the first.
@@ -192,6 +196,7 @@ impl WorkingSet {
             parent_conversation: parent_conversation.clone(),
             user_initiated: *user_initiated,
             messages: Vec::new(),
+            message_seqs: Vec::new(),
             last_seq: 1,
             last_activity: event.at,
             turn: 0,
@@ -369,7 +374,7 @@ impl WorkingSet {
                         images: images.into_owned(),
                     });
                 } else {
-                    self.push_user_text(text.into_owned(), images.into_owned());
+                    self.push_user_text(seq, text.into_owned(), images.into_owned());
                     if triggers_turn {
                         self.untriggered.push(seq);
                     }
@@ -410,6 +415,7 @@ impl WorkingSet {
                     role: Role::Assistant,
                     content,
                 });
+                self.message_seqs.push(seq);
                 self.usage = usage;
                 if let Some(turn) = &mut self.current_turn {
                     turn.responses += 1;
@@ -424,13 +430,16 @@ impl WorkingSet {
                 self.pending
                     .retain(|pending| pending.call.id != *tool_call_id);
                 self.approved.retain(|id| *id != *tool_call_id);
-                self.push_user_block(ContentBlock::ToolResult {
-                    result: ToolResult {
-                        tool_call_id: tool_call_id.into_owned(),
-                        content: content.into_owned(),
-                        is_error,
+                self.push_user_block(
+                    seq,
+                    ContentBlock::ToolResult {
+                        result: ToolResult {
+                            tool_call_id: tool_call_id.into_owned(),
+                            content: content.into_owned(),
+                            is_error,
+                        },
                     },
-                });
+                );
             }
             Payload::Suspended { pending } => self.pending.extend(pending.into_owned()),
             Payload::Resolved {
@@ -465,14 +474,30 @@ impl WorkingSet {
                         turn.grace_used = true;
                     }
                 }
-                self.push_user_block(ContentBlock::Text {
-                    text: text.into_owned(),
-                });
+                self.push_user_block(
+                    seq,
+                    ContentBlock::Text {
+                        text: text.into_owned(),
+                    },
+                );
             }
             Payload::Finished { outcome } => self.outcome = Some(outcome.into_owned()),
             Payload::DebounceCancelled => self.untriggered.clear(),
             Payload::Unanswered { messages } => {
                 self.untriggered.retain(|seq| !messages.contains(seq));
+            }
+            Payload::Compacted {
+                replaced_messages,
+                summary,
+            } => {
+                crate::compaction::apply(
+                    &mut self.messages,
+                    &mut self.message_seqs,
+                    replaced_messages as usize,
+                    summary.as_deref(),
+                );
+                // The provider's count described the prompt before.
+                self.usage = Usage::default();
             }
         }
     }
@@ -487,27 +512,31 @@ impl WorkingSet {
         // turn until one starts or an `Unanswered` event lets them go.
         for queued in std::mem::take(&mut self.queued) {
             self.untriggered.push(queued.seq);
-            self.push_user_text(queued.text, queued.images);
+            self.push_user_text(queued.seq, queued.text, queued.images);
         }
     }
 
-    fn push_user_text(&mut self, text: String, images: Vec<ImageRef>) {
+    fn push_user_text(&mut self, seq: Seq, text: String, images: Vec<ImageRef>) {
         if !text.is_empty() {
-            self.push_user_block(ContentBlock::Text { text });
+            self.push_user_block(seq, ContentBlock::Text { text });
         }
         for image in images {
-            self.push_user_block(ContentBlock::Image { image });
+            self.push_user_block(seq, ContentBlock::Image { image });
         }
     }
 
-    /// Append to the last user message, or start one: roles must alternate.
-    fn push_user_block(&mut self, block: ContentBlock) {
+    /// Append to the last user message, or start one (from the event at
+    /// `seq`): roles must alternate.
+    fn push_user_block(&mut self, seq: Seq, block: ContentBlock) {
         match self.messages.last_mut() {
             Some(message) if message.role == Role::User => message.content.push(block),
-            _ => self.messages.push(Message {
-                role: Role::User,
-                content: vec![block],
-            }),
+            _ => {
+                self.messages.push(Message {
+                    role: Role::User,
+                    content: vec![block],
+                });
+                self.message_seqs.push(seq);
+            }
         }
     }
 }
@@ -567,6 +596,10 @@ enum Payload<'a> {
     Unanswered {
         messages: Cow<'a, [Seq]>,
     },
+    Compacted {
+        replaced_messages: u32,
+        summary: Option<Cow<'a, str>>,
+    },
 }
 
 impl<'a> Payload<'a> {
@@ -625,6 +658,14 @@ impl<'a> Payload<'a> {
             EventKind::Unanswered { messages, .. } => Payload::Unanswered {
                 messages: Cow::Borrowed(messages.as_slice()),
             },
+            EventKind::Compacted {
+                replaced_messages,
+                summary,
+                ..
+            } => Payload::Compacted {
+                replaced_messages: *replaced_messages,
+                summary: summary.as_deref().map(Cow::Borrowed),
+            },
         }
     }
 
@@ -682,6 +723,14 @@ impl<'a> Payload<'a> {
             EventKind::DebounceCancelled => Payload::DebounceCancelled,
             EventKind::Unanswered { messages, .. } => Payload::Unanswered {
                 messages: Cow::Owned(messages),
+            },
+            EventKind::Compacted {
+                replaced_messages,
+                summary,
+                ..
+            } => Payload::Compacted {
+                replaced_messages,
+                summary: summary.map(Cow::Owned),
             },
         }
     }

@@ -6,6 +6,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::compaction::Plan;
 use crate::ids::{Seq, ToolCallId};
 use crate::reducer::{Status, WorkingSet};
 use crate::time::Timestamp;
@@ -49,6 +50,9 @@ pub struct Request {
     pub slot: Slot,
     /// Retries already spent on this slot.
     pub retries: u32,
+    /// Set when this is a summary request: the compaction it serves
+    /// (docs/compaction.md). The turn's own request follows it.
+    pub compaction: Option<Plan>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

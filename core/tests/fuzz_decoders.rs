@@ -525,6 +525,7 @@ fn sample_log() -> Vec<Event> {
                 retryable: true,
                 message: "overloaded".to_owned(),
                 retry_after_ms: Some(1_500),
+                prompt_too_long: false,
             },
             jitter: 500,
         }),

@@ -45,6 +45,9 @@ struct Setup {
     bash_needs_approval: bool,
     /// Some: the conversation is a sub-agent with these limits.
     sub_agent: Option<SubAgentLimits>,
+    /// A context window so small that prompts are compacted every few
+    /// turns (docs/compaction.md).
+    small_window: bool,
 }
 
 impl Setup {
@@ -66,6 +69,8 @@ impl Setup {
             tools,
             max_requests_per_turn: self.max_requests_per_turn,
             sub_agent: self.sub_agent.unwrap_or_default(),
+            context_window: if self.small_window { 400 } else { 200_000 },
+            compact_at_percent: if self.small_window { 50 } else { 80 },
             ..ConversationConfig::default()
         }
     }
@@ -159,6 +164,8 @@ enum Action {
         retryable: bool,
         retry_after_ms: Option<u64>,
         jitter: u16,
+        /// The provider refuses the prompt as too long (not retryable).
+        too_long: bool,
     },
     /// A text delta for the latest stream.
     Delta,
@@ -245,6 +252,7 @@ fn setup() -> impl Strategy<Value = Setup> {
         0u32..=2,
         any::<bool>(),
         sub_agent,
+        prop::bool::weighted(0.4),
     )
         .prop_map(
             |(
@@ -255,6 +263,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                 max_retries,
                 bash_needs_approval,
                 sub_agent,
+                small_window,
             )| Setup {
                 busy_policy,
                 recovery,
@@ -263,6 +272,7 @@ fn setup() -> impl Strategy<Value = Setup> {
                 max_retries,
                 bash_needs_approval,
                 sub_agent,
+                small_window,
             },
         )
 }
@@ -306,11 +316,13 @@ fn action(restart_weight: u32) -> impl Strategy<Value = Action> {
             any::<bool>(),
             proptest::option::of(0u64..90_000),
             0u16..=1000,
+            prop::bool::weighted(0.2),
         )
-            .prop_map(|(retryable, retry_after_ms, jitter)| Action::FailStream {
-                retryable,
+            .prop_map(|(retryable, retry_after_ms, jitter, too_long)| Action::FailStream {
+                retryable: retryable && !too_long,
                 retry_after_ms,
                 jitter,
+                too_long,
             }),
         2 => Just(Action::Delta),
         1 => stream_message().prop_map(Action::StaleStream),
@@ -478,12 +490,18 @@ impl Driver {
                 retryable,
                 retry_after_ms,
                 jitter,
+                too_long,
             } => Input::StreamFailed {
                 generation: self.latest_generation(),
                 failure: LlmFailure {
                     retryable: *retryable,
                     retry_after_ms: *retry_after_ms,
-                    message: "overloaded".to_owned(),
+                    message: if *too_long {
+                        "prompt is too long".to_owned()
+                    } else {
+                        "overloaded".to_owned()
+                    },
+                    prompt_too_long: *too_long,
                 },
                 jitter: *jitter,
             },
@@ -861,6 +879,7 @@ fn stream_message_for(message: StreamMessage, generation: Generation) -> Input {
                 retryable: true,
                 retry_after_ms: None,
                 message: "late".to_owned(),
+                prompt_too_long: false,
             },
             jitter: 0,
         },
@@ -1015,11 +1034,47 @@ fn check_stream_start(step: &Step) -> Result<(), TestCaseError> {
         working.tool_uses_paired(),
         "StartStream while a tool_use lacks its result"
     );
+    // Compaction never parts a result from its call, and a prompt starts
+    // with the user (docs/compaction.md).
+    prop_assert!(
+        results_follow_their_calls(&working.messages),
+        "a tool result without its call in the prompt"
+    );
+    prop_assert!(
+        working
+            .messages
+            .first()
+            .is_none_or(|first| first.role == keel_core::message::Role::User),
+        "the prompt starts with the assistant"
+    );
+    prop_assert_eq!(working.messages.len(), working.message_seqs.len());
     prop_assert_eq!(step.state.phase.name(), keel_core::StateName::Streaming);
     if let Phase::Streaming { request, .. } = &step.state.phase {
         prop_assert_eq!(request.generation, starts[0]);
     }
     Ok(())
+}
+
+/// Every tool result in `messages` comes after the call it answers.
+fn results_follow_their_calls(messages: &[keel_core::message::Message]) -> bool {
+    use keel_core::message::ContentBlock;
+    let mut called = std::collections::HashSet::new();
+    for block in messages.iter().flat_map(|message| &message.content) {
+        match block {
+            ContentBlock::ToolUse { call } => {
+                called.insert(call.id.clone());
+            }
+            ContentBlock::ToolResult { result } => {
+                if !called.contains(&result.tool_call_id) {
+                    return false;
+                }
+            }
+            ContentBlock::Text { .. }
+            | ContentBlock::Thinking { .. }
+            | ContentBlock::Image { .. } => {}
+        }
+    }
+    true
 }
 
 /// A refused input leaves everything as it was.

@@ -146,6 +146,7 @@ impl Harness {
                 retryable,
                 retry_after_ms,
                 message: "provider said no".to_owned(),
+                prompt_too_long: false,
             },
             jitter: 1000,
         })
@@ -1155,6 +1156,8 @@ fn req_bed_011_every_state_change_is_published() {
 fn req_bed_012_usage_is_tracked_and_warnings_go_out_at_80_and_95_percent() {
     let mut harness = Harness::new(ConversationConfig {
         context_window: 1_000,
+        // Warnings alone: compaction (tested below) would shrink the prompt.
+        compact_at_percent: 0,
         ..ConversationConfig::default()
     });
     let mut warnings = Vec::new();

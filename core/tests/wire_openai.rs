@@ -335,6 +335,7 @@ fn an_error_chunk_mid_stream_fails_retryably_with_the_provider_message() {
             retry_after_ms: None,
             message: "server_error: The server had an error while processing your request. Sorry about that!"
                 .into(),
+            prompt_too_long: false,
         })
     );
 }

@@ -156,7 +156,8 @@ impl IndexEntry {
             | EventKind::AssistantMessage { .. }
             | EventKind::ConfigChanged { .. }
             | EventKind::Recovered { .. }
-            | EventKind::Nudge { .. } => {}
+            | EventKind::Nudge { .. }
+            | EventKind::Compacted { .. } => {}
         }
     }
 }
@@ -348,6 +349,7 @@ mod tests {
                 retryable: false,
                 retry_after_ms: None,
                 message: "no".to_owned(),
+                prompt_too_long: false,
             },
             jitter: 0,
         });

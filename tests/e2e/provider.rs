@@ -732,6 +732,8 @@ impl Shell {
                 generation,
                 model,
                 timeout_ms,
+                // No conversation here grows past its window.
+                summarise: _,
             } => {
                 let working = &self.conversation().working;
                 let images = BTreeMap::new();

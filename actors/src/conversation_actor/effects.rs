@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 
+use keel_core::compaction;
 use keel_core::event::{Event, EventKind};
 use keel_core::ids::{Seq, ToolCallId};
 use keel_core::message::ToolCall;
@@ -261,7 +262,8 @@ async fn run_effect(
             generation,
             model,
             timeout_ms,
-        } => start_stream(myself, state, generation, model, timeout_ms).await?,
+            summarise,
+        } => start_stream(myself, state, generation, model, timeout_ms, summarise).await?,
         Effect::AbortStream { generation } => {
             if let Some(worker) = state.stream.take_if(|worker| worker.key == generation) {
                 // Killing drops the worker's request future: the socket closes now.
@@ -332,6 +334,7 @@ async fn start_stream(
     generation: Generation,
     model: ModelRef,
     timeout_ms: u64,
+    summarise: Option<u32>,
 ) -> Result<(), ActorProcessingErr> {
     if let Some(old) = state.stream.take() {
         old.cell.kill();
@@ -341,13 +344,28 @@ async fn start_stream(
         .as_ref()
         .ok_or("invariant: the conversation is present between steps")?;
     let working = &conversation.working;
-    let request = StreamRequest {
-        model,
-        system: working.config.system.clone(),
-        messages: working.messages.clone(),
-        tools: state.shared.tools.offered(working.is_sub_agent()),
-        max_tokens: working.config.max_tokens,
-        timeout_ms,
+    let request = match summarise {
+        // A summary request (docs/compaction.md): the replaced messages
+        // as a transcript, keel's summary instructions, no tools.
+        Some(replaced) => {
+            let replaced = (replaced as usize).min(working.messages.len());
+            StreamRequest {
+                model,
+                system: Some(compaction::SUMMARY_SYSTEM.to_owned()),
+                messages: compaction::summary_request(&working.messages[..replaced]),
+                tools: Arc::from(Vec::new()),
+                max_tokens: working.config.max_tokens,
+                timeout_ms,
+            }
+        }
+        None => StreamRequest {
+            model,
+            system: working.config.system.clone(),
+            messages: working.messages.clone(),
+            tools: state.shared.tools.offered(working.is_sub_agent()),
+            max_tokens: working.config.max_tokens,
+            timeout_ms,
+        },
     };
     let span = chat_span(state, generation, &request);
     let args = StreamArgs {
@@ -372,6 +390,7 @@ async fn start_stream(
                     retryable: true,
                     retry_after_ms: None,
                     message: format!("could not start the stream worker: {error}"),
+                    prompt_too_long: false,
                 },
             });
         }

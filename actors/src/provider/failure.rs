@@ -17,6 +17,7 @@ pub(crate) fn permanent(message: String) -> LlmFailure {
         retryable: false,
         retry_after_ms: None,
         message,
+        prompt_too_long: false,
     }
 }
 

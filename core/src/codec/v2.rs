@@ -120,6 +120,14 @@ enum Kind {
         messages: Vec<Seq>,
         reason: InterruptReason,
     },
+    Compacted {
+        through_seq: Seq,
+        replaced_messages: u32,
+        #[serde(default)]
+        summary: Option<String>,
+        tokens_before: u64,
+        tokens_after: u64,
+    },
 }
 
 #[derive(Serialize, Deserialize)]
@@ -264,6 +272,19 @@ macro_rules! map_kinds {
                     $from::DebounceCancelled => $to::DebounceCancelled,
                     $from::Finished { outcome } => $to::Finished { outcome },
                     $from::Unanswered { messages, reason } => $to::Unanswered { messages, reason },
+                    $from::Compacted {
+                        through_seq,
+                        replaced_messages,
+                        summary,
+                        tokens_before,
+                        tokens_after,
+                    } => $to::Compacted {
+                        through_seq,
+                        replaced_messages,
+                        summary,
+                        tokens_before,
+                        tokens_after,
+                    },
                 }
             }
         }

@@ -5,6 +5,7 @@
 
 use super::{tools, turn, Ctx};
 use crate::builtin;
+use crate::compaction;
 use crate::effect::Effect;
 use crate::event::{EventKind, NudgeReason, TurnNote};
 use crate::input::{AssistantResponse, LlmFailure, Timer};
@@ -29,6 +30,11 @@ pub(super) fn delta(ctx: &mut Ctx, generation: Generation, delta: StreamDelta) {
     if request.generation != generation {
         return;
     }
+    // A summary request's text is not the conversation's: clients see the
+    // `Compacted` event it ends in.
+    if request.compaction.is_some() {
+        return;
+    }
     if let StreamDelta::Text { text } = &delta {
         partial.push_str(text);
     }
@@ -36,8 +42,11 @@ pub(super) fn delta(ctx: &mut Ctx, generation: Generation, delta: StreamDelta) {
 }
 
 pub(super) fn finished(ctx: &mut Ctx, generation: Generation, response: AssistantResponse) {
-    if current(ctx, generation).is_none() {
+    let Some(request) = current(ctx, generation) else {
         return;
+    };
+    if let Some(plan) = request.compaction {
+        return turn::compacted(ctx, plan, summary_of(&response));
     }
     let window = ctx.conv.working.config.context_window;
     let before = ContextWarning::level(ctx.conv.working.usage.context_tokens(), window);
@@ -128,6 +137,20 @@ pub(super) fn failed(
     };
     // Nothing of a failed attempt is kept: the request is retried whole.
     ctx.publish(LiveEvent::AttemptDiscarded { generation });
+    // The prompt is longer than the model takes: compact and send it again,
+    // if anything before the latest turn can be replaced.
+    if failure.prompt_too_long && request.compaction.is_none() {
+        return match compaction::plan(&ctx.conv.working) {
+            Some(plan) => turn::summarise(ctx, plan),
+            None => turn::fail(
+                ctx,
+                format!(
+                    "the prompt is too long for the model, and the latest turn alone fills it: {}",
+                    failure.message
+                ),
+            ),
+        };
+    }
     let config = &ctx.conv.working.config;
     let retry = config.retry;
     let model = match request.slot {
@@ -138,6 +161,11 @@ pub(super) fn failed(
             .unwrap_or_else(|| config.primary.clone()),
     };
     if !failure.retryable {
+        if let Some(plan) = request.compaction {
+            // No summary to be had (the summary request itself may be too
+            // long): the messages are left out with a note instead.
+            return turn::compacted(ctx, plan, None);
+        }
         return turn::fail(ctx, format!("{model} failed: {}", failure.message));
     }
     if request.retries < retry.max_retries {
@@ -147,6 +175,7 @@ pub(super) fn failed(
             generation: turn::next_generation(ctx),
             slot: request.slot,
             retries,
+            compaction: request.compaction,
         };
         let until = ctx.now.plus_millis(delay_ms);
         ctx.set_phase(Phase::RetryWait { next, until });
@@ -172,7 +201,24 @@ pub(super) fn failed(
                 to: fallback,
                 error: failure.message,
             });
-            turn::send(ctx, Slot::Fallback, 0);
+            match request.compaction {
+                Some(plan) => {
+                    let next = Request {
+                        generation: turn::next_generation(ctx),
+                        slot: Slot::Fallback,
+                        retries: 0,
+                        compaction: Some(plan),
+                    };
+                    turn::start(ctx, next);
+                }
+                None => turn::send(ctx, Slot::Fallback, 0),
+            }
+        }
+        (Slot::Primary, None) | (Slot::Fallback, _) if request.compaction.is_some() => {
+            if let Some(plan) = request.compaction {
+                // The summary could not be had: left out with a note.
+                turn::compacted(ctx, plan, None);
+            }
         }
         (Slot::Primary, None) | (Slot::Fallback, _) => {
             let attempts = retry.max_retries + 1;
@@ -185,6 +231,21 @@ pub(super) fn failed(
             );
         }
     }
+}
+
+/// The text of a summary response; `None` when it holds none (then the
+/// messages are left out with a note rather than replaced by nothing).
+fn summary_of(response: &AssistantResponse) -> Option<String> {
+    let text: Vec<&str> = response
+        .blocks
+        .iter()
+        .filter_map(|block| match block {
+            crate::message::AssistantBlock::Text { text } => Some(text.trim()),
+            _ => None,
+        })
+        .filter(|text| !text.is_empty())
+        .collect();
+    (!text.is_empty()).then(|| text.join("\n\n"))
 }
 
 pub(super) fn retry_due(ctx: &mut Ctx, generation: Generation) {

@@ -13,6 +13,7 @@
 //! and the next start gives them their turn.
 
 use crate::builtin;
+use crate::compaction::{self, Plan};
 use crate::effect::Effect;
 use crate::event::{EventKind, InterruptReason, SubAgentOutcome, TurnNote};
 use crate::ids::{Seq, ToolCallId};
@@ -29,13 +30,50 @@ pub(super) fn begin(ctx: &mut Ctx, trigger: Seq) {
 }
 
 /// Send the working set's prompt as a new request. Only called with every
-/// tool_use answered (invariant 3).
+/// tool_use answered (invariant 3). A prompt past the compaction threshold
+/// is compacted first: a summary request goes out, and the prompt follows
+/// once the summary is in (docs/compaction.md).
 pub(super) fn send(ctx: &mut Ctx, slot: Slot, retries: u32) {
     debug_assert!(ctx.conv.working.open_calls.is_empty());
+    if let Some(plan) = compaction::due(&ctx.conv.working) {
+        return summarise(ctx, plan);
+    }
     let request = Request {
         generation: next_generation(ctx),
         slot,
         retries,
+        compaction: None,
+    };
+    start(ctx, request);
+}
+
+/// Ask for a summary of what `plan` replaces; the turn's request follows.
+pub(super) fn summarise(ctx: &mut Ctx, plan: Plan) {
+    let request = Request {
+        generation: next_generation(ctx),
+        slot: Slot::Primary,
+        retries: 0,
+        compaction: Some(plan),
+    };
+    start(ctx, request);
+}
+
+/// Record the compaction `plan` with `summary` (`None`: the messages are
+/// left out with a note), then send the turn's request.
+pub(super) fn compacted(ctx: &mut Ctx, plan: Plan, summary: Option<String>) {
+    let tokens_after = compaction::tokens_after(&ctx.conv.working, &plan, summary.as_deref());
+    ctx.emit(EventKind::Compacted {
+        through_seq: plan.through_seq,
+        replaced_messages: u32::try_from(plan.replaced_messages).unwrap_or(u32::MAX),
+        summary,
+        tokens_before: plan.tokens_before,
+        tokens_after,
+    });
+    let request = Request {
+        generation: next_generation(ctx),
+        slot: Slot::Primary,
+        retries: 0,
+        compaction: None,
     };
     start(ctx, request);
 }
@@ -62,10 +100,14 @@ pub(super) fn start(ctx: &mut Ctx, request: Request) {
         request,
         partial: String::new(),
     });
+    let summarise = request
+        .compaction
+        .map(|plan| u32::try_from(plan.replaced_messages).unwrap_or(u32::MAX));
     ctx.effect(Effect::StartStream {
         generation: request.generation,
         model,
         timeout_ms,
+        summarise,
     });
 }
 

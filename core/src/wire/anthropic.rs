@@ -634,6 +634,7 @@ fn retryable(message: String) -> LlmFailure {
         retryable: true,
         retry_after_ms: None,
         message,
+        prompt_too_long: false,
     }
 }
 

@@ -26,6 +26,7 @@ pub fn classify_status(status: u16, retry_after_ms: Option<u64>, body: &str) -> 
         retryable,
         retry_after_ms: if retryable { retry_after_ms } else { None },
         message,
+        prompt_too_long: (400..500).contains(&status) && prompt_too_long(body),
     }
 }
 
@@ -35,6 +36,7 @@ pub fn network_failure(what: &str) -> LlmFailure {
         retryable: true,
         retry_after_ms: None,
         message: format!("network error: {what}"),
+        prompt_too_long: false,
     }
 }
 
@@ -63,6 +65,7 @@ pub fn classify_stream_error(error: &Value) -> LlmFailure {
         } else {
             format!("{kind}: {message}")
         },
+        prompt_too_long: prompt_too_long(&error.to_string()),
     }
 }
 
@@ -102,6 +105,26 @@ pub fn error_message(body: &str) -> String {
     }
 }
 
+/// A refusal of the prompt as longer than the model's context window, in
+/// the words each provider uses: Anthropic's `prompt is too long: N tokens
+/// > M maximum`, OpenAI's `context_length_exceeded` code, and the messages
+/// of OpenAI-compatible servers (vLLM's "maximum context length", llama.cpp's
+/// `exceed_context_size_error`, "context window").
+fn prompt_too_long(body: &str) -> bool {
+    let lower = body.to_ascii_lowercase();
+    [
+        "prompt is too long",
+        "context_length_exceeded",
+        "maximum context length",
+        "exceed_context_size",
+        "exceeds the context window",
+        "context window exceeded",
+        "input is too long",
+    ]
+    .iter()
+    .any(|words| lower.contains(words))
+}
+
 /// A 429 that will not clear by waiting: OpenAI's `insufficient_quota`, or
 /// a spend or usage limit (Anthropic's carries no `retry-after`).
 fn quota_exhausted(body: &str, retry_after_ms: Option<u64>) -> bool {
@@ -119,6 +142,27 @@ fn quota_exhausted(body: &str, retry_after_ms: Option<u64>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each provider's real "too long" answer is told apart from other
+    /// client errors, so keel compacts instead of failing the turn.
+    #[test]
+    fn a_prompt_too_long_is_recognised_in_each_providers_words() {
+        let anthropic = r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 208310 tokens > 200000 maximum"}}"#;
+        let openai = r#"{"error":{"message":"This model's maximum context length is 128000 tokens. However, your messages resulted in 130532 tokens. Please reduce the length of the messages.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#;
+        let vllm = r#"{"object":"error","message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens in the messages, Please reduce the length of the messages.","type":"BadRequestError","param":null,"code":400}"#;
+        let llama_cpp = r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":5000,"n_ctx":4096}}"#;
+        for body in [anthropic, openai, vllm, llama_cpp] {
+            let failure = classify_status(400, None, body);
+            assert!(failure.prompt_too_long, "{body}");
+            assert!(!failure.retryable, "{body}");
+        }
+        let other = r#"{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: must be at least 1"}}"#;
+        assert!(!classify_status(400, None, other).prompt_too_long);
+        // A server error that mentions the words is not a refusal of the prompt.
+        assert!(!classify_status(500, None, anthropic).prompt_too_long);
+        let in_stream = serde_json::json!({"type": "invalid_request_error", "message": "prompt is too long: 300000 tokens > 200000 maximum"});
+        assert!(classify_stream_error(&in_stream).prompt_too_long);
+    }
 
     #[test]
     fn transient_statuses_are_retryable_with_their_retry_after() {

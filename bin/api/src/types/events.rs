@@ -131,6 +131,18 @@ pub enum ApiEventKind {
         /// The submitted result, or why it failed.
         detail: String,
     },
+    /// The older part of the prompt was replaced by a summary (or left out
+    /// with a note when none could be had) to fit the context window; the
+    /// log keeps everything (docs/compaction.md).
+    Compacted {
+        /// The last seq the summary stands for.
+        through_seq: u64,
+        replaced_messages: u32,
+        /// `null` when the messages were left out without a summary.
+        summary: Option<String>,
+        tokens_before: u64,
+        tokens_after: u64,
+    },
 }
 
 impl From<EventKind> for ApiEventKind {
@@ -247,6 +259,19 @@ impl From<EventKind> for ApiEventKind {
             EventKind::Unanswered { messages, reason } => ApiEventKind::Unanswered {
                 messages,
                 reason: interrupt_reason_name(reason).to_owned(),
+            },
+            EventKind::Compacted {
+                through_seq,
+                replaced_messages,
+                summary,
+                tokens_before,
+                tokens_after,
+            } => ApiEventKind::Compacted {
+                through_seq,
+                replaced_messages,
+                summary,
+                tokens_before,
+                tokens_after,
             },
             EventKind::Finished { outcome } => match outcome {
                 SubAgentOutcome::Completed { result } => ApiEventKind::Finished {

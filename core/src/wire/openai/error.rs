@@ -48,6 +48,7 @@ pub(super) fn retryable(message: impl Into<String>) -> LlmFailure {
         retryable: true,
         retry_after_ms: None,
         message: message.into(),
+        prompt_too_long: false,
     }
 }
 
