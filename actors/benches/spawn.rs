@@ -38,6 +38,7 @@ use keel_actors::core::message::ToolCall;
 use keel_actors::core::ToolCallId;
 use keel_actors::spawner::{Launch, Spawner, SpawnerCommand};
 use keel_actors::tool::{Bash, Tool, ToolContext, ToolOutcome, ToolOutput};
+use keel_test_support::load_average;
 
 /// Calls per case and round, rounds, extra descriptors; `KEEL_BENCH_QUICK=1`
 /// selects the small set.
@@ -270,15 +271,4 @@ fn percentile(samples: &[Duration], pct: usize) -> Duration {
 
 fn format_duration(duration: Duration) -> String {
     format!("{:.3} ms", duration.as_secs_f64() * 1_000.0)
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|text| {
-            text.split_whitespace()
-                .take(3)
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .unwrap_or_else(|_| "unknown".to_owned())
 }

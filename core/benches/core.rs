@@ -12,7 +12,9 @@
 //! Every conversation, history and log here is built by driving real
 //! transitions, so the benchmarks measure states keel can actually reach.
 //! Inputs are built before the clock starts: the figures are the core's
-//! cost, not the cost of making test data.
+//! cost, not the cost of making test data. Their text comes from
+//! keel-test-support's `text` (the `CORE_WORDS` vocabulary), seeded, so
+//! every run builds the same logs.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -26,6 +28,7 @@ use keel_core::{
     Generation, Input, NewConversation, Phase, StateName, StreamDelta, Timestamp, ToolCallId,
     WorkingSet,
 };
+use keel_test_support::text::{Rng, CORE_WORDS};
 
 /// 2026-01-01T00:00:00Z, in milliseconds.
 const T0: u64 = 1_767_225_600_000;
@@ -38,93 +41,6 @@ const DELTAS_PER_BATCH: usize = 1_000;
 
 /// Turns of history before the `transition/*` conversations.
 const SHORT_HISTORY_TURNS: usize = 3;
-
-const WORDS: &[&str] = &[
-    "the",
-    "conversation",
-    "log",
-    "is",
-    "appended",
-    "before",
-    "anything",
-    "else",
-    "tool",
-    "result",
-    "assistant",
-    "replays",
-    "working",
-    "set",
-    "stream",
-    "delta",
-    "request",
-    "model",
-    "file",
-    "src/main.rs",
-    "function",
-    "returns",
-    "error",
-    "because",
-    "cargo",
-    "build",
-    "test",
-    "passes",
-    "and",
-    "then",
-    "we",
-    "check",
-    "whether",
-    "output",
-    "matches",
-    "expected",
-    "value",
-    "of",
-    "a",
-    "struct",
-    "field",
-    "with",
-    "serde",
-    "JSON",
-    "line",
-    "42",
-    "in",
-    "when",
-    "state",
-];
-
-/// A small deterministic generator (xorshift64*): the same data every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo + 1) as u64) as usize
-    }
-
-    /// English-looking ASCII text of `lo..=hi` bytes.
-    fn text(&mut self, lo: usize, hi: usize) -> String {
-        let len = self.range(lo, hi);
-        let mut text = String::with_capacity(len + 16);
-        while text.len() < len {
-            if !text.is_empty() {
-                text.push(if self.next().is_multiple_of(11) {
-                    '\n'
-                } else {
-                    ' '
-                });
-            }
-            text.push_str(WORDS[self.range(0, WORDS.len() - 1)]);
-        }
-        text.truncate(len);
-        text
-    }
-}
 
 /// Cut text into stream-sized pieces of 15..=25 bytes (ASCII only).
 fn chunks(rng: &mut Rng, text: &str) -> Vec<String> {
@@ -182,7 +98,7 @@ impl Driver {
             conv: Some(step.state),
             now: T0,
             inputs: Vec::new(),
-            rng: Rng(seed),
+            rng: Rng::new(seed),
             next_tool: 0,
             input_tokens: 1_500,
         }
@@ -213,7 +129,7 @@ impl Driver {
     }
 
     fn user_message(&mut self) {
-        let text = self.rng.text(100, 500);
+        let text = self.rng.text(CORE_WORDS, 100, 500);
         self.feed(Input::UserMessage {
             text,
             images: Vec::new(),
@@ -227,7 +143,7 @@ impl Driver {
 
     /// Stream (optionally) and finish one response: text, then `calls` tool calls.
     fn respond(&mut self, calls: usize, stream: bool) -> Vec<ToolCallId> {
-        let text = self.rng.text(100, 500);
+        let text = self.rng.text(CORE_WORDS, 100, 500);
         if stream {
             for chunk in chunks(&mut self.rng, &text) {
                 self.delta(StreamDelta::Text { text: chunk });
@@ -238,11 +154,14 @@ impl Driver {
         for _ in 0..calls {
             self.next_tool += 1;
             let id = ToolCallId::new(format!("toolu_{:020}", self.next_tool));
-            let (name, input) = if self.rng.next().is_multiple_of(3) {
-                let path = format!("src/{}.rs", WORDS[self.rng.range(0, WORDS.len() - 1)]);
+            let (name, input) = if self.rng.next_u64().is_multiple_of(3) {
+                let path = format!("src/{}.rs", self.rng.pick(CORE_WORDS));
                 ("read_file", serde_json::json!({ "path": path }))
             } else {
-                let command = format!("cargo test -p keel-core -- {}", self.rng.text(10, 120));
+                let command = format!(
+                    "cargo test -p keel-core -- {}",
+                    self.rng.text(CORE_WORDS, 10, 120)
+                );
                 ("bash", serde_json::json!({ "command": command }))
             };
             if stream {
@@ -267,8 +186,8 @@ impl Driver {
             ids.push(id);
         }
         let generation = self.generation();
-        let output_tokens = 40 + self.rng.next() % 400;
-        self.input_tokens += 200 + self.rng.next() % 600;
+        let output_tokens = 40 + self.rng.next_u64() % 400;
+        self.input_tokens += 200 + self.rng.next_u64() % 600;
         self.feed(Input::StreamFinished {
             generation,
             response: AssistantResponse {
@@ -292,12 +211,12 @@ impl Driver {
     }
 
     fn run_tool(&mut self, id: ToolCallId, stream: bool) {
-        let content = self.rng.text(100, 500);
-        let is_error = self.rng.next().is_multiple_of(10);
+        let content = self.rng.text(CORE_WORDS, 100, 500);
+        let is_error = self.rng.next_u64().is_multiple_of(10);
         if stream {
             // A few chunks of output as the tool runs.
             for _ in 0..3 {
-                let chunk = self.rng.text(40, 120);
+                let chunk = self.rng.text(CORE_WORDS, 40, 120);
                 self.feed(Input::ToolOutput {
                     tool_call_id: id.clone(),
                     chunk,
@@ -369,12 +288,12 @@ fn transition_benches(c: &mut Criterion) {
         Phase::Streaming { request, .. } => request.generation,
         other => panic!("expected streaming, found {:?}", other.name()),
     };
-    let mut rng = Rng(0x5eed_0003);
+    let mut rng = Rng::new(0x5eed_0003);
     let deltas: Vec<Input> = (0..DELTAS_PER_BATCH)
         .map(|_| Input::StreamDelta {
             generation,
             delta: StreamDelta::Text {
-                text: rng.text(15, 25),
+                text: rng.text(CORE_WORDS, 15, 25),
             },
         })
         .collect();

@@ -27,6 +27,8 @@ use futures_util::{Stream, StreamExt};
 use keel_core::message::AssistantBlock;
 use keel_core::wire::{anthropic, openai, SseEvent, StreamDecoder};
 use keel_core::AssistantResponse;
+// xorshift64*: the same streams every run.
+use keel_test_support::text::Rng;
 use serde_json::{json, Value};
 use sseer::EventStream;
 
@@ -45,26 +47,6 @@ const TOOL_NAME: &str = "write_file";
 // ---------------------------------------------------------------------------
 // Stream construction
 // ---------------------------------------------------------------------------
-
-/// xorshift64*: deterministic streams without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len())]
-    }
-}
 
 /// Words of a coding assistant's answer, some needing JSON escapes or
 /// taking several UTF-8 bytes.
@@ -198,7 +180,7 @@ struct Sample {
 
 /// The answer text, and the tool input as streamed and as parsed.
 fn content((text_bytes, file_bytes): (usize, usize)) -> (String, String, Value) {
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     let text = prose(&mut rng, text_bytes);
     let input = json!({
         "path": "src/generated/parser.rs",
@@ -209,7 +191,7 @@ fn content((text_bytes, file_bytes): (usize, usize)) -> (String, String, Value) 
 
 fn anthropic_sample() -> Sample {
     let (text, input_json, tool_input) = content(ANTHROPIC_CONTENT);
-    let mut rng = Rng(0x0123_4567_89ab_cdef);
+    let mut rng = Rng::new(0x0123_4567_89ab_cdef);
     let mut sse = String::new();
     let event = |sse: &mut String, data: Value| {
         let kind = data["type"].as_str().unwrap().to_owned();
@@ -271,7 +253,7 @@ fn anthropic_sample() -> Sample {
 
 fn openai_sample() -> Sample {
     let (text, input_json, tool_input) = content(OPENAI_CONTENT);
-    let mut rng = Rng(0x0123_4567_89ab_cdef);
+    let mut rng = Rng::new(0x0123_4567_89ab_cdef);
     let mut sse = String::new();
     let chunk = |sse: &mut String, delta: Value, finish_reason: Value| {
         let data = json!({

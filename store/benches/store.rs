@@ -18,7 +18,8 @@
 //!
 //! Data directories live under cargo's target tmp dir, on the same disk as
 //! the repository. Setup (creating conversations, filling logs) happens
-//! outside the timed sections.
+//! outside the timed sections; the logs' text comes from keel-test-support's
+//! `text` (the `WORDS` vocabulary), seeded, so every run writes the same.
 
 use std::fs::OpenOptions;
 use std::hint::black_box;
@@ -36,6 +37,7 @@ use keel_core::config::ProviderKind;
 use keel_core::message::{AssistantBlock, StopReason, ToolCall, Usage};
 use keel_core::{ConversationConfig, ConversationId, Event, EventKind, ToolCallId, WorkingSet};
 use keel_store::{open_memory, open_redb, open_sled, EventLog};
+use keel_test_support::text::{Rng, WORDS};
 use tempfile::TempDir;
 use tokio::runtime::Runtime;
 
@@ -81,88 +83,6 @@ fn runtime() -> Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-const WORDS: &[&str] = &[
-    "the",
-    "conversation",
-    "log",
-    "is",
-    "appended",
-    "before",
-    "anything",
-    "else",
-    "tool",
-    "result",
-    "assistant",
-    "replays",
-    "working",
-    "set",
-    "request",
-    "model",
-    "file",
-    "src/main.rs",
-    "function",
-    "returns",
-    "error",
-    "because",
-    "cargo",
-    "build",
-    "test",
-    "passes",
-    "and",
-    "then",
-    "we",
-    "check",
-    "whether",
-    "output",
-    "matches",
-    "expected",
-    "value",
-    "of",
-    "a",
-    "struct",
-    "field",
-    "with",
-    "serde",
-    "JSON",
-    "line",
-    "42",
-];
-
-/// A small deterministic generator (xorshift64*): the same data every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + (self.next() % (hi - lo + 1) as u64) as usize
-    }
-
-    /// English-looking ASCII text of `lo..=hi` bytes.
-    fn text(&mut self, lo: usize, hi: usize) -> String {
-        let len = self.range(lo, hi);
-        let mut text = String::with_capacity(len + 16);
-        while text.len() < len {
-            if !text.is_empty() {
-                text.push(if self.next().is_multiple_of(11) {
-                    '\n'
-                } else {
-                    ' '
-                });
-            }
-            text.push_str(WORDS[self.range(0, WORDS.len() - 1)]);
-        }
-        text.truncate(len);
-        text
-    }
 }
 
 fn event(seq: u64, parent: Option<u64>, triggers_turn: bool, kind: EventKind) -> Event {
@@ -215,7 +135,7 @@ impl SizedMessage {
         // beyond), so shrink the text by whatever the record overshoots.
         let mut len = APPEND_EVENT_BYTES - probe(String::new());
         loop {
-            let text = Rng(7).text(len, len).replace('\n', " ");
+            let text = Rng::new(7).text(WORDS, len, len).replace('\n', " ");
             let size = probe(text.clone());
             if size == APPEND_EVENT_BYTES {
                 return SizedMessage { text };
@@ -241,7 +161,7 @@ impl SizedMessage {
 /// A realistic log of `len` events: user messages, turns whose assistant
 /// messages carry text and tool calls, tool results; texts of 100-500 bytes.
 fn realistic_log(conversation: &ConversationId, len: usize) -> Vec<Event> {
-    let mut rng = Rng(0x5eed_cafe);
+    let mut rng = Rng::new(0x5eed_cafe);
     let mut log = vec![created(conversation)];
     let mut turn = 0u32;
     let mut call = 0u64;
@@ -256,7 +176,7 @@ fn realistic_log(conversation: &ConversationId, len: usize) -> Vec<Event> {
             None,
             true,
             EventKind::UserMessage {
-                text: rng.text(100, 500),
+                text: rng.text(WORDS, 100, 500),
                 images: Vec::new(),
             },
         );
@@ -266,7 +186,7 @@ fn realistic_log(conversation: &ConversationId, len: usize) -> Vec<Event> {
         for _ in 0..rounds {
             let calls = rng.range(1, 2);
             let mut blocks = vec![AssistantBlock::Text {
-                text: rng.text(100, 500),
+                text: rng.text(WORDS, 100, 500),
             }];
             let mut ids = Vec::new();
             for _ in 0..calls {
@@ -305,7 +225,7 @@ fn realistic_log(conversation: &ConversationId, len: usize) -> Vec<Event> {
                     false,
                     EventKind::ToolResult {
                         tool_call_id: id,
-                        content: rng.text(100, 500),
+                        content: rng.text(WORDS, 100, 500),
                         is_error: false,
                         synthetic: false,
                     },
@@ -318,7 +238,7 @@ fn realistic_log(conversation: &ConversationId, len: usize) -> Vec<Event> {
             false,
             EventKind::AssistantMessage {
                 blocks: vec![AssistantBlock::Text {
-                    text: rng.text(100, 500),
+                    text: rng.text(WORDS, 100, 500),
                 }],
                 stop_reason: StopReason::EndTurn,
                 usage: Usage {

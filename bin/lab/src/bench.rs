@@ -15,22 +15,19 @@
 //! one conversation.
 
 use std::io::Write;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{anyhow, Context as _};
-use futures_util::{Stream, StreamExt as _};
+use anyhow::Context as _;
 use serde::Serialize;
-use serde_json::json;
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
 
-use keel_api::client::{Client, Error as ClientError, Events, Frame};
-use keel_api::types::{ApiEventKind, ApiLiveEvent, ApiProvider, ApiState, CreateConversation};
-use keel_test_support::{self as rig, ChildDaemon, FrameScanner, Scanned, ScannedKind, TurnTally};
+use keel_api::client::Client;
+use keel_api::types::ApiProvider;
+use keel_test_support::{self as rig, ChildDaemon};
 
 mod runs;
-use runs::*;
+
+use runs::{cancels, crowded_run, fanout, idle_memory, latency, ms, shaped_run, turn_run};
+pub use runs::{Latency, Turns};
 
 #[derive(Debug, Clone, Default)]
 pub struct Options {
@@ -62,11 +59,6 @@ pub enum TurnKind {
     /// Tool turns with many other event streams open (`crowded_run`).
     Crowded,
 }
-
-/// Conversations being created, or streams opened, at once.
-const OPENING: usize = 128;
-/// How long one turn may take before the bench gives up on it.
-const TURN_LIMIT: Duration = Duration::from_secs(120);
 
 struct Sizes {
     /// (conversations at once, turns each) for text turns.
@@ -131,29 +123,6 @@ impl Sizes {
             rest: true,
         }
     }
-}
-
-/// One run of turns.
-#[derive(Debug, Clone, Serialize)]
-pub struct Turns {
-    pub kind: &'static str,
-    pub conversations: usize,
-    /// Event streams of another conversation held open meanwhile.
-    pub other_streams_open: usize,
-    pub turns: usize,
-    pub turns_per_second: f64,
-    /// keel's CPU (user + system) per turn, in milliseconds; `None` when
-    /// the daemon's process is unknown (`--addr` of another machine's).
-    pub cpu_ms_per_turn: Option<f64>,
-    pub latency_p50_ms: f64,
-    pub latency_p99_ms: f64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Latency {
-    pub p50_ms: f64,
-    pub p99_ms: f64,
-    pub samples: usize,
 }
 
 #[derive(Debug, Serialize)]

@@ -1,7 +1,8 @@
 //! What `/proc` says of this machine's processes: who listens on a port,
 //! CPU time and resident memory, which processes carry a marker in their
-//! environment, whether one still runs. The drills, `keel bench`, the
-//! benches and the end-to-end tests read processes through these alone.
+//! environment, whether one still runs; and the machine's load average.
+//! The drills, `keel bench`, the benches and the end-to-end tests read
+//! processes through these alone.
 
 use std::time::Duration;
 
@@ -111,6 +112,20 @@ pub fn processes_with_env(marker: &str, tag: &str) -> Vec<(u32, u32, String)> {
     found
 }
 
+/// The machine's load averages over 1, 5 and 15 minutes, as
+/// `/proc/loadavg` gives them ("unknown" where it cannot be read): what a
+/// bench prints beside its figures.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|text| {
+            text.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_else(|_| "unknown".to_owned())
+}
+
 /// Whether process `pid` exists and is not a zombie.
 pub fn is_running(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
@@ -162,6 +177,12 @@ mod tests {
         assert!(cpu_time(pid).is_some_and(|cpu| cpu > Duration::ZERO));
         assert!(rss_bytes(pid).is_some_and(|rss| rss > 1024 * 1024));
         assert_eq!(cpu_time(u32::MAX), None);
+    }
+    #[test]
+    fn the_load_average_is_three_figures() {
+        let load = load_average();
+        assert_eq!(load.split(' ').count(), 3, "{load}");
+        assert!(load.split(' ').all(|figure| figure.parse::<f64>().is_ok()));
     }
     #[test]
     fn ports_come_from_addresses_and_urls() {

@@ -1,10 +1,51 @@
 //! The runs `keel bench` measures, each against the daemon it is given:
 //! SSE fan-out, turns (one after the other per conversation, all
 //! conversations at once, and client-shaped), idle memory per
-//! conversation, and cancels; and how their figures are taken.
+//! conversation, and cancels; and how their figures are taken (`Turns`,
+//! `Latency`, which `bench`'s report re-exports). `bench` calls into this
+//! module, never the other way round.
 
-use super::*;
-use keel_test_support::stats;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context as _};
+use futures_util::{Stream, StreamExt as _};
+use serde::Serialize;
+use serde_json::json;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use keel_api::client::{Client, Error as ClientError, Events, Frame};
+use keel_api::types::{ApiEventKind, ApiLiveEvent, ApiProvider, ApiState, CreateConversation};
+use keel_test_support::{self as rig, stats, FrameScanner, Scanned, ScannedKind, TurnTally};
+
+/// Conversations being created, or streams opened, at once.
+const OPENING: usize = 128;
+/// How long one turn may take before the bench gives up on it.
+const TURN_LIMIT: Duration = Duration::from_secs(120);
+
+/// One run of turns.
+#[derive(Debug, Clone, Serialize)]
+pub struct Turns {
+    pub kind: &'static str,
+    pub conversations: usize,
+    /// Event streams of another conversation held open meanwhile.
+    pub other_streams_open: usize,
+    pub turns: usize,
+    pub turns_per_second: f64,
+    /// keel's CPU (user + system) per turn, in milliseconds; `None` when
+    /// the daemon's process is unknown (`--addr` of another machine's).
+    pub cpu_ms_per_turn: Option<f64>,
+    pub latency_p50_ms: f64,
+    pub latency_p99_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub samples: usize,
+}
 
 /// `subscribers` streams of one conversation and `messages` messages sent
 /// to it, each once the turn before it reached every subscriber: the time
