@@ -18,6 +18,7 @@
 
 mod approvals;
 mod cancel;
+mod compaction;
 mod file_tools;
 mod full_disk;
 mod operations;
@@ -421,6 +422,18 @@ impl Daemon {
         Reply::of(
             self.http
                 .post(self.endpoint(path))
+                .timeout(PATIENCE)
+                .json(body)
+                .send()
+                .await,
+        )
+        .await
+    }
+
+    pub async fn patch(&self, path: &str, body: &Value) -> Reply {
+        Reply::of(
+            self.http
+                .patch(self.endpoint(path))
                 .timeout(PATIENCE)
                 .json(body)
                 .send()

@@ -40,7 +40,7 @@ use serde::Serialize;
 use crate::types::{
     AcceptedMessage, ActorList, ApiDecisionKind, CancelAccepted, ConversationDetail,
     ConversationList, CreateConversation, CreatedConversation, Evicted, Health, ImageBody, Killed,
-    LogPage, ResolveAccepted, ResolveRequest, SendMessage,
+    LogPage, ResolveAccepted, ResolveRequest, SendMessage, UpdateConversation,
 };
 
 pub use error::Error;
@@ -222,6 +222,23 @@ impl Client {
             images: Vec::new(),
         };
         self.send(id, &message).await
+    }
+
+    /// `PATCH /v1/conversations/{id}`: change the settings a conversation
+    /// may change (the context window, compaction, the retry policy, …);
+    /// the answer is the conversation with its new settings.
+    pub async fn update(
+        &self,
+        id: &str,
+        update: &UpdateConversation,
+    ) -> Result<ConversationDetail, Error> {
+        self.call(
+            Method::PATCH,
+            &conversation_path(id, ""),
+            Some(id),
+            Some(update),
+        )
+        .await
     }
 
     /// `POST /v1/conversations/{id}/cancel`: stops the running turn; the

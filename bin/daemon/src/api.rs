@@ -12,6 +12,7 @@ pub mod error;
 pub mod events;
 pub mod measure;
 pub mod paging;
+pub mod settings;
 
 use std::any::Any;
 use std::path::PathBuf;
@@ -124,7 +125,7 @@ impl Modify for BearerAuth {
 fn documented() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(conversations::create, conversations::list))
-        .routes(routes!(conversations::get_one))
+        .routes(routes!(conversations::get_one, settings::update))
         .merge(
             OpenApiRouter::new()
                 .routes(routes!(conversations::send))

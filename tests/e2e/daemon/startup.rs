@@ -18,7 +18,7 @@ use crate::harness::{keel_bin, MockLlm};
 /// here, or not in the document, fails `daemon_openapi_lists_every_route`.
 const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/conversations", &["get", "post"]),
-    ("/v1/conversations/{id}", &["get"]),
+    ("/v1/conversations/{id}", &["get", "patch"]),
     ("/v1/conversations/{id}/messages", &["post"]),
     ("/v1/conversations/{id}/cancel", &["post"]),
     ("/v1/conversations/{id}/resolve", &["post"]),
@@ -243,6 +243,7 @@ async fn daemon_openapi_lists_every_route() {
             let request = match method.as_str() {
                 "get" => keel_api::http::client().get(url),
                 "post" => keel_api::http::client().post(url).json(&json!({})),
+                "patch" => keel_api::http::client().patch(url).json(&json!({})),
                 other => panic!("no probe for {other}"),
             };
             let request = if concrete.ends_with("/events") {

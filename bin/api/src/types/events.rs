@@ -113,6 +113,9 @@ pub enum ApiEventKind {
     ConfigChanged {
         provider: ApiProvider,
         model: String,
+        context_window: u64,
+        compact_at_percent: u8,
+        max_tokens: u32,
     },
     Recovered {
         action: String,
@@ -236,6 +239,9 @@ impl From<EventKind> for ApiEventKind {
             EventKind::ConfigChanged { config } => ApiEventKind::ConfigChanged {
                 provider: config.primary.provider.into(),
                 model: config.primary.model,
+                context_window: config.context_window,
+                compact_at_percent: config.compact_at_percent,
+                max_tokens: config.max_tokens,
             },
             EventKind::Recovered { action } => ApiEventKind::Recovered {
                 action: match action {

@@ -41,6 +41,35 @@ pub struct CreateConversation {
     /// resolves outside it (`..`, absolute, through a symlink) is refused.
     #[serde(default)]
     pub tools_may_leave_cwd: bool,
+    /// The model's context window in tokens (200,000 when left out):
+    /// usage warnings and compaction are measured against it.
+    pub context_window: Option<u64>,
+    /// Compact the prompt before a request that would fill more than this
+    /// percentage of the context window (80 when left out; 0: only when a
+    /// provider refuses the prompt as too long).
+    pub compact_at_percent: Option<u8>,
+}
+
+/// `PATCH /v1/conversations/{id}`: the settings a conversation may change
+/// after creation. Fields left out keep their values; each is checked as
+/// at creation, and the change is recorded in the log (`config_changed`)
+/// and applies from the next LLM request.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateConversation {
+    /// The system prompt; an empty string removes it.
+    pub system: Option<String>,
+    pub busy_policy: Option<ApiBusyPolicy>,
+    /// Replaces the per-tool policies as a whole.
+    pub tools: Option<BTreeMap<String, ApiToolPolicy>>,
+    /// Replaces the retry policy (fields left out: keel's defaults).
+    pub retry: Option<ApiRetry>,
+    /// 0: no limit.
+    pub request_timeout_ms: Option<u64>,
+    pub context_window: Option<u64>,
+    pub compact_at_percent: Option<u8>,
+    /// Largest generation the model may produce per request.
+    pub max_tokens: Option<u32>,
 }
 
 /// A provider and, optionally, its model.

@@ -163,6 +163,13 @@ pub struct ConversationDetail {
     pub turn: u32,
     pub usage: ApiUsage,
     pub context_window: u64,
+    /// The percentage of the context window past which the prompt is
+    /// compacted before it is sent; 0: only when a provider refuses it.
+    pub compact_at_percent: u8,
+    /// Largest generation the model may produce per request.
+    pub max_tokens: u32,
+    /// The system prompt.
+    pub system: Option<String>,
     /// The history as the model sees it.
     pub messages: Vec<ApiMessage>,
     /// Calls waiting on a human or a client.

@@ -111,6 +111,12 @@ pub async fn create(
     if let Some(timeout_ms) = request.request_timeout_ms {
         config.request_timeout_ms = timeout_ms;
     }
+    if let Some(window) = request.context_window {
+        config.context_window = context_window(window)?;
+    }
+    if let Some(percent) = request.compact_at_percent {
+        config.compact_at_percent = compact_at_percent(percent)?;
+    }
     let handle = state
         .runtime
         .create(&cwd, config)
@@ -124,13 +130,36 @@ pub async fn create(
     ))
 }
 
+/// The smallest and largest context windows a conversation may name: a
+/// window below a few thousand tokens holds no useful turn.
+pub const MIN_CONTEXT_WINDOW: u64 = 1_000;
+pub const MAX_CONTEXT_WINDOW: u64 = 100_000_000;
+
+pub(super) fn context_window(window: u64) -> Result<u64, ApiError> {
+    if !(MIN_CONTEXT_WINDOW..=MAX_CONTEXT_WINDOW).contains(&window) {
+        return Err(ApiError::bad_request(format!(
+            "context_window is {window}; give {MIN_CONTEXT_WINDOW} to {MAX_CONTEXT_WINDOW} tokens"
+        )));
+    }
+    Ok(window)
+}
+
+pub(super) fn compact_at_percent(percent: u8) -> Result<u8, ApiError> {
+    if percent > 99 {
+        return Err(ApiError::bad_request(format!(
+            "compact_at_percent is {percent}; give 1 to 99, or 0 to compact only when a provider refuses the prompt as too long"
+        )));
+    }
+    Ok(percent)
+}
+
 /// Most retries a conversation may ask for, and longest delay: a policy
 /// past these would park a turn for hours.
 const MAX_RETRIES: u32 = 10;
 const MAX_RETRY_DELAY_MS: u64 = 10 * 60 * 1000;
 
 /// keel's default retry policy with what the request gives, checked.
-fn retry_policy(retry: ApiRetry) -> Result<RetryPolicy, ApiError> {
+pub(super) fn retry_policy(retry: ApiRetry) -> Result<RetryPolicy, ApiError> {
     let mut policy = RetryPolicy::default();
     if let Some(max_retries) = retry.max_retries {
         if max_retries > MAX_RETRIES {
