@@ -196,6 +196,13 @@ pub async fn inspect(client: &Client, id: &str, json: bool) -> anyhow::Result<Ex
             format!("{context} of {} tokens ({percent}%)", detail.context_window),
         ),
         (
+            "compaction",
+            match detail.compact_at_percent {
+                0 => "when a provider refuses the prompt as too long".to_owned(),
+                at => format!("past {at}% of the window"),
+            },
+        ),
+        (
             "last response",
             format!(
                 "{} tokens in, {} out",

@@ -315,6 +315,20 @@ impl Printer {
                 self.note(&self.paint.yellow(&format!("interrupted ({reason})")));
             }
             ApiEventKind::TurnCompleted { .. } => self.end_line()?,
+            ApiEventKind::Compacted {
+                summary,
+                tokens_before,
+                tokens_after,
+                ..
+            } => {
+                let how = if summary.is_some() {
+                    "compacted the earlier conversation into a summary"
+                } else {
+                    "left the earlier conversation out (no summary could be had)"
+                };
+                let note = format!("{how}: about {tokens_before} → {tokens_after} tokens");
+                self.note(&self.paint.yellow(&note));
+            }
             _ => {}
         }
         Ok(())
