@@ -5,7 +5,7 @@
 //! The log keeps everything. What shrinks is the prompt the reducer builds
 //! from it: an `EventKind::Compacted` event says how many of the prompt's
 //! leading messages a summary replaces, and the reducer puts the summary
-//! in front of the messages it keeps ([`apply`]). Everything here is a pure
+//! in front of the messages it keeps (`reducer::compact`). Everything here is a pure
 //! function of the working set, so a replay makes the same prompt the live
 //! conversation had.
 //!
@@ -172,59 +172,13 @@ pub fn turn_starts(messages: &[Message]) -> Vec<usize> {
 pub fn tokens_after(working: &WorkingSet, plan: &Plan, summary: Option<&str>) -> u64 {
     let mut messages = working.messages.clone();
     let mut seqs = working.message_seqs.clone();
-    apply(&mut messages, &mut seqs, plan.replaced_messages, summary);
+    crate::reducer::compact(&mut messages, &mut seqs, plan.replaced_messages, summary);
     let system = working
         .config
         .system
         .as_deref()
         .map_or(0, |system| (system.len() as u64).div_ceil(CHARS_PER_TOKEN));
     system + messages_tokens(&messages)
-}
-
-/// The text the model reads in place of the replaced messages.
-pub fn prompt_text(summary: Option<&str>) -> String {
-    match summary {
-        Some(summary) => format!(
-            "[keel: the earlier part of this conversation was compacted to fit the context \
-             window. A summary of it follows.]\n{summary}\n[keel: end of the summary; the \
-             conversation goes on from here.]"
-        ),
-        None => "[keel: the earlier part of this conversation was left out to fit the context \
-                 window; no summary of it could be made. Ask the user for anything you need \
-                 from it.]"
-            .to_owned(),
-    }
-}
-
-/// The reducer's part: the first `replaced` messages (and their seqs) go,
-/// and the summary's text opens the first message kept (a user message, as
-/// a plan's cut always is; one is made if a damaged log cut elsewhere).
-pub(crate) fn apply(
-    messages: &mut Vec<Message>,
-    seqs: &mut Vec<Seq>,
-    replaced: usize,
-    summary: Option<&str>,
-) {
-    let replaced = replaced.min(messages.len());
-    let first_replaced_seq = seqs.first().copied();
-    messages.drain(..replaced);
-    seqs.drain(..replaced.min(seqs.len()));
-    let note = ContentBlock::Text {
-        text: prompt_text(summary),
-    };
-    match messages.first_mut() {
-        Some(first) if first.role == Role::User => first.content.insert(0, note),
-        _ => {
-            messages.insert(
-                0,
-                Message {
-                    role: Role::User,
-                    content: vec![note],
-                },
-            );
-            seqs.insert(0, first_replaced_seq.unwrap_or(0));
-        }
-    }
 }
 
 /// A summary request's messages: one user message holding the replaced

@@ -490,7 +490,7 @@ impl WorkingSet {
                 replaced_messages,
                 summary,
             } => {
-                crate::compaction::apply(
+                compact(
                     &mut self.messages,
                     &mut self.message_seqs,
                     replaced_messages as usize,
@@ -537,6 +537,53 @@ impl WorkingSet {
                 });
                 self.message_seqs.push(seq);
             }
+        }
+    }
+}
+
+/// The text the model reads in place of the messages a compaction
+/// replaced (docs/compaction.md); changing it changes the reducer.
+pub fn summary_text(summary: Option<&str>) -> String {
+    match summary {
+        Some(summary) => format!(
+            "[keel: the earlier part of this conversation was compacted to fit the context \
+             window. A summary of it follows.]\n{summary}\n[keel: end of the summary; the \
+             conversation goes on from here.]"
+        ),
+        None => "[keel: the earlier part of this conversation was left out to fit the context \
+                 window; no summary of it could be made. Ask the user for anything you need \
+                 from it.]"
+            .to_owned(),
+    }
+}
+
+/// A `Compacted` event folded in: the first `replaced` messages (and their seqs) go,
+/// and the summary's text opens the first message kept (a user message, as
+/// a plan's cut always is; one is made if a damaged log cut elsewhere).
+pub(crate) fn compact(
+    messages: &mut Vec<Message>,
+    seqs: &mut Vec<Seq>,
+    replaced: usize,
+    summary: Option<&str>,
+) {
+    let replaced = replaced.min(messages.len());
+    let first_replaced_seq = seqs.first().copied();
+    messages.drain(..replaced);
+    seqs.drain(..replaced.min(seqs.len()));
+    let note = ContentBlock::Text {
+        text: summary_text(summary),
+    };
+    match messages.first_mut() {
+        Some(first) if first.role == Role::User => first.content.insert(0, note),
+        _ => {
+            messages.insert(
+                0,
+                Message {
+                    role: Role::User,
+                    content: vec![note],
+                },
+            );
+            seqs.insert(0, first_replaced_seq.unwrap_or(0));
         }
     }
 }
