@@ -14,10 +14,11 @@
 //!
 //! Modules: `script` (the entries and the queue), `reply` (what to say),
 //! `anthropic` and `openai` (rendering), `plan` (a body as data), `body`
-//! (sending it), `recording`.
+//! (sending it), `recording`, `control` (the `/_mock/` routes).
 
 mod anthropic;
 mod body;
+mod control;
 mod openai;
 mod plan;
 pub mod recording;
@@ -28,18 +29,16 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
 
 use anyhow::Context as _;
-use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
-use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use self::plan::{After, Plan, PlannedEvent};
 use self::recording::{now_ms, Exchange, ExchangeOutcome, Recorder, Source};
@@ -49,11 +48,6 @@ pub use self::script::{parse_script, ScriptError, WireApi};
 
 /// The header that dictates the answer to one request.
 pub const FAULT_HEADER: &str = "x-mock-fault";
-
-/// How long `GET /_mock/requests?wait_ended=N` waits at most by default,
-/// and at most at all.
-const DEFAULT_WAIT: Duration = Duration::from_secs(5);
-const LONGEST_WAIT: Duration = Duration::from_secs(60);
 
 /// Largest request body accepted: Anthropic's own limit, so requests with
 /// images pass here exactly when they would pass there.
@@ -182,9 +176,14 @@ pub fn app(mock: Mock) -> Router {
         .route("/chat/completions", post(openai_chat))
         .route(
             "/_mock/script",
-            post(push_script).get(show_script).delete(clear_script),
+            post(control::push_script)
+                .get(control::show_script)
+                .delete(control::clear_script),
         )
-        .route("/_mock/requests", get(list_requests).delete(clear_requests))
+        .route(
+            "/_mock/requests",
+            get(control::list_requests).delete(control::clear_requests),
+        )
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .with_state(mock)
 }
@@ -471,72 +470,6 @@ fn status_response(endpoint: WireApi, fault: &StatusFault, exchange: &mut Exchan
     }
     exchange.finish(ExchangeOutcome::Completed);
     response
-}
-
-/// A refusal of a control request: `{error: {code, message}}`, keel's shape.
-fn control_error(status: StatusCode, code: &str, message: &str) -> Response {
-    (
-        status,
-        Json(json!({"error": {"code": code, "message": message}})),
-    )
-        .into_response()
-}
-
-async fn push_script(State(mock): State<Mock>, body: Bytes) -> Response {
-    let value = match serde_json::from_slice::<Value>(&body) {
-        Ok(value) => value,
-        Err(err) => {
-            let message = format!("the script is not JSON: {err}");
-            return control_error(StatusCode::BAD_REQUEST, "bad_script", &message);
-        }
-    };
-    match parse_script(&value) {
-        Ok(entries) => {
-            let n_added = entries.len();
-            let mut script = mock.script();
-            script.push(entries);
-            Json(json!({"added": n_added, "queued": script.len()})).into_response()
-        }
-        Err(err) => control_error(StatusCode::BAD_REQUEST, "bad_script", &err.to_string()),
-    }
-}
-
-async fn show_script(State(mock): State<Mock>) -> Json<Value> {
-    Json(json!({"pending": mock.script().pending()}))
-}
-
-async fn clear_script(State(mock): State<Mock>) -> Json<Value> {
-    let mut script = mock.script();
-    let n_cleared = script.len();
-    script.clear();
-    Json(json!({"cleared": n_cleared}))
-}
-
-#[derive(Debug, Deserialize)]
-struct RequestsQuery {
-    /// Wait until at least this many requests are recorded and none is
-    /// still pending.
-    wait_ended: Option<usize>,
-    /// How long to wait at most (default 5 s, at most 60 s).
-    timeout_ms: Option<u64>,
-}
-
-async fn list_requests(State(mock): State<Mock>, Query(query): Query<RequestsQuery>) -> Response {
-    let records = match query.wait_ended {
-        None => mock.recorder.list(),
-        Some(n_records) => {
-            let timeout = query
-                .timeout_ms
-                .map_or(DEFAULT_WAIT, Duration::from_millis)
-                .min(LONGEST_WAIT);
-            mock.recorder.wait_ended(n_records, timeout).await
-        }
-    };
-    Json(records).into_response()
-}
-
-async fn clear_requests(State(mock): State<Mock>) -> Json<Value> {
-    Json(json!({"cleared": mock.recorder.clear()}))
 }
 
 /// The mock's streams, fed to keel's own decoders: what the mock says is
