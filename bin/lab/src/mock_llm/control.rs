@@ -3,6 +3,7 @@
 //! only answer as a provider would.
 //!
 //! `/_mock/script` queues, shows and clears scripted entries;
+//! `/_mock/settings` shows and changes the settings (the context window);
 //! `/_mock/requests` lists the recording (optionally waiting for requests
 //! to end) and clears it.
 
@@ -17,6 +18,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::script::parse_script;
+use super::settings::Settings;
 use super::Mock;
 
 /// How long `GET /_mock/requests?wait_ended=N` waits at most by default,
@@ -61,6 +63,30 @@ pub async fn clear_script(State(mock): State<Mock>) -> Json<Value> {
     let n_cleared = script.len();
     script.clear();
     Json(json!({"cleared": n_cleared}))
+}
+
+pub async fn show_settings(State(mock): State<Mock>) -> Json<Settings> {
+    Json(*mock.settings())
+}
+
+/// Make the change the body names (`{"context_window": TOKENS or null}`)
+/// and answer the settings as they now are; a bad change changes nothing.
+pub async fn change_settings(State(mock): State<Mock>, body: Bytes) -> Response {
+    let change = match serde_json::from_slice::<Value>(&body) {
+        Ok(change) => change,
+        Err(err) => {
+            let message = format!("the settings are not JSON: {err}");
+            return control_error(StatusCode::BAD_REQUEST, "bad_settings", &message);
+        }
+    };
+    let mut settings = mock.settings();
+    match settings.changed(&change) {
+        Ok(changed) => {
+            *settings = changed;
+            Json(changed).into_response()
+        }
+        Err(err) => control_error(StatusCode::BAD_REQUEST, "bad_settings", &err),
+    }
 }
 
 #[derive(Debug, Deserialize)]
