@@ -152,6 +152,11 @@ pub enum Command {
         /// pass 64 MiB), so a long run does not grow without bound.
         #[arg(long, value_name = "N", default_value_t = mock_llm::recording::KEEP_RECORDS)]
         keep_requests: usize,
+        /// Refuse a prompt estimated over this many tokens with the
+        /// provider's own "too long" error (changed at run time with
+        /// `POST /_mock/settings`); no limit without it.
+        #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
+        context_window: Option<u64>,
     },
     /// List the conversations: id, state, turns, last activity, cwd.
     Ls {
@@ -369,9 +374,10 @@ pub enum DrillCommand {
 }
 
 /// The fake provider `keel serve` starts in its own process when no
-/// provider is configured: the lab's, which the daemon does not know.
+/// provider is configured: the lab's, which the daemon does not know
+/// (its context window from `KEEL_MOCK_CONTEXT_WINDOW`).
 fn start_fake_provider() -> futures_util::future::BoxFuture<'static, anyhow::Result<String>> {
-    Box::pin(mock_llm::start_in_process())
+    Box::pin(mock_llm::start_builtin())
 }
 
 /// A value of one of the API's enums by its wire name.
@@ -404,11 +410,13 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
             host,
             script,
             keep_requests,
+            context_window,
         } => mock_llm::run(mock_llm::Options {
             host,
             port,
             script,
             keep_requests,
+            context_window,
         })
         .map(|()| Exit::Ok),
         Command::Bench {
@@ -629,12 +637,14 @@ mod tests {
             host,
             script,
             keep_requests,
+            context_window,
         } = cli.command
         else {
             panic!("mock-llm parses to Command::MockLlm")
         };
         assert_eq!((port, host.as_str(), script), (0, "127.0.0.1", None));
         assert_eq!(keep_requests, mock_llm::recording::KEEP_RECORDS);
+        assert_eq!(context_window, None, "no limit unless asked");
         let cli = Cli::try_parse_from([
             "keel",
             "mock-llm",
@@ -646,13 +656,22 @@ mod tests {
             "s.json",
             "--keep-requests",
             "5",
+            "--context-window",
+            "8000",
         ])
         .unwrap();
         assert!(matches!(
             cli.command,
-            Command::MockLlm { port: 8089, ref host, script: Some(ref script), keep_requests: 5 }
-                if host == "0.0.0.0" && script == &PathBuf::from("s.json")
+            Command::MockLlm {
+                port: 8089,
+                ref host,
+                script: Some(ref script),
+                keep_requests: 5,
+                context_window: Some(8000),
+            } if host == "0.0.0.0" && script == &PathBuf::from("s.json")
         ));
+        let zero = Cli::try_parse_from(["keel", "mock-llm", "--context-window", "0"]);
+        assert!(zero.is_err(), "a window of no tokens refuses everything");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! `keel mock-llm`, run as a process and spoken to over loopback: both wire
 //! formats in the documented event order, the default behaviour, the script
-//! and the `x-mock-fault` header, and the recording that shows when a client
-//! went away.
+//! and the `x-mock-fault` header, the recording that shows when a client
+//! went away, usage that grows with the prompt, the context window and its
+//! refusals, and the answers to keel's summary requests.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -82,6 +83,18 @@ impl MockLlm {
             .unwrap();
         assert_eq!(response.status(), StatusCode::OK);
         response.json().await.unwrap()
+    }
+
+    /// `POST /_mock/settings` with `change`: the status and the answer.
+    async fn change_settings(&self, change: Value) -> (StatusCode, Value) {
+        let response = self
+            .client
+            .post(self.url("/_mock/settings"))
+            .json(&change)
+            .send()
+            .await
+            .unwrap();
+        (response.status(), response.json().await.unwrap())
     }
 
     /// The recording, once at least `n_requests` requests have ended.
@@ -186,6 +199,27 @@ fn assert_types_match_names(events: &[Event]) {
     }
 }
 
+/// The text an Anthropic stream says.
+fn anthropic_text(body: &Body) -> String {
+    body.events
+        .iter()
+        .filter(|event| event.name.as_deref() == Some("content_block_delta"))
+        .filter_map(|event| event.json()["delta"]["text"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// The text an OpenAI stream says.
+fn openai_text(body: &Body) -> String {
+    openai_chunks(&body.events)
+        .iter()
+        .filter_map(|chunk| {
+            chunk["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
 /// The text of every OpenAI chunk but `[DONE]`, parsed.
 fn openai_chunks(events: &[Event]) -> Vec<Value> {
     assert!(events.iter().all(|event| event.name.is_none()));
@@ -217,7 +251,8 @@ async fn anthropic_echo_streams_the_documented_event_order() {
     let start = body.events[0].json();
     assert_eq!(start["message"]["role"], "assistant");
     assert_eq!(start["message"]["model"], "claude-mock");
-    assert!(start["message"]["usage"]["input_tokens"].as_u64().unwrap() >= 4);
+    // 19 bytes of text, a quarter token each, and 4 for the message.
+    assert_eq!(start["message"]["usage"]["input_tokens"], 5 + 4);
     let text: String = body.events[3..3 + n_deltas]
         .iter()
         .map(|event| {
@@ -229,7 +264,7 @@ async fn anthropic_echo_streams_the_documented_event_order() {
     assert_eq!(text, "hello from the mock");
     let message_delta = body.events[names.len() - 2].json();
     assert_eq!(message_delta["delta"]["stop_reason"], "end_turn");
-    assert_eq!(message_delta["usage"]["output_tokens"], 4);
+    assert_eq!(message_delta["usage"]["output_tokens"], 5);
 }
 
 #[tokio::test]
@@ -286,7 +321,8 @@ async fn openai_echo_streams_chunks_then_usage_then_done() {
     let (usage, rest) = chunks.split_last().unwrap();
     let (finish, deltas) = rest.split_last().unwrap();
     assert_eq!(usage["choices"], json!([]));
-    assert_eq!(usage["usage"]["completion_tokens"], 4);
+    assert_eq!(usage["usage"]["prompt_tokens"], 5 + 4);
+    assert_eq!(usage["usage"]["completion_tokens"], 5);
     assert_eq!(finish["choices"][0]["finish_reason"], "stop");
     assert_eq!(finish["choices"][0]["delta"], json!({}));
     assert!(deltas
@@ -705,4 +741,159 @@ fn sigterm_stops_the_server_cleanly() {
     };
     let exit = exit.unwrap();
     assert!(exit.success(), "{exit:?}");
+}
+
+#[tokio::test]
+async fn usage_grows_with_the_prompt_unless_the_script_names_it() {
+    let mock = MockLlm::start();
+    let input_tokens =
+        |body: &Body| body.events[0].json()["message"]["usage"]["input_tokens"].clone();
+    let short = read_body(mock.anthropic("hi", None).await).await;
+    assert_eq!(input_tokens(&short), 1 + 4);
+    let long = read_body(mock.anthropic(&"word ".repeat(100), None).await).await;
+    assert_eq!(input_tokens(&long), 125 + 4);
+
+    mock.push_script(json!({"text": "x", "usage": {"input_tokens": 150000}}))
+        .await;
+    let scripted = read_body(mock.anthropic("hi", None).await).await;
+    assert_eq!(input_tokens(&scripted), 150_000);
+    let message_delta = scripted.events[scripted.events.len() - 2].json();
+    assert_eq!(
+        message_delta["usage"]["output_tokens"], 1,
+        "still estimated"
+    );
+
+    let records = mock.requests_ended(3).await;
+    let estimates: Vec<&Value> = records
+        .iter()
+        .map(|record| &record["prompt_tokens"])
+        .collect();
+    assert_eq!(estimates, [&json!(5), &json!(129), &json!(5)]);
+}
+
+#[tokio::test]
+async fn a_prompt_over_the_context_window_is_refused_in_each_providers_words() {
+    let mock = MockLlm::start_with(&["--context-window", "50"]);
+    mock.push_script(json!([{"text": "after compaction"}]))
+        .await;
+    // 500 bytes and one message: 129 tokens.
+    let long = "word ".repeat(100);
+
+    let refused = mock.anthropic(&long, None).await;
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+    let error: Value = refused.json().await.unwrap();
+    assert_eq!(
+        error,
+        json!({"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 129 tokens > 50 maximum"}})
+    );
+    let refused = mock.openai(&long, None).await;
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+    let error: Value = refused.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "context_length_exceeded");
+    assert_eq!(error["error"]["param"], "messages");
+    assert_eq!(
+        error["error"]["message"],
+        "This model's maximum context length is 50 tokens. However, your messages resulted in \
+         129 tokens. Please reduce the length of the messages."
+    );
+
+    // The refusals took no planned reply.
+    let fits = read_body(mock.anthropic("compacted", None).await).await;
+    assert_eq!(anthropic_text(&fits), "after compaction");
+
+    // The window changes at run time, and a bad change changes nothing.
+    let shown: Value = mock
+        .client
+        .get(mock.url("/_mock/settings"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(shown, json!({"context_window": 50}));
+    let (status, error) = mock.change_settings(json!({"context_window": 0})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(error["error"]["code"], "bad_settings");
+    let (status, now) = mock.change_settings(json!({"context_window": null})).await;
+    assert_eq!(
+        (status, now),
+        (StatusCode::OK, json!({"context_window": null}))
+    );
+    let answered = mock.openai(&long, None).await;
+    assert_eq!(answered.status(), StatusCode::OK);
+    read_body(answered).await;
+
+    let records = mock.requests_ended(4).await;
+    let seen: Vec<(&str, &str, u64)> = records
+        .iter()
+        .map(|record| {
+            (
+                record["source"].as_str().unwrap(),
+                record["outcome"].as_str().unwrap(),
+                record["prompt_tokens"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("too_long", "completed", 129),
+            ("too_long", "completed", 129),
+            ("script", "completed", 3 + 4),
+            ("default", "completed", 129),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn summary_requests_are_answered_without_taking_the_turns_replies() {
+    let mock = MockLlm::start();
+    mock.push_script(json!([{"text": "the next turn's reply"}]))
+        .await;
+    let transcript = "Summarise this earlier part of our conversation. The transcript:\n\n\
+                      User: list the files in the repository\n\nAssistant: There are two.\n\n";
+    let expected = "Summary of the earlier conversation (2 transcript lines, 1 from the user). \
+                    The user mentioned: list the files in the….";
+
+    let anthropic = json!({
+        "model": "claude-mock",
+        "max_tokens": 1000,
+        "stream": true,
+        "system": "[keel:summary] You summarise the earlier part of a conversation.",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": transcript}]}],
+    });
+    let body = read_body(mock.post("/v1/messages", &anthropic, None).await).await;
+    assert_eq!(anthropic_text(&body), expected);
+    let openai = json!({
+        "model": "gpt-mock",
+        "stream": true,
+        "messages": [
+            {"role": "system", "content": "[keel:summary] You summarise the earlier part of a conversation."},
+            {"role": "user", "content": transcript},
+        ],
+    });
+    let body = read_body(mock.post("/v1/chat/completions", &openai, None).await).await;
+    assert_eq!(openai_text(&body), expected);
+
+    let turn = read_body(mock.anthropic("go on", None).await).await;
+    assert_eq!(anthropic_text(&turn), "the next turn's reply");
+
+    // A script entry for summaries serves the next summary request only.
+    mock.push_script(json!([{"summary": true, "status": 529}]))
+        .await;
+    let echoed = read_body(mock.anthropic("still a turn", None).await).await;
+    assert_eq!(anthropic_text(&echoed), "still a turn");
+    let failed = mock.post("/v1/messages", &anthropic, None).await;
+    assert_eq!(failed.status().as_u16(), 529);
+
+    let records = mock.requests_ended(5).await;
+    let sources: Vec<&str> = records
+        .iter()
+        .map(|record| record["source"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        sources,
+        ["summary", "summary", "script", "default", "script"]
+    );
 }

@@ -283,7 +283,8 @@ struct Target {
 impl Target {
     async fn start(options: &Options, dir: &std::path::Path) -> anyhow::Result<Target> {
         let Some(addr) = &options.addr else {
-            let mock_url = crate::mock_llm::start_in_process().await?;
+            let mock_url =
+                crate::mock_llm::start_in_process(crate::mock_llm::Settings::default()).await?;
             let mut daemon = ChildDaemon::new(dir, &mock_url, "keel-bench")?;
             daemon.spawn()?;
             let client = daemon.client();

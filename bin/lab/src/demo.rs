@@ -144,7 +144,7 @@ impl<'t, W: Write> Demo<'t, W> {
         let data_dir = root.join("data");
         let cwd = root.join("work");
         std::fs::create_dir_all(&cwd).context("creating the working directory")?;
-        let mock_url = mock_llm::start_in_process().await?;
+        let mock_url = mock_llm::start_in_process(mock_llm::Settings::default()).await?;
         trace.fact(
             "mock",
             json!({ "url": mock_url }),

@@ -7,53 +7,59 @@
 //! `POST /v1/chat/completions` (also without the `/v1`, for clients whose
 //! base URL already ends in it). Any key is accepted. A request is answered
 //! by, in order of precedence: its `x-mock-fault` header (one script entry
-//! as JSON), the next entry of the script that fits it (`--script FILE`,
-//! and `POST /_mock/script`; an entry may ask for a text in the prompt with
-//! `"when"`, see `script`), or the default behaviour of `reply`. Every request
-//! is recorded, with how it ended (`GET /_mock/requests`).
+//! as JSON); a refusal as too long, when its prompt is estimated over the
+//! context window (`--context-window`, `POST /_mock/settings`); the next
+//! entry of the script that fits it (`--script FILE`, and
+//! `POST /_mock/script`; an entry may ask for a text in the prompt with
+//! `"when"`, see `script`); the fake's own summary, for keel's summary
+//! requests (`summary`); or the default behaviour of `reply`. Every request
+//! is recorded, with how it ended (`GET /_mock/requests`). Usage grows with
+//! the prompt and the answer (`tokens`).
 //!
-//! Modules: `script` (the entries and the queue), `reply` (what to say),
-//! `anthropic` and `openai` (rendering), `plan` (a body as data), `body`
-//! (sending it), `recording`.
+//! Modules: `choice` (which answer a request gets), `script` (the entries
+//! and the queue), `reply` (what to say),
+//! `summary` (summary requests), `tokens` (the counts), `settings` (the
+//! context window), `anthropic` and `openai` (rendering), `plan` (a body as
+//! data), `body` (sending it), `recording`, `control` (the `/_mock/`
+//! routes).
 
 mod anthropic;
 mod body;
+mod choice;
+mod control;
 mod openai;
 mod plan;
 pub mod recording;
 mod reply;
 mod script;
+mod settings;
+mod summary;
+mod tokens;
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
 
 use anyhow::Context as _;
-use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
-use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use self::plan::{After, Plan, PlannedEvent};
-use self::recording::{now_ms, Exchange, ExchangeOutcome, Recorder, Source};
-use self::script::{Action, Content, Ending, Entry, Reply, Script, StatusFault};
+use self::recording::{now_ms, Exchange, ExchangeOutcome, Recorder};
+use self::script::{Action, Ending, Entry, Reply, Script, ScriptedUsage, StatusFault};
 
 pub use self::script::{parse_script, ScriptError, WireApi};
+pub use self::settings::{Settings, CONTEXT_WINDOW_ENV};
 
 /// The header that dictates the answer to one request.
 pub const FAULT_HEADER: &str = "x-mock-fault";
-
-/// How long `GET /_mock/requests?wait_ended=N` waits at most by default,
-/// and at most at all.
-const DEFAULT_WAIT: Duration = Duration::from_secs(5);
-const LONGEST_WAIT: Duration = Duration::from_secs(60);
 
 /// Largest request body accepted: Anthropic's own limit, so requests with
 /// images pass here exactly when they would pass there.
@@ -69,6 +75,8 @@ pub struct Options {
     pub script: Option<PathBuf>,
     /// How many of the latest requests `GET /_mock/requests` keeps.
     pub keep_requests: usize,
+    /// Refuse prompts estimated over this many tokens as too long.
+    pub context_window: Option<u64>,
 }
 
 /// Serve until SIGTERM or ctrl-c. Prints `mock-llm listening on
@@ -78,11 +86,13 @@ pub fn run(options: Options) -> anyhow::Result<()> {
         Some(path) => load_script(path)?,
         None => Vec::new(),
     };
+    let settings = Settings::with_context_window(options.context_window)
+        .map_err(|err| anyhow::anyhow!("--context-window: {err}"))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(serve(options, entries))
+    runtime.block_on(serve(options, entries, settings))
 }
 
 fn load_script(path: &std::path::Path) -> anyhow::Result<Vec<Entry>> {
@@ -93,13 +103,14 @@ fn load_script(path: &std::path::Path) -> anyhow::Result<Vec<Entry>> {
     parse_script(&value).with_context(|| format!("in the script {}", path.display()))
 }
 
-async fn serve(options: Options, entries: Vec<Entry>) -> anyhow::Result<()> {
+async fn serve(options: Options, entries: Vec<Entry>, settings: Settings) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind((options.host.as_str(), options.port))
         .await
         .with_context(|| format!("binding {}:{}", options.host, options.port))?;
     let address = listener.local_addr().context("reading the bound address")?;
     let mock = Mock::keeping_requests(options.keep_requests);
     mock.script().push(entries);
+    *mock.settings() = settings;
 
     {
         let mut stdout = std::io::stdout().lock();
@@ -117,26 +128,37 @@ async fn serve(options: Options, entries: Vec<Entry>) -> anyhow::Result<()> {
 
 /// Start the fake provider in this process on a free loopback port (as
 /// `keel serve` does when no provider is configured, and the demo, drills
-/// and `keel bench` do for their daemons); its base URL.
-pub async fn start_in_process() -> anyhow::Result<String> {
+/// and `keel bench` do for their daemons), with `settings`; its base URL.
+pub async fn start_in_process(settings: Settings) -> anyhow::Result<String> {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
         .await
         .context("binding the built-in fake provider")?;
     let address = listener.local_addr().context("reading its address")?;
+    let mock = Mock::default();
+    *mock.settings() = settings;
     tokio::spawn(async move {
-        if let Err(error) =
-            axum::serve(keel_daemon::net::no_delay(listener), app(Mock::default())).await
-        {
+        if let Err(error) = axum::serve(keel_daemon::net::no_delay(listener), app(mock)).await {
             tracing::error!(error = %error, "the built-in fake provider stopped");
         }
     });
     Ok(format!("http://{address}"))
 }
 
-/// The server's state: the script, the recording and the id counters.
+/// The fake provider `keel serve` starts in its own process when no
+/// provider is configured: [`start_in_process`] with the settings of the
+/// environment ([`CONTEXT_WINDOW_ENV`]).
+pub async fn start_builtin() -> anyhow::Result<String> {
+    let settings =
+        Settings::from_env(|name| std::env::var(name).ok()).map_err(anyhow::Error::msg)?;
+    start_in_process(settings).await
+}
+
+/// The server's state: the script, the settings, the recording and the id
+/// counters.
 #[derive(Debug, Clone, Default)]
 pub struct Mock {
     script: Arc<Mutex<Script>>,
+    settings: Arc<Mutex<Settings>>,
     recorder: Recorder,
     /// Numbers message ids (`msg_mock_N`, `chatcmpl-mock-N`).
     n_messages: Arc<AtomicU64>,
@@ -156,6 +178,10 @@ impl Mock {
 
     fn script(&self) -> MutexGuard<'_, Script> {
         self.script.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn settings(&self) -> MutexGuard<'_, Settings> {
+        self.settings.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -182,9 +208,18 @@ pub fn app(mock: Mock) -> Router {
         .route("/chat/completions", post(openai_chat))
         .route(
             "/_mock/script",
-            post(push_script).get(show_script).delete(clear_script),
+            post(control::push_script)
+                .get(control::show_script)
+                .delete(control::clear_script),
         )
-        .route("/_mock/requests", get(list_requests).delete(clear_requests))
+        .route(
+            "/_mock/settings",
+            get(control::show_settings).post(control::change_settings),
+        )
+        .route(
+            "/_mock/requests",
+            get(control::list_requests).delete(control::clear_requests),
+        )
         .layer(DefaultBodyLimit::max(MAX_REQUEST_BYTES))
         .with_state(mock)
 }
@@ -240,24 +275,23 @@ impl Mock {
                 "mock-llm: messages: an array is required",
                 &mut exchange,
             ),
-            Some(request) => match self.choose(endpoint, headers, &request) {
-                Err(message) => invalid_request(endpoint, &message, &mut exchange),
-                Ok((source, entry)) => {
-                    exchange.answered_by(source, entry.as_ref().map(|entry| entry.source.clone()));
-                    let action = entry.map_or_else(
-                        || {
-                            Action::Reply(Reply {
-                                content: Content::Default,
-                                drip_ms: None,
-                                ending: Ending::Complete,
-                                stop: None,
-                            })
-                        },
-                        |entry| entry.action,
-                    );
-                    self.act(endpoint, &request, stream, action, exchange).await
+            Some(request) => {
+                let prompt_tokens = tokens::prompt_tokens(&request);
+                exchange.measured(prompt_tokens);
+                match self.choose(endpoint, headers, &request, prompt_tokens) {
+                    Err(message) => invalid_request(endpoint, &message, &mut exchange),
+                    Ok(choice) => {
+                        exchange.answered_by(choice.source, choice.entry);
+                        let asked = Asked {
+                            endpoint,
+                            request: &request,
+                            stream,
+                            prompt_tokens,
+                        };
+                        self.act(asked, choice.action, exchange).await
+                    }
                 }
-            },
+            }
         };
         let request_id = match endpoint {
             WireApi::Anthropic => ("request-id", format!("req_mock_{seq}")),
@@ -276,38 +310,10 @@ impl Mock {
         response
     }
 
-    /// The entry that answers this request, and where it came from; `None`
-    /// for the default behaviour. A bad `x-mock-fault` header is an error.
-    fn choose(
-        &self,
-        endpoint: WireApi,
-        headers: &HeaderMap,
-        request: &Value,
-    ) -> Result<(Source, Option<Entry>), String> {
-        if let Some(fault) = headers.get(FAULT_HEADER) {
-            let entry = fault
-                .to_str()
-                .map_err(|err| err.to_string())
-                .and_then(|text| serde_json::from_str::<Value>(text).map_err(|err| err.to_string()))
-                .and_then(|value| Entry::parse(&value).map_err(|err| err.to_string()))
-                .map_err(|err| format!("mock-llm: bad {FAULT_HEADER} header: {err}"))?;
-            return Ok((Source::Header, Some(entry)));
-        }
-        let prompt = script::prompt_text(request);
-        Ok(match self.script().take_for(endpoint, &prompt) {
-            Some(entry) => (Source::Script, Some(entry)),
-            None => (Source::Default, None),
-        })
-    }
-
-    async fn act(
-        &self,
-        endpoint: WireApi,
-        request: &Value,
-        stream: bool,
-        action: Action,
-        mut exchange: Exchange,
-    ) -> Response {
+    async fn act(&self, asked: Asked<'_>, action: Action, mut exchange: Exchange) -> Response {
+        let Asked {
+            endpoint, stream, ..
+        } = asked;
         match action {
             Action::Status(fault) => status_response(endpoint, &fault, &mut exchange),
             Action::Hang => {
@@ -330,22 +336,32 @@ impl Mock {
                 };
                 body::respond(Plan::whole(vec![frame]), exchange, content_type)
             }
-            Action::Reply(reply) => self.reply(endpoint, request, stream, &reply, exchange),
+            Action::Reply(reply) => self.reply(asked, &reply, exchange),
         }
     }
 
-    fn reply(
-        &self,
-        endpoint: WireApi,
-        request: &Value,
-        stream: bool,
-        reply: &Reply,
-        mut exchange: Exchange,
-    ) -> Response {
+    fn reply(&self, asked: Asked<'_>, reply: &Reply, mut exchange: Exchange) -> Response {
+        let Asked {
+            endpoint,
+            request,
+            stream,
+            prompt_tokens,
+        } = asked;
         let n_message = self.n_messages.fetch_add(1, Ordering::Relaxed) + 1;
-        let answer = reply::answer(endpoint, request, &reply.content, reply.stop, || {
-            self.n_tool_calls.fetch_add(1, Ordering::Relaxed) + 1
-        });
+        let mut answer = reply::answer(
+            endpoint,
+            request,
+            prompt_tokens,
+            &reply.content,
+            reply.stop,
+            || self.n_tool_calls.fetch_add(1, Ordering::Relaxed) + 1,
+        );
+        let ScriptedUsage {
+            input_tokens,
+            output_tokens,
+        } = reply.usage;
+        answer.usage.input_tokens = input_tokens.unwrap_or(answer.usage.input_tokens);
+        answer.usage.output_tokens = output_tokens.unwrap_or(answer.usage.output_tokens);
         let model = request["model"].as_str().unwrap_or("mock-model");
         let message_id = match endpoint {
             WireApi::Anthropic => format!("msg_mock_{n_message}"),
@@ -428,6 +444,16 @@ impl Mock {
     }
 }
 
+/// A provider request, as the answer to it needs it.
+#[derive(Debug, Clone, Copy)]
+struct Asked<'a> {
+    endpoint: WireApi,
+    request: &'a Value,
+    stream: bool,
+    /// The prompt's estimated tokens (`tokens::prompt_tokens`).
+    prompt_tokens: u64,
+}
+
 fn error_body(endpoint: WireApi, status: u16, message: &str) -> Value {
     match endpoint {
         WireApi::Anthropic => anthropic::error_body(status, message),
@@ -473,77 +499,12 @@ fn status_response(endpoint: WireApi, fault: &StatusFault, exchange: &mut Exchan
     response
 }
 
-/// A refusal of a control request: `{error: {code, message}}`, keel's shape.
-fn control_error(status: StatusCode, code: &str, message: &str) -> Response {
-    (
-        status,
-        Json(json!({"error": {"code": code, "message": message}})),
-    )
-        .into_response()
-}
-
-async fn push_script(State(mock): State<Mock>, body: Bytes) -> Response {
-    let value = match serde_json::from_slice::<Value>(&body) {
-        Ok(value) => value,
-        Err(err) => {
-            let message = format!("the script is not JSON: {err}");
-            return control_error(StatusCode::BAD_REQUEST, "bad_script", &message);
-        }
-    };
-    match parse_script(&value) {
-        Ok(entries) => {
-            let n_added = entries.len();
-            let mut script = mock.script();
-            script.push(entries);
-            Json(json!({"added": n_added, "queued": script.len()})).into_response()
-        }
-        Err(err) => control_error(StatusCode::BAD_REQUEST, "bad_script", &err.to_string()),
-    }
-}
-
-async fn show_script(State(mock): State<Mock>) -> Json<Value> {
-    Json(json!({"pending": mock.script().pending()}))
-}
-
-async fn clear_script(State(mock): State<Mock>) -> Json<Value> {
-    let mut script = mock.script();
-    let n_cleared = script.len();
-    script.clear();
-    Json(json!({"cleared": n_cleared}))
-}
-
-#[derive(Debug, Deserialize)]
-struct RequestsQuery {
-    /// Wait until at least this many requests are recorded and none is
-    /// still pending.
-    wait_ended: Option<usize>,
-    /// How long to wait at most (default 5 s, at most 60 s).
-    timeout_ms: Option<u64>,
-}
-
-async fn list_requests(State(mock): State<Mock>, Query(query): Query<RequestsQuery>) -> Response {
-    let records = match query.wait_ended {
-        None => mock.recorder.list(),
-        Some(n_records) => {
-            let timeout = query
-                .timeout_ms
-                .map_or(DEFAULT_WAIT, Duration::from_millis)
-                .min(LONGEST_WAIT);
-            mock.recorder.wait_ended(n_records, timeout).await
-        }
-    };
-    Json(records).into_response()
-}
-
-async fn clear_requests(State(mock): State<Mock>) -> Json<Value> {
-    Json(json!({"cleared": mock.recorder.clear()}))
-}
-
 /// The mock's streams, fed to keel's own decoders: what the mock says is
 /// what keel's provider clients understand.
 #[cfg(test)]
 mod tests {
     use keel_core::message::{AssistantBlock, StopReason};
+    use keel_core::wire::classify::classify_status;
     use keel_core::wire::{self, SseEvent, StreamDecoder};
     use serde_json::json;
 
@@ -560,7 +521,14 @@ mod tests {
                 id: None,
             }],
         };
-        reply::answer(endpoint, &json!({"messages": []}), &content, None, || 1)
+        reply::answer(
+            endpoint,
+            &json!({"messages": []}),
+            1_234,
+            &content,
+            None,
+            || 1,
+        )
     }
 
     fn frames(endpoint: WireApi, answer: &Answer, ending: &Ending) -> Vec<String> {
@@ -637,6 +605,7 @@ mod tests {
             assert_eq!(call.id.as_str(), answer.tool_calls[0].id);
             assert_eq!(call.name, "bash");
             assert_eq!(call.input, json!({"command": "echo \"São Paulo\""}));
+            assert_eq!(response.usage.input_tokens, 1_234, "{endpoint:?}");
             assert_eq!(response.usage.output_tokens, answer.usage.output_tokens);
         }
     }
@@ -716,5 +685,34 @@ mod tests {
                 .or_else(|| decoder.finish().err());
             assert!(failure.is_some(), "{endpoint:?}: bad JSON is a failure");
         }
+    }
+
+    /// Each provider's "too long" refusal, as the fake sends it, is what
+    /// keel's classifier reads as a prompt too long: keel compacts on it
+    /// instead of failing the turn.
+    #[test]
+    fn keels_classifier_reads_the_mocks_too_long_refusals() {
+        for body in [
+            anthropic::too_long_body(1_200, 1_000),
+            openai::too_long_body(1_200, 1_000),
+        ] {
+            let failure = classify_status(400, None, &body.to_string());
+            assert!(failure.prompt_too_long, "{body}");
+            assert!(!failure.retryable, "{body}");
+            assert!(failure.message.contains("1200"), "{failure:?}");
+        }
+        assert_eq!(
+            anthropic::too_long_body(208_310, 200_000),
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 208310 tokens > 200000 maximum"}})
+        );
+        assert_eq!(
+            openai::too_long_body(130_532, 128_000),
+            json!({"error": {
+                "message": "This model's maximum context length is 128000 tokens. However, your messages resulted in 130532 tokens. Please reduce the length of the messages.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded"
+            }})
+        );
     }
 }

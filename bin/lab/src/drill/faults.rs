@@ -181,7 +181,8 @@ struct Lab {
 
 impl Lab {
     async fn start() -> anyhow::Result<Lab> {
-        let mock_url = crate::mock_llm::start_in_process().await?;
+        let mock_url =
+            crate::mock_llm::start_in_process(crate::mock_llm::Settings::default()).await?;
         // A port nobody listens on: bound, read, let go.
         let refused = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())

@@ -221,6 +221,15 @@ pub fn error_body(status: u16, message: &str) -> Value {
     })
 }
 
+/// The body of Anthropic's refusal of a prompt longer than the context
+/// window (HTTP 400), in its own words.
+pub fn too_long_body(prompt_tokens: u64, window: u64) -> Value {
+    error_body(
+        400,
+        &format!("prompt is too long: {prompt_tokens} tokens > {window} maximum"),
+    )
+}
+
 /// The status a non-streamed request gets for an error the script meant to
 /// send in the stream.
 pub fn error_status(error: &ErrorSpec) -> u16 {

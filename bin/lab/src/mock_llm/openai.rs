@@ -217,6 +217,23 @@ pub fn error_body(status: u16, message: &str) -> Value {
     })
 }
 
+/// The body of OpenAI's refusal of a prompt longer than the context
+/// window (HTTP 400), in its own words.
+pub fn too_long_body(prompt_tokens: u64, window: u64) -> Value {
+    json!({
+        "error": {
+            "message": format!(
+                "This model's maximum context length is {window} tokens. However, your \
+                 messages resulted in {prompt_tokens} tokens. Please reduce the length of the \
+                 messages."
+            ),
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    })
+}
+
 /// The status a non-streamed request gets for an error the script meant to
 /// send in the stream.
 pub fn error_status(error: &ErrorSpec) -> u16 {

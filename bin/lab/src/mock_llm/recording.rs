@@ -63,6 +63,11 @@ pub enum Source {
     Header,
     /// The default behaviour (echo, `run:`, tool result summary).
     Default,
+    /// The fake's own answer to a summary request no entry served.
+    Summary,
+    /// Refused as longer than the context window (`--context-window`,
+    /// `POST /_mock/settings`), in the provider's words.
+    TooLong,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -81,6 +86,9 @@ pub struct Record {
     pub body: Box<RawValue>,
     /// Whether the request asked for a stream (`"stream": true`).
     pub stream: bool,
+    /// The prompt's estimated tokens, as reported in the usage and held
+    /// against the context window; `None` for a body that is not a request.
+    pub prompt_tokens: Option<u64>,
     pub source: Source,
     /// The script entry (or header JSON) that answered, as given.
     pub entry: Option<Value>,
@@ -224,6 +232,7 @@ impl Recorder {
                 headers,
                 body,
                 stream,
+                prompt_tokens: None,
                 source: Source::None,
                 entry: None,
                 outcome: ExchangeOutcome::Pending,
@@ -298,6 +307,13 @@ pub struct Exchange {
 impl Exchange {
     pub fn seq(&self) -> u64 {
         self.seq
+    }
+
+    /// Record the prompt's estimated tokens.
+    pub fn measured(&self, prompt_tokens: u64) {
+        self.recorder.update(self.seq, |record| {
+            record.prompt_tokens = Some(prompt_tokens);
+        });
     }
 
     pub fn answered_by(&self, source: Source, entry: Option<Value>) {

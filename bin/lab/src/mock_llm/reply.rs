@@ -1,6 +1,6 @@
 //! What the mock says, decided from the request alone (pure): the default
 //! answer the demo relies on, and the finished `Answer` (ids given, tokens
-//! counted) that the wire modules render.
+//! counted as `tokens` estimates them) that the wire modules render.
 //!
 //! The default answer looks at the last user turn of the conversation:
 //! tool results are summarised ("The command printed: …"), a text starting
@@ -13,6 +13,7 @@
 use serde_json::{json, Value};
 
 use super::script::{Content, ScriptedCall, Stop, WireApi};
+use super::tokens;
 
 /// A reply ready to be put on the wire.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,18 +49,22 @@ pub struct AnswerCall {
     pub input: Value,
 }
 
-/// Token counts, made up but plausible: one token per word.
+/// Token counts: estimated from the request and the answer (`tokens`), or
+/// as a script entry names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Usage {
     pub input_tokens: u64,
     pub output_tokens: u64,
 }
 
-/// The answer to `body` on `endpoint`. Tool calls without a scripted id take
-/// the next number from `next_id`, so ids stay unique across requests.
+/// The answer to `body` on `endpoint`, whose prompt is estimated at
+/// `prompt_tokens` (`tokens::prompt_tokens`). Tool calls without a scripted
+/// id take the next number from `next_id`, so ids stay unique across
+/// requests.
 pub fn answer(
     endpoint: WireApi,
     body: &Value,
+    prompt_tokens: u64,
     content: &Content,
     stop: Option<Stop>,
     mut next_id: impl FnMut() -> u64,
@@ -80,18 +85,18 @@ pub fn answer(
             input: call.input,
         })
         .collect();
-    let output_words = text.as_deref().map_or(0, count_words)
-        + tool_calls
+    let output_tokens = tokens::output_tokens(
+        text.as_deref(),
+        tool_calls
             .iter()
-            .map(|call| 1 + count_words(&call.input.to_string()))
-            .sum::<u64>();
-    let input_words = count_json_words(&body["system"]) + count_json_words(&body["messages"]);
+            .map(|call| (call.name.as_str(), &call.input)),
+    );
     Answer {
         text,
         tool_calls,
         usage: Usage {
-            input_tokens: input_words.max(1),
-            output_tokens: output_words.max(1),
+            input_tokens: prompt_tokens,
+            output_tokens,
         },
         stop,
     }
@@ -271,19 +276,6 @@ fn content_text(content: &Value) -> String {
             .collect::<Vec<_>>()
             .join("\n"),
         _ => String::new(),
-    }
-}
-
-fn count_words(text: &str) -> u64 {
-    u64::try_from(text.split_whitespace().count()).unwrap_or(u64::MAX)
-}
-
-fn count_json_words(value: &Value) -> u64 {
-    match value {
-        Value::String(text) => count_words(text),
-        Value::Array(items) => items.iter().map(count_json_words).sum(),
-        Value::Object(fields) => fields.values().map(count_json_words).sum(),
-        Value::Null | Value::Bool(_) | Value::Number(_) => 0,
     }
 }
 
@@ -467,17 +459,24 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_numbers_its_calls_and_counts_words() {
+    fn an_answer_numbers_its_calls_and_counts_its_tokens() {
         let body = json!({"system": "one two", "messages": [{"role": "user", "content": "run: echo a b"}]});
         let mut counter = 6;
-        let answer = answer(WireApi::Anthropic, &body, &Content::Default, None, || {
-            counter += 1;
-            counter
-        });
+        let answer = answer(
+            WireApi::Anthropic,
+            &body,
+            42,
+            &Content::Default,
+            None,
+            || {
+                counter += 1;
+                counter
+            },
+        );
         assert_eq!(answer.tool_calls[0].id, "toolu_mock_7");
-        // "one two", the role "user" and "run: echo a b".
-        assert_eq!(answer.usage.input_tokens, 7);
-        assert!(answer.usage.output_tokens >= 2);
+        assert_eq!(answer.usage.input_tokens, 42, "the prompt's estimate");
+        // "bash" and {"command":"echo a b"}: 4 + 22 bytes.
+        assert_eq!(answer.usage.output_tokens, 7);
 
         let given = Content::Given {
             text: Some("three little words".to_owned()),
@@ -487,10 +486,10 @@ mod tests {
                 id: Some("fixed".to_owned()),
             }],
         };
-        let answer = super::answer(WireApi::Openai, &json!({}), &given, None, || 99);
+        let answer = super::answer(WireApi::Openai, &json!({}), 1, &given, None, || 99);
         assert_eq!(answer.tool_calls[0].id, "fixed");
-        assert_eq!(answer.usage.input_tokens, 1, "never zero");
-        assert_eq!(answer.usage.output_tokens, 5);
+        // 18 bytes of text, "bash" and {}: 24 bytes.
+        assert_eq!(answer.usage.output_tokens, 6);
     }
 
     #[test]

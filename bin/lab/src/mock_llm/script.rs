@@ -13,6 +13,18 @@
 //! answers conversations that ask at the same time, such as sub-agents
 //! running in parallel, each by its task: `{"when": "count the files",
 //! "tool_calls": [..]}`.
+//!
+//! Summary requests (keel's compaction asking for a summary, see `summary`)
+//! are not turns: an entry serves them only with `"summary": true`, and
+//! then serves nothing else. So a compaction between two turns never takes
+//! the reply planned for the next turn, and a test can still script a
+//! summary that fails or says something chosen (`{"summary": true,
+//! "status": 500}`). A summary request no entry serves gets the fake's own
+//! summary.
+//!
+//! A reply reports token counts estimated from the request and the answer
+//! (`tokens`); `"usage": {"input_tokens": N, "output_tokens": M}` reports
+//! these instead (either may be left out).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -39,6 +51,8 @@ pub struct Entry {
     /// Serve this entry only to a request whose prompt (system prompt and
     /// user texts) contains this text; `None` serves it to any.
     pub when: Option<String>,
+    /// Serve this entry to summary requests, and only to them.
+    pub summary: bool,
     pub action: Action,
     /// The entry as it was given, for the recording and `GET /_mock/script`.
     pub source: Value,
@@ -78,6 +92,31 @@ pub struct Reply {
     /// Why the model says it stopped, when not the usual `end_turn` /
     /// `tool_use`.
     pub stop: Option<Stop>,
+    /// Token counts to report instead of the estimates.
+    pub usage: ScriptedUsage,
+}
+
+impl Reply {
+    /// `content`, all at once, ending normally, with the usual stop reason
+    /// and estimated usage.
+    pub fn plain(content: Content) -> Reply {
+        Reply {
+            content,
+            drip_ms: None,
+            ending: Ending::Complete,
+            stop: None,
+            usage: ScriptedUsage::default(),
+        }
+    }
+}
+
+/// Token counts a reply reports instead of the ones estimated from the
+/// request and the answer; each left out is estimated.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedUsage {
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
 }
 
 /// A stop reason a script can ask for.
@@ -168,6 +207,7 @@ impl std::error::Error for ScriptError {}
 struct RawEntry {
     endpoint: Option<WireApi>,
     when: Option<String>,
+    summary: Option<bool>,
     text: Option<String>,
     tool_calls: Option<Vec<ScriptedCall>>,
     status: Option<u16>,
@@ -183,21 +223,24 @@ struct RawEntry {
     hang: Option<bool>,
     hang_after_events: Option<usize>,
     stop_reason: Option<Stop>,
+    usage: Option<ScriptedUsage>,
 }
 
 const STATUS_FIELDS: &[&str] = &[
     "endpoint",
     "when",
+    "summary",
     "status",
     "retry_after",
     "retry_after_ms",
     "body",
 ];
-const HANG_FIELDS: &[&str] = &["endpoint", "when", "hang"];
-const MALFORMED_FIELDS: &[&str] = &["endpoint", "when", "malformed"];
+const HANG_FIELDS: &[&str] = &["endpoint", "when", "summary", "hang"];
+const MALFORMED_FIELDS: &[&str] = &["endpoint", "when", "summary", "malformed"];
 const REPLY_FIELDS: &[&str] = &[
     "endpoint",
     "when",
+    "summary",
     "text",
     "tool_calls",
     "drip_ms",
@@ -207,6 +250,7 @@ const REPLY_FIELDS: &[&str] = &[
     "error_event",
     "after_text",
     "stop_reason",
+    "usage",
 ];
 
 /// A whole script: an array of entries, `{"replies": [..]}`, or one entry.
@@ -280,18 +324,24 @@ impl Entry {
                 "when is a text the prompt must contain; leave it out to match any".to_owned(),
             ));
         }
+        if let Some(summary) = raw.summary {
+            require_true("summary", summary)?;
+        }
         Ok(Entry {
             endpoint: raw.endpoint,
             when: raw.when,
+            summary: raw.summary.is_some(),
             action,
             source: value.clone(),
         })
     }
 
     /// Whether this entry may answer a request on `endpoint` whose
-    /// prompt (see [`prompt_text`]) is `prompt`.
-    pub fn serves(&self, endpoint: WireApi, prompt: &str) -> bool {
-        self.endpoint.is_none_or(|wanted| wanted == endpoint)
+    /// prompt (see [`prompt_text`]) is `prompt`, and which is a summary
+    /// request or not as `summary` says.
+    pub fn serves(&self, endpoint: WireApi, prompt: &str, summary: bool) -> bool {
+        self.summary == summary
+            && self.endpoint.is_none_or(|wanted| wanted == endpoint)
             && self
                 .when
                 .as_deref()
@@ -351,6 +401,7 @@ struct ReplyFields<'a> {
     error_event: Option<&'a ErrorSpec>,
     after_text: Option<&'a String>,
     stop: Option<Stop>,
+    usage: Option<ScriptedUsage>,
 }
 
 fn raw_reply_fields(raw: &RawEntry) -> ReplyFields<'_> {
@@ -364,6 +415,7 @@ fn raw_reply_fields(raw: &RawEntry) -> ReplyFields<'_> {
         error_event: raw.error_event.as_ref(),
         after_text: raw.after_text.as_ref(),
         stop: raw.stop_reason,
+        usage: raw.usage,
     }
 }
 
@@ -432,6 +484,7 @@ fn reply(fields: ReplyFields<'_>) -> Result<Reply, ScriptError> {
         drip_ms: fields.drip_ms,
         ending,
         stop: fields.stop,
+        usage: fields.usage.unwrap_or_default(),
     })
 }
 
@@ -476,13 +529,13 @@ impl Script {
     }
 
     /// The first entry that serves a request on `endpoint` with this
-    /// `prompt`, removed from the queue. Entries meant for other requests
-    /// keep their place.
-    pub fn take_for(&mut self, endpoint: WireApi, prompt: &str) -> Option<Entry> {
+    /// `prompt` (a summary request or not, as `summary` says), removed from
+    /// the queue. Entries meant for other requests keep their place.
+    pub fn take_for(&mut self, endpoint: WireApi, prompt: &str, summary: bool) -> Option<Entry> {
         let entry_idx = self
             .entries
             .iter()
-            .position(|entry| entry.serves(endpoint, prompt))?;
+            .position(|entry| entry.serves(endpoint, prompt, summary))?;
         self.entries.remove(entry_idx)
     }
 
@@ -528,6 +581,7 @@ mod tests {
                 drip_ms: None,
                 ending: Ending::Complete,
                 stop: None,
+                usage: ScriptedUsage::default(),
             })
         );
         let calls = entry(json!({"tool_calls": [{"name": "bash", "input": {"command": "ls"}}]}));
@@ -545,6 +599,7 @@ mod tests {
                 drip_ms: None,
                 ending: Ending::Complete,
                 stop: None,
+                usage: ScriptedUsage::default(),
             })
         );
         assert_eq!(
@@ -675,20 +730,20 @@ mod tests {
         );
         let text = |entry: Option<Entry>| entry.map(|entry| entry.source["text"].clone());
         assert_eq!(
-            text(script.take_for(WireApi::Anthropic, "")),
+            text(script.take_for(WireApi::Anthropic, "", false)),
             Some(json!("for anyone"))
         );
         assert_eq!(script.len(), 2);
         assert_eq!(
-            text(script.take_for(WireApi::Anthropic, "")),
+            text(script.take_for(WireApi::Anthropic, "", false)),
             Some(json!("for anthropic"))
         );
-        assert_eq!(script.take_for(WireApi::Anthropic, ""), None);
+        assert_eq!(script.take_for(WireApi::Anthropic, "", false), None);
         assert_eq!(
-            text(script.take_for(WireApi::Openai, "")),
+            text(script.take_for(WireApi::Openai, "", false)),
             Some(json!("for openai"))
         );
-        assert_eq!(script.take_for(WireApi::Openai, ""), None);
+        assert_eq!(script.take_for(WireApi::Openai, "", false), None);
     }
 
     #[test]
@@ -704,16 +759,19 @@ mod tests {
         );
         let text = |entry: Option<Entry>| entry.map(|entry| entry.source["text"].clone());
         assert_eq!(
-            text(script.take_for(WireApi::Anthropic, "do task A now")),
+            text(script.take_for(WireApi::Anthropic, "do task A now", false)),
             Some(json!("for A"))
         );
         assert_eq!(
-            text(script.take_for(WireApi::Anthropic, "no match")),
+            text(script.take_for(WireApi::Anthropic, "no match", false)),
             Some(json!("for anyone"))
         );
-        assert_eq!(script.take_for(WireApi::Anthropic, "task A again"), None);
         assert_eq!(
-            text(script.take_for(WireApi::Openai, "then task B")),
+            script.take_for(WireApi::Anthropic, "task A again", false),
+            None
+        );
+        assert_eq!(
+            text(script.take_for(WireApi::Openai, "then task B", false)),
             Some(json!("for B"))
         );
         assert!(refusal(json!({"when": "", "text": "x"})).contains("leave it out"));
@@ -721,6 +779,69 @@ mod tests {
             entry(json!({"when": "x", "hang": true})).action,
             Action::Hang
         );
+    }
+
+    #[test]
+    fn summary_entries_serve_only_summary_requests_and_others_never_do() {
+        let mut script = Script::default();
+        script.push(
+            parse_script(&json!([
+                {"text": "turn one"},
+                {"summary": true, "status": 500},
+                {"text": "turn two"},
+                {"summary": true, "when": "the files", "text": "they listed files"},
+            ]))
+            .unwrap(),
+        );
+        let source = |entry: Option<Entry>| entry.map(|entry| entry.source);
+        // A summary request skips the turns' entries, whatever its place.
+        assert_eq!(
+            source(script.take_for(WireApi::Anthropic, "about the files", true)),
+            Some(json!({"summary": true, "status": 500}))
+        );
+        assert_eq!(
+            source(script.take_for(WireApi::Openai, "", false)),
+            Some(json!({"text": "turn one"}))
+        );
+        assert_eq!(
+            script.take_for(WireApi::Openai, "nothing alike", true),
+            None,
+            "the fake's own summary then"
+        );
+        assert_eq!(
+            source(script.take_for(WireApi::Openai, "about the files", false)),
+            Some(json!({"text": "turn two"})),
+            "a turn never takes a summary entry"
+        );
+        assert_eq!(
+            script.take_for(WireApi::Openai, "about the files", false),
+            None
+        );
+        assert_eq!(
+            source(script.take_for(WireApi::Openai, "about the files", true)),
+            Some(json!({"summary": true, "when": "the files", "text": "they listed files"}))
+        );
+        assert!(refusal(json!({"summary": false, "text": "x"})).contains("only ever true"));
+        assert!(entry(json!({"summary": true, "hang": true})).summary);
+        assert!(!entry(json!({"text": "x"})).summary);
+    }
+
+    #[test]
+    fn a_reply_may_name_the_usage_it_reports() {
+        let Action::Reply(reply) =
+            entry(json!({"text": "x", "usage": {"input_tokens": 150000}})).action
+        else {
+            panic!("a reply")
+        };
+        assert_eq!(
+            reply.usage,
+            ScriptedUsage {
+                input_tokens: Some(150_000),
+                output_tokens: None
+            }
+        );
+        assert!(refusal(json!({"text": "x", "usage": {"input": 1}})).contains("unknown field"));
+        assert!(refusal(json!({"status": 500, "usage": {}})).contains("\"usage\""));
     }
 
     #[test]

@@ -63,7 +63,8 @@ pub(super) async fn drill_in(
     let effects = workdir.join("effects.log");
     let (mut lives, client, mock_url) = match &options.addr {
         None => {
-            let mock_url = crate::mock_llm::start_in_process().await?;
+            let mock_url =
+                crate::mock_llm::start_in_process(crate::mock_llm::Settings::default()).await?;
             let mut lab = ChildDaemon::new(&dir, &mock_url, &format!("drill-{seed:x}"))?;
             lab.env(RUN_ENV, &run_id);
             let client = lab.client();
