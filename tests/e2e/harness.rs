@@ -115,6 +115,23 @@ impl MockLlm {
         );
     }
 
+    /// Set the fake's context window (`POST /_mock/settings`); `None`
+    /// takes it away. Panics if the fake refuses.
+    pub async fn set_context_window(&self, tokens: Option<u64>) {
+        let response = self
+            .http
+            .post(format!("{}/_mock/settings", self.provider.url()))
+            .json(&serde_json::json!({ "context_window": tokens }))
+            .send()
+            .await
+            .expect("POST /_mock/settings");
+        assert!(
+            response.status().is_success(),
+            "the mock refused the settings: {}",
+            response.text().await.unwrap_or_default()
+        );
+    }
+
     /// Every request recorded so far (`GET /_mock/requests`).
     pub async fn requests(&self) -> Vec<Value> {
         self.get_requests(&format!("{}/_mock/requests", self.provider.url()))

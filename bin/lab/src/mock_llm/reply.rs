@@ -119,7 +119,15 @@ pub fn default_content(endpoint: WireApi, body: &Value) -> (Option<String>, Vec<
         let summary: Vec<String> = turn.results.iter().map(summarise).collect();
         return answer_or_submit(summary.join("\n"), sub_agent);
     }
-    let text = turn.texts.join("\n");
+    // keel's own notes in the prompt (a compaction's summary opens the
+    // first message kept, docs/compaction.md) are not the user's words.
+    let said: Vec<&str> = turn
+        .texts
+        .iter()
+        .map(|text| without_keel_notes(text))
+        .filter(|text| !text.trim().is_empty())
+        .collect();
+    let text = said.join("\n");
     if let Some(tasks) = text.trim_start().strip_prefix("spawn:") {
         let tasks: Vec<Value> = tasks
             .split('|')
@@ -151,6 +159,23 @@ pub fn default_content(endpoint: WireApi, body: &Value) -> (Option<String>, Vec<
         return (Some("I see no text to echo.".to_owned()), Vec::new());
     }
     answer_or_submit(text, sub_agent)
+}
+
+/// `text` without the keel notes that open it: a text that starts with
+/// `[keel:` goes on after the line of its last `[keel:` note (the summary's
+/// end, or the one note saying turns were left out). OpenAI's wire joins a
+/// message's texts, so the note and the user's words may share one text.
+fn without_keel_notes(text: &str) -> &str {
+    if !text.trim_start().starts_with("[keel:") {
+        return text;
+    }
+    let Some(last) = text.rfind("[keel:") else {
+        return text;
+    };
+    match text[last..].find('\n') {
+        Some(end) => &text[last + end + 1..],
+        None => "",
+    }
 }
 
 /// `text` as the answer; a sub-agent (offered `submit_result`) submits it
@@ -411,6 +436,21 @@ mod tests {
             (
                 WireApi::Openai,
                 json!({"messages": [{"role": "user", "content": "  run:echo hi "}]}),
+            ),
+            // After a compaction the summary opens the message; it is
+            // keel's note, not the user's words.
+            (
+                WireApi::Anthropic,
+                json!({"messages": [{"role": "user", "content": [
+                    {"type": "text", "text": "[keel: the earlier part … A summary of it follows.]\nthings\n[keel: end of the summary.]"},
+                    {"type": "text", "text": "run: echo hi"}
+                ]}]}),
+            ),
+            (
+                WireApi::Openai,
+                json!({"messages": [{"role": "user", "content":
+                    "[keel: compacted. A summary of it follows.]\nthe user ran ls\n[keel: end of the summary.]\n\nrun: echo hi"
+                }]}),
             ),
         ] {
             let (text, calls) = default_content(endpoint, &body);
