@@ -11,8 +11,10 @@
 //! the data directory's size; every other conversation deleted, the first
 //! 500 one after another (each waits for its own durable commit) and the
 //! rest from 100 tasks at once (deletes that meet at the committer share
-//! a commit); the size again; `reclaim`; the size again; and once more
-//! after the store is closed and opened again.
+//! a commit); the size again; `reclaim`; the size again; once more after
+//! the store is closed and opened again; and after 5,000 new conversations
+//! like the deleted ones are written (does the engine reuse what the
+//! deleted ones left?).
 //!
 //! Sizes are the lengths of the files under the data directory. Data
 //! directories live under cargo's target tmp dir.
@@ -99,15 +101,17 @@ async fn log_of(store: &dyn EventLog, n: usize, shared: &str) -> Vec<Event> {
     log
 }
 
-async fn fill(store: &Arc<dyn EventLog>) -> Duration {
+/// Write conversations `ids`, from `TASKS` tasks at once.
+async fn fill(store: &Arc<dyn EventLog>, ids: std::ops::Range<usize>) -> Duration {
     let shared = keel_store::blob_hash(&noise(u64::MAX));
     let started = Instant::now();
     let mut tasks = Vec::new();
     for task in 0..TASKS {
         let store = Arc::clone(store);
         let shared = shared.clone();
+        let ids = ids.clone();
         tasks.push(tokio::spawn(async move {
-            for n in (task..CONVERSATIONS).step_by(TASKS) {
+            for n in (ids.start + task..ids.end).step_by(TASKS) {
                 let log = log_of(&*store, n, &shared).await;
                 store.append(&id(n), log).await.unwrap();
             }
@@ -156,7 +160,7 @@ async fn run(backend: &str) {
     let scratch = TempDir::new_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let dir = scratch.path().join("data");
     let store = open(backend, &dir);
-    let filled_in = fill(&store).await;
+    let filled_in = fill(&store, 0..CONVERSATIONS).await;
     let full = dir_bytes(&dir);
     let (one_by_one, together, blobs) = delete_half(&store).await;
     let deleted = dir_bytes(&dir);
@@ -173,6 +177,8 @@ async fn run(backend: &str) {
     let store = open(backend, &dir);
     let reopened = dir_bytes(&dir);
     assert_eq!(store.last_seq(&id(0)).await.unwrap(), 0);
+    fill(&store, CONVERSATIONS..CONVERSATIONS + CONVERSATIONS / 2).await;
+    let refilled = dir_bytes(&dir);
     drop(store);
 
     let alone = ONE_BY_ONE as f64;
@@ -198,11 +204,12 @@ async fn run(backend: &str) {
         mib(reclaimed.disk_bytes_after.unwrap_or(0)),
     );
     println!(
-        "| {backend} | {} | {} | {} | {} |",
+        "| {backend} | {} | {} | {} | {} | {} |",
         mib(full),
         mib(deleted),
         mib(after),
-        mib(reopened)
+        mib(reopened),
+        mib(refilled)
     );
 }
 
@@ -211,8 +218,10 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    println!("| backend | full | half deleted | after reclaim | after reopen |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| backend | full | half deleted | after reclaim | after reopen | 5,000 written again |"
+    );
+    println!("|---|---|---|---|---|---|");
     for backend in ["redb", "sled"] {
         runtime.block_on(run(backend));
     }
