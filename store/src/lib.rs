@@ -1,12 +1,15 @@
 //! keel-store: where the log lives. The event log is the only truth about a
 //! conversation; snapshots are a cache over it; blobs hold image bytes once
 //! by content hash; the index lists conversations and says which were mid-turn.
+//! A conversation can be deleted whole, its blobs with it when no other
+//! conversation refers to them (`deletion.rs`, `store/removal.rs`).
 //!
 //! [`EventLog`] is what the actors use. [`Store`] implements it over any
 //! [`Backend`]: redb (the default), sled, or memory (tests). `open` picks one
 //! by [`BackendKind`].
 
 pub mod backend;
+pub mod deletion;
 pub mod error;
 pub mod index;
 pub mod keys;
@@ -20,7 +23,8 @@ use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
-pub use backend::{Backend, MemoryBackend, RedbBackend, SledBackend};
+pub use backend::{Backend, MemoryBackend, Reclaim, RedbBackend, SledBackend};
+pub use deletion::{Deleted, Reclaimed, Swept};
 pub use error::{Error, Result};
 pub use index::IndexEntry;
 pub use keel_core::codec::{decode, encode, DecodeError, CURRENT_VERSION};

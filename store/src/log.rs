@@ -9,6 +9,7 @@
 //! and its writes on its committer thread.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::watch;
@@ -18,6 +19,7 @@ use keel_core::ids::{ConversationId, Seq};
 use keel_core::reducer::WorkingSet;
 use keel_core::snapshot::FsmSnapshot;
 
+use crate::deletion::{Deleted, Reclaimed, Swept};
 use crate::error::Result;
 use crate::index::IndexEntry;
 
@@ -95,6 +97,39 @@ pub trait EventLog: Send + Sync {
 
     /// Conversations in the index, oldest first; sub-agents only when asked.
     async fn list(&self, include_sub_agents: bool) -> Result<Vec<IndexEntry>>;
+
+    /// The sub-agents `parent` started (its direct children), oldest
+    /// first: what a caller deletes along with the parent. Sub-agents start
+    /// none of their own (REQ-BED-009), so these are all of them.
+    async fn children(&self, parent: &ConversationId) -> Result<Vec<IndexEntry>> {
+        let mut all = self.list(true).await?;
+        all.retain(|entry| entry.parent.as_ref() == Some(parent));
+        Ok(all)
+    }
+
+    /// Remove `conversation` for good, in one durable commit ordered with
+    /// the appends around it: its events, snapshot, checkpoint, index entry
+    /// and every blob its log referred to that no other conversation does.
+    /// Its children are not touched ([`EventLog::children`] finds them).
+    /// Afterwards it does not exist: `last_seq` is 0, and the id may be
+    /// created again from seq 1; an append continuing the old log is
+    /// refused. An id with nothing stored gives `existed: false` and
+    /// changes nothing. The disk gets the space back only on `reclaim`.
+    async fn delete(&self, conversation: &ConversationId) -> Result<Deleted>;
+
+    /// Remove every blob no conversation refers to that is older than
+    /// `older_than`: uploads whose message was never recorded. A blob this
+    /// process stored less than `older_than` ago, and no message has named
+    /// since, is kept (its message may be on its way). Blobs stored by an
+    /// earlier process count as old: nothing outside the process holds a
+    /// blob's hash, so no message can name them any more.
+    async fn sweep_unreferenced_blobs(&self, older_than: Duration) -> Result<Swept>;
+
+    /// Ask the engine to give back the space removed entries took, and
+    /// say how big its files were before and after. Writes wait while it
+    /// runs (on redb, reads too): a maintenance call, not one for every
+    /// delete.
+    async fn reclaim(&self) -> Result<Reclaimed>;
 }
 
 /// Whether a store still takes writes. A store stops for good after a

@@ -12,6 +12,9 @@
 //! refuses every later write (`Error::Fatal`); the runtime restarts and
 //! recovers from the log.
 //!
+//! The checks each request goes through before it joins a batch are in
+//! `staging.rs`.
+//!
 //! Reads do not go through the committer: each runs against the engine on
 //! tokio's blocking pool (`reads.rs`), because an engine read blocks on
 //! the disk and a long one is milliseconds of decoding, and a tokio worker
@@ -20,15 +23,27 @@
 //! long read (a rebuild of a long conversation) is mostly decoding, so it
 //! copies the records out once and decodes them on every core
 //! (`records.rs`).
+//!
+//! Deletes, blob sweeps and reclaiming space also go through the
+//! committer, in order with the appends around them, but each run of them
+//! waits for every commit before it and reads the engine itself
+//! (`removal.rs`). Which conversations refer to which blobs is kept as
+//! keys beside the events (`refs.rs`); uploads still waiting for their
+//! message are kept in memory (`uploads.rs`).
 
 mod reads;
 mod records;
+mod refs;
+mod removal;
+mod staging;
+mod uploads;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -41,7 +56,8 @@ use keel_core::ids::{ConversationId, Seq};
 use keel_core::reducer::WorkingSet;
 use keel_core::snapshot::FsmSnapshot;
 
-use crate::backend::{Backend, Entry};
+use crate::backend::{Backend, Write};
+use crate::deletion::{Deleted, Reclaimed, Swept};
 use crate::error::{Error, Result};
 use crate::index::IndexEntry;
 use crate::keys;
@@ -56,9 +72,16 @@ const MAX_BATCH: usize = 4096;
 /// when no batch is in flight (see `Committer::run`).
 const INLINE_BATCH: usize = 16;
 
-type Reply = oneshot::Sender<Result<()>>;
+type Reply<T = ()> = oneshot::Sender<Result<T>>;
 
 enum Request {
+    /// Staged with whatever else is waiting, and committed as one batch.
+    Plain(Plain),
+    /// Runs once every commit before it is durable (`removal.rs`).
+    Alone(Alone),
+}
+
+enum Plain {
     Append {
         conversation: ConversationId,
         events: Vec<Event>,
@@ -68,8 +91,37 @@ enum Request {
         encoded: Vec<Vec<u8>>,
         reply: Reply,
     },
-    /// Snapshots and blobs: plain writes that ride along with the next batch.
-    Put { writes: Vec<Entry>, reply: Reply },
+    /// A snapshot or checkpoint: plain writes that ride along with the
+    /// next batch. Dropped when `conversation` has no log (it was deleted,
+    /// or never created): a cache of nothing, which a conversation created
+    /// again under the same id would take for its own.
+    Cache {
+        conversation: ConversationId,
+        writes: Vec<Write>,
+        reply: Reply,
+    },
+    /// A blob: written unless the store has it, and either way counted as
+    /// an upload whose message is still to come (`uploads.rs`).
+    Blob {
+        hash: String,
+        bytes: Vec<u8>,
+        reply: Reply,
+    },
+}
+
+/// The requests that read the engine as the commits before them left it.
+enum Alone {
+    Delete {
+        conversation: ConversationId,
+        reply: Reply<Deleted>,
+    },
+    Sweep {
+        older_than: Duration,
+        reply: Reply<Swept>,
+    },
+    Reclaim {
+        reply: Reply<Reclaimed>,
+    },
 }
 
 pub struct Store<B: Backend> {
@@ -132,6 +184,7 @@ impl<B: Backend> Store<B> {
             _lock: lock,
         });
         let fatal = Arc::new(Halt::new());
+        let mark_refs = refs::ensure_complete(&engine.backend)?;
         let (requests, receiver) = mpsc::channel();
         let (staged, to_write) = mpsc::sync_channel::<Staged>(1);
         let thread_error = |source| Error::Io {
@@ -153,7 +206,9 @@ impl<B: Backend> Store<B> {
             let fatal = Arc::clone(&fatal);
             std::thread::Builder::new()
                 .name(format!("keel-{}-commit", engine.backend.name()))
-                .spawn(move || Committer::new(engine, fatal, in_flight).run(receiver, staged))
+                .spawn(move || {
+                    Committer::new(engine, fatal, in_flight, mark_refs).run(receiver, staged)
+                })
                 .map_err(thread_error)?
         };
         Ok(Store {
@@ -191,7 +246,8 @@ impl<B: Backend> Store<B> {
             .map_err(|source| Error::ReadAborted { source })?
     }
 
-    async fn submit(&self, make: impl FnOnce(Reply) -> Request) -> Result<()> {
+    /// Hand a request to the committer and wait for its answer.
+    async fn submit<T>(&self, make: impl FnOnce(Reply<T>) -> Request) -> Result<T> {
         if let Some(reason) = self.fatal.get() {
             return Err(Error::Fatal {
                 reason: reason.clone(),
@@ -261,11 +317,13 @@ impl<B: Backend> EventLog for Store<B> {
     async fn append(&self, conversation: &ConversationId, events: Vec<Event>) -> Result<()> {
         let conversation = conversation.clone();
         let encoded = events.iter().map(codec::encode).collect();
-        self.submit(|reply| Request::Append {
-            conversation,
-            events,
-            encoded,
-            reply,
+        self.submit(|reply| {
+            Request::Plain(Plain::Append {
+                conversation,
+                events,
+                encoded,
+                reply,
+            })
         })
         .await
     }
@@ -298,11 +356,19 @@ impl<B: Backend> EventLog for Store<B> {
         conversation: &ConversationId,
         snapshot: &FsmSnapshot,
     ) -> Result<()> {
-        let writes = vec![(
+        let writes = vec![Write::Put(
             keys::snapshot(conversation),
             snapshot_bytes(conversation, snapshot)?,
         )];
-        self.submit(|reply| Request::Put { writes, reply }).await
+        let conversation = conversation.clone();
+        self.submit(|reply| {
+            Request::Plain(Plain::Cache {
+                conversation,
+                writes,
+                reply,
+            })
+        })
+        .await
     }
 
     async fn save_checkpoint(
@@ -310,17 +376,25 @@ impl<B: Backend> EventLog for Store<B> {
         conversation: &ConversationId,
         working: &WorkingSet,
     ) -> Result<()> {
-        let mut writes = vec![(
+        let mut writes = vec![Write::Put(
             keys::checkpoint(conversation),
             codec::checkpoint::encode(working),
         )];
         if let Some(snapshot) = FsmSnapshot::of(working) {
-            writes.push((
+            writes.push(Write::Put(
                 keys::snapshot(conversation),
                 snapshot_bytes(conversation, &snapshot)?,
             ));
         }
-        self.submit(|reply| Request::Put { writes, reply }).await
+        let conversation = conversation.clone();
+        self.submit(|reply| {
+            Request::Plain(Plain::Cache {
+                conversation,
+                writes,
+                reply,
+            })
+        })
+        .await
     }
 
     async fn load_checkpoint(&self, conversation: &ConversationId) -> Result<Option<WorkingSet>> {
@@ -335,18 +409,20 @@ impl<B: Backend> EventLog for Store<B> {
             .await
     }
 
+    /// The committer looks whether the blob is stored: only there is the
+    /// answer sure to hold until the message naming it is appended (a
+    /// delete or sweep running meanwhile knows of the upload).
     async fn put_blob(&self, bytes: Vec<u8>) -> Result<String> {
         let hash = blob_hash(&bytes);
-        let key = keys::blob(&hash);
-        let stored = {
-            let key = key.clone();
-            self.off_runtime(move |backend| Ok(backend.get(&key)?.is_some()))
-                .await?
-        };
-        if !stored {
-            let writes = vec![(key, bytes)];
-            self.submit(|reply| Request::Put { writes, reply }).await?;
-        }
+        let for_committer = hash.clone();
+        self.submit(|reply| {
+            Request::Plain(Plain::Blob {
+                hash: for_committer,
+                bytes,
+                reply,
+            })
+        })
+        .await?;
         Ok(hash)
     }
 
@@ -365,6 +441,33 @@ impl<B: Backend> EventLog for Store<B> {
         self.off_runtime(move |backend| reads::list(backend, include_sub_agents))
             .await
     }
+
+    async fn children(&self, parent: &ConversationId) -> Result<Vec<IndexEntry>> {
+        let parent = parent.clone();
+        self.off_runtime(move |backend| reads::children(backend, &parent))
+            .await
+    }
+
+    async fn delete(&self, conversation: &ConversationId) -> Result<Deleted> {
+        let conversation = conversation.clone();
+        self.submit(|reply| {
+            Request::Alone(Alone::Delete {
+                conversation,
+                reply,
+            })
+        })
+        .await
+    }
+
+    async fn sweep_unreferenced_blobs(&self, older_than: Duration) -> Result<Swept> {
+        self.submit(|reply| Request::Alone(Alone::Sweep { older_than, reply }))
+            .await
+    }
+
+    async fn reclaim(&self) -> Result<Reclaimed> {
+        self.submit(|reply| Request::Alone(Alone::Reclaim { reply }))
+            .await
+    }
 }
 
 fn decode_index(conversation: &str, bytes: &[u8]) -> Result<IndexEntry> {
@@ -376,8 +479,11 @@ fn decode_index(conversation: &str, bytes: &[u8]) -> Result<IndexEntry> {
 
 /// A checked batch: its writes, and the callers waiting on them.
 struct Staged {
-    writes: Vec<Entry>,
+    writes: Vec<Write>,
     waiting: Vec<Reply>,
+    /// Told once the batch is committed: how the committer waits for the
+    /// writer before a delete (`Committer::drain`).
+    done: Option<mpsc::Sender<()>>,
 }
 
 /// The writer thread: commit each staged batch in order.
@@ -387,9 +493,13 @@ fn write_batches<B: Backend>(
     in_flight: &AtomicUsize,
     batches: Receiver<Staged>,
 ) {
-    while let Ok(batch) = batches.recv() {
+    while let Ok(mut batch) = batches.recv() {
+        let done = batch.done.take();
         commit_batch(backend, fatal, batch);
         in_flight.fetch_sub(1, Ordering::SeqCst);
+        if let Some(done) = done {
+            let _ = done.send(());
+        }
     }
 }
 
@@ -397,7 +507,9 @@ fn write_batches<B: Backend>(
 /// nothing more is written (a failed flush is never retried): a batch staged
 /// meanwhile assumed the failed one's seqs, and is refused with it.
 fn commit_batch<B: Backend>(backend: &B, fatal: &Halt, batch: Staged) {
-    let Staged { writes, waiting } = batch;
+    let Staged {
+        writes, waiting, ..
+    } = batch;
     let outcome = match fatal.get() {
         Some(reason) => Err(reason.clone()),
         None if writes.is_empty() => Ok(()),
@@ -432,16 +544,27 @@ struct Committer<B: Backend> {
     in_flight: Arc<AtomicUsize>,
     last_seqs: HashMap<ConversationId, Seq>,
     index: HashMap<ConversationId, IndexEntry>,
+    uploads: uploads::Uploads,
+    /// The store's blob references are complete but not yet marked so
+    /// (`refs::ensure_complete`): the first commit writes the mark.
+    mark_refs: bool,
 }
 
 impl<B: Backend> Committer<B> {
-    fn new(engine: Arc<Engine<B>>, fatal: Arc<Halt>, in_flight: Arc<AtomicUsize>) -> Self {
+    fn new(
+        engine: Arc<Engine<B>>,
+        fatal: Arc<Halt>,
+        in_flight: Arc<AtomicUsize>,
+        mark_refs: bool,
+    ) -> Self {
         Committer {
             engine,
             fatal,
             in_flight,
             last_seqs: HashMap::new(),
             index: HashMap::new(),
+            uploads: uploads::Uploads::default(),
+            mark_refs,
         }
     }
 
@@ -450,149 +573,71 @@ impl<B: Backend> Committer<B> {
     /// answers its callers. While the engine commits (and waits on the disk)
     /// batch N, batch N+1 is being staged. At most one staged batch waits
     /// for the writer, so a caller's wait stays bounded.
+    ///
+    /// Deletes that arrive one after another form a run that commits as
+    /// one batch of its own, after the batch before it and before the one
+    /// after it; a sweep or a reclaim runs alone the same way.
     fn run(mut self, requests: Receiver<Request>, staged: SyncSender<Staged>) {
         while let Ok(first) = requests.recv() {
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
+            let mut received = vec![first];
+            while received.len() < MAX_BATCH {
                 match requests.try_recv() {
-                    Ok(request) => batch.push(request),
+                    Ok(request) => received.push(request),
                     Err(_) => break,
                 }
             }
-            let Some(batch) = self.stage_batch(batch) else {
-                continue;
-            };
-            // A small batch with nothing in flight commits right here: the
-            // hand-off to the writer would only add a thread wake-up to a
-            // lone writer's latency. Batches commit in order either way,
-            // because an inline commit happens only when none is pending.
-            if batch.waiting.len() <= INLINE_BATCH && self.in_flight.load(Ordering::SeqCst) == 0 {
-                commit_batch(&self.engine.backend, &self.fatal, batch);
-            } else {
-                self.in_flight.fetch_add(1, Ordering::SeqCst);
-                if let Err(mpsc::SendError(batch)) = staged.send(batch) {
-                    // The writer is gone (it panicked): answer here.
-                    commit_batch(&self.engine.backend, &self.fatal, batch);
-                    self.in_flight.fetch_sub(1, Ordering::SeqCst);
-                }
-            }
-            if self.fatal.get().is_some() {
-                self.last_seqs.clear();
-                self.index.clear();
-            }
-        }
-    }
-
-    /// Check and stage every request of `batch`; refused ones are answered
-    /// at once. `None` when nothing is left to write.
-    fn stage_batch(&mut self, batch: Vec<Request>) -> Option<Staged> {
-        let mut writes = Vec::new();
-        let mut waiting = Vec::with_capacity(batch.len());
-        for request in batch {
-            if let Some(reason) = self.fatal.get() {
-                let reply = match request {
-                    Request::Append { reply, .. } | Request::Put { reply, .. } => reply,
-                };
-                let _ = reply.send(Err(Error::Fatal {
-                    reason: reason.clone(),
-                }));
-                continue;
-            }
-            match request {
-                Request::Append {
-                    conversation,
-                    events,
-                    encoded,
-                    reply,
-                } => match self.stage(&conversation, &events, encoded, &mut writes) {
-                    Ok(()) => waiting.push(reply),
-                    Err(error) => {
-                        let _ = reply.send(Err(error));
+            let mut plain = Vec::new();
+            let mut deletes = Vec::new();
+            for request in received {
+                match request {
+                    Request::Alone(Alone::Delete {
+                        conversation,
+                        reply,
+                    }) => {
+                        self.dispatch(std::mem::take(&mut plain), &staged);
+                        deletes.push((conversation, reply));
                     }
-                },
-                Request::Put {
-                    writes: puts,
-                    reply,
-                } => {
-                    writes.extend(puts);
-                    waiting.push(reply);
+                    Request::Alone(alone) => {
+                        self.dispatch(std::mem::take(&mut plain), &staged);
+                        self.delete_run(std::mem::take(&mut deletes), &staged);
+                        self.alone(alone, &staged);
+                    }
+                    Request::Plain(request) => {
+                        self.delete_run(std::mem::take(&mut deletes), &staged);
+                        plain.push(request);
+                    }
                 }
             }
+            self.dispatch(plain, &staged);
+            self.delete_run(deletes, &staged);
         }
-        if waiting.is_empty() {
-            return None;
-        }
-        Some(Staged { writes, waiting })
     }
 
-    /// Check one append and add its writes; changes nothing if it is refused.
-    fn stage(
-        &mut self,
-        conversation: &ConversationId,
-        events: &[Event],
-        encoded: Vec<Vec<u8>>,
-        writes: &mut Vec<Entry>,
-    ) -> Result<()> {
-        let invalid = |reason: &str| Error::InvalidAppend {
-            conversation: conversation.clone(),
-            reason: reason.to_owned(),
-        };
-        let first = events.first().ok_or_else(|| invalid("no events"))?;
-        let last_seq = match self.last_seqs.get(conversation) {
-            Some(seq) => *seq,
-            None => reads::last_seq(&self.engine.backend, conversation)?,
-        };
-        for (offset, event) in events.iter().enumerate() {
-            let expected = last_seq + 1 + offset as Seq;
-            if event.seq != expected {
-                return Err(Error::NonContiguous {
-                    conversation: conversation.clone(),
-                    expected,
-                    found: event.seq,
-                });
-            }
+    /// Stage `batch` and commit it: here, or at the writer.
+    fn dispatch(&mut self, batch: Vec<Plain>, staged: &SyncSender<Staged>) {
+        if batch.is_empty() {
+            return;
         }
-        let mut entry = if last_seq == 0 {
-            let entry = IndexEntry::created(first)
-                .ok_or_else(|| invalid("a new conversation's log must start with Created"))?;
-            if entry.id != *conversation {
-                return Err(invalid("Created names another conversation"));
-            }
-            entry
+        let Some(batch) = self.stage_batch(batch) else {
+            return;
+        };
+        // A small batch with nothing in flight commits right here: the
+        // hand-off to the writer would only add a thread wake-up to a
+        // lone writer's latency. Batches commit in order either way,
+        // because an inline commit happens only when none is pending.
+        if batch.waiting.len() <= INLINE_BATCH && self.in_flight.load(Ordering::SeqCst) == 0 {
+            commit_batch(&self.engine.backend, &self.fatal, batch);
         } else {
-            match self.index.get(conversation) {
-                Some(entry) => entry.clone(),
-                None => match self.engine.backend.get(&keys::index(conversation))? {
-                    Some(bytes) => decode_index(conversation.as_str(), &bytes)?,
-                    None => {
-                        return Err(Error::CorruptMeta {
-                            what: format!("index of {conversation}"),
-                            reason: "entry missing for a conversation with events".to_owned(),
-                        })
-                    }
-                },
+            self.in_flight.fetch_add(1, Ordering::SeqCst);
+            if let Err(mpsc::SendError(batch)) = staged.send(batch) {
+                // The writer is gone (it panicked): answer here.
+                commit_batch(&self.engine.backend, &self.fatal, batch);
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
             }
-        };
-        let before = (last_seq > 0).then(|| entry.clone());
-        for (event, bytes) in events.iter().zip(encoded) {
-            if last_seq > 0 || event.seq > 1 {
-                entry.apply(event);
-            }
-            writes.push((keys::event(conversation, event.seq), bytes));
         }
-        // Most appends (messages, deltas' final text, tool results) change
-        // no fact the index keeps beyond the log's end, which readers take
-        // from the log itself: skip the second key and halve the writes.
-        if before.is_none_or(|before| !before.same_facts(&entry)) {
-            let index_bytes = serde_json::to_vec(&entry).map_err(|error| Error::CorruptMeta {
-                what: format!("index entry of {conversation}"),
-                reason: error.to_string(),
-            })?;
-            writes.push((keys::index(conversation), index_bytes));
+        if self.fatal.get().is_some() {
+            self.last_seqs.clear();
+            self.index.clear();
         }
-        self.last_seqs
-            .insert(conversation.clone(), last_seq + events.len() as Seq);
-        self.index.insert(conversation.clone(), entry);
-        Ok(())
     }
 }

@@ -2,7 +2,8 @@
 //! `Committer::run`): a lone small append commits on the committer's own
 //! thread, and a batch staged while an earlier one is still with the
 //! writer waits for it, so appends become durable, and are answered, in
-//! the order they were staged.
+//! the order they were staged. A delete waits for the batches before it
+//! too, and removes what they wrote (store/removal.rs).
 //!
 //! The engine here is the memory backend behind a [`Probe`] that records
 //! each commit with the thread it ran on, and can hold commits at a gate:
@@ -24,7 +25,7 @@ use keel_core::event::Event;
 use keel_core::ids::ConversationId;
 use keel_core::time::Timestamp;
 use keel_core::transition::{create, NewConversation};
-use keel_store::backend::{Entry, Visit};
+use keel_store::backend::{Entry, Visit, Write};
 use keel_store::{Backend, EventLog, MemoryBackend, Store};
 
 /// How long a step may wait for the store before the test calls it stuck.
@@ -55,6 +56,8 @@ fn created(raw: &str) -> Vec<Event> {
 struct Commit {
     thread: String,
     started: Vec<String>,
+    /// Keys it removed.
+    removed: usize,
 }
 
 #[derive(Default)]
@@ -116,11 +119,15 @@ fn thread_name() -> String {
 }
 
 /// The conversations among `candidates` whose `Created` (seq 1) is written.
-fn started_by(writes: &[Entry]) -> Vec<String> {
+fn started_by(writes: &[Write]) -> Vec<String> {
     writes
         .iter()
-        .filter(|(key, _)| key.first() == Some(&b'e') && key.ends_with(&1u64.to_be_bytes()))
-        .map(|(key, _)| String::from_utf8_lossy(&key[1..key.len() - 9]).into_owned())
+        .filter_map(|write| match write {
+            Write::Put(key, _) => Some(key),
+            Write::Remove(_) => None,
+        })
+        .filter(|key| key.first() == Some(&b'e') && key.ends_with(&1u64.to_be_bytes()))
+        .map(|key| String::from_utf8_lossy(&key[1..key.len() - 9]).into_owned())
         .collect()
 }
 
@@ -129,7 +136,7 @@ impl Backend for Probe {
         self.inner.name()
     }
 
-    fn commit(&self, writes: &[Entry]) -> keel_store::Result<()> {
+    fn commit(&self, writes: &[Write]) -> keel_store::Result<()> {
         let thread = thread_name();
         {
             let mut state = self.lock();
@@ -157,6 +164,10 @@ impl Backend for Probe {
             state.commits.push(Commit {
                 thread,
                 started: started_by(writes),
+                removed: writes
+                    .iter()
+                    .filter(|write| matches!(write, Write::Remove(_)))
+                    .count(),
             })
         });
         Ok(())
@@ -280,4 +291,81 @@ async fn a_batch_staged_behind_one_at_the_writer_commits_after_it() {
     for raw in &expected {
         assert_eq!(store.last_seq(&id(raw)).await.unwrap(), 2, "{raw}");
     }
+}
+
+/// A delete sent while the batch before it is still with the writer waits
+/// for that batch, then removes the events it wrote: it commits after it,
+/// never before, and the conversation is gone whole.
+#[tokio::test]
+async fn a_delete_waits_for_the_batch_before_it_and_removes_what_it_wrote() {
+    let store = Store::new(Probe::new(), None).unwrap();
+    let probe = store.backend();
+    store
+        .append(&id("victim"), created("victim"))
+        .await
+        .unwrap();
+
+    // As above: a crowd's batch held at the writer, here with a message
+    // of the victim's in it.
+    probe.set(|state| state.hold_committer = true);
+    let first = send(&store, "a");
+    probe.wait_for("the commit of `a`", |state| state.committer_waiting);
+    let crowd: Vec<String> = (0..20).map(|n| format!("crowd-{n}")).collect();
+    let mut waiting: Vec<Append<'_>> = crowd.iter().map(|raw| send(&store, raw)).collect();
+    let mut message = created("victim")[1].clone();
+    message.seq = 3;
+    let mut more: Append<'_> = Box::pin(async { store.append(&id("victim"), vec![message]).await });
+    assert!(poll_once(&mut more).is_pending());
+    waiting.push(more);
+    probe.set(|state| {
+        state.hold_writer = true;
+        state.hold_committer = false;
+    });
+    probe.wait_for("the crowd's batch at the writer", |state| {
+        state.writer_waiting
+    });
+
+    let victim = id("victim");
+    let mut delete = Box::pin(store.delete(&victim));
+    assert!(
+        delete
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_pending(),
+        "a delete is answered only once it is committed"
+    );
+    // Nothing may commit while the crowd is held: a delete that did not
+    // wait would commit here, ahead of the batch with the victim's message
+    // (a clock bounds only how long this looks for that mistake).
+    let commits = {
+        let (state, _) = probe
+            .changed
+            .wait_timeout_while(probe.lock(), Duration::from_millis(300), |state| {
+                state.commits.len() < 3
+            })
+            .unwrap();
+        state.commits.clone()
+    };
+    assert_eq!(commits.len(), 2, "{commits:?}");
+
+    probe.set(|state| state.hold_writer = false);
+    first.await.unwrap();
+    for append in waiting {
+        append.await.unwrap();
+    }
+    let deleted = delete.await.unwrap();
+    assert_eq!(
+        deleted.events, 3,
+        "the message from the held batch went too"
+    );
+    let commits = probe.commits();
+    let last = commits.last().unwrap();
+    assert_eq!(
+        last.removed, 4,
+        "three events and the index entry: {commits:?}"
+    );
+    assert!(last.thread.ends_with("-commit"), "{commits:?}");
+    assert_eq!(store.last_seq(&victim).await.unwrap(), 0);
+    // The id is free again.
+    store.append(&victim, created("victim")).await.unwrap();
 }

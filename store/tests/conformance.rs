@@ -23,7 +23,7 @@ use keel_core::state::Phase;
 use keel_core::time::Timestamp;
 use keel_core::transition::{create, transition, NewConversation, Step};
 use keel_core::ToolPolicy;
-use keel_store::backend::{Entry, Visit};
+use keel_store::backend::{Entry, Visit, Write};
 use keel_store::lock::DirLock;
 use keel_store::{rehydrate, Backend, Error, EventLog, SnapshotCheck, Store};
 
@@ -396,7 +396,7 @@ pub async fn the_index_lists_conversations_and_marks_turns_in_flight(log: &dyn E
 /// Write a record that does not decode at `seq`, straight into the backend.
 fn corrupt<B: Backend>(backend: &B, conversation: &str, seq: Seq) {
     backend
-        .commit(&[(
+        .commit(&[Write::Put(
             keel_store::keys::event(&id(conversation), seq),
             b"{not json".to_vec(),
         )])
@@ -431,7 +431,7 @@ async fn an_undecodable_checkpoint_is_passed_over<B: Backend>(store: &keel_store
     seed(store, "g", 5).await;
     store
         .backend()
-        .commit(&[(
+        .commit(&[Write::Put(
             keel_store::keys::checkpoint(&id("g")),
             b"\x93garbage".to_vec(),
         )])
@@ -470,7 +470,10 @@ async fn a_corrupted_record_in_a_long_read_is_named<B: Backend>(store: &keel_sto
     let misplaced = keel_store::encode(&messages(9, 1)[0]);
     store
         .backend()
-        .commit(&[(keel_store::keys::event(&id("a"), 1_200), misplaced)])
+        .commit(&[Write::Put(
+            keel_store::keys::event(&id("a"), 1_200),
+            misplaced,
+        )])
         .unwrap();
     let (seq, reason) = named(store.read(&id("a"), 301, usize::MAX).await.unwrap_err());
     assert_eq!(seq, 1_200);
@@ -550,7 +553,7 @@ impl<B: Backend> Backend for Gated<B> {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
-    fn commit(&self, writes: &[Entry]) -> keel_store::Result<()> {
+    fn commit(&self, writes: &[Write]) -> keel_store::Result<()> {
         self.inner.commit(writes)
     }
     fn get(&self, key: &[u8]) -> keel_store::Result<Option<Vec<u8>>> {
@@ -948,7 +951,7 @@ impl Backend for FailingBackend {
     fn name(&self) -> &'static str {
         "failing"
     }
-    fn commit(&self, writes: &[keel_store::backend::Entry]) -> keel_store::Result<()> {
+    fn commit(&self, writes: &[Write]) -> keel_store::Result<()> {
         if self.fail.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Error::DiskFull {
                 source: std::io::Error::from(std::io::ErrorKind::StorageFull),

@@ -5,6 +5,7 @@
 //! engine is underneath.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -12,7 +13,7 @@ use keel_core::event::Event;
 use keel_core::ids::{ConversationId, Seq};
 use keel_core::reducer::WorkingSet;
 use keel_core::snapshot::FsmSnapshot;
-use keel_store::{Availability, EventLog, IndexEntry, Result};
+use keel_store::{Availability, Deleted, EventLog, IndexEntry, Reclaimed, Result, Swept};
 
 use super::{store_error, StoreOp};
 
@@ -122,5 +123,24 @@ impl EventLog for MeteredLog {
 
     async fn list(&self, include_sub_agents: bool) -> Result<Vec<IndexEntry>> {
         counted(StoreOp::Read, self.inner.list(include_sub_agents).await)
+    }
+
+    async fn children(&self, parent: &ConversationId) -> Result<Vec<IndexEntry>> {
+        counted(StoreOp::Read, self.inner.children(parent).await)
+    }
+
+    async fn delete(&self, conversation: &ConversationId) -> Result<Deleted> {
+        counted(StoreOp::Write, self.inner.delete(conversation).await)
+    }
+
+    async fn sweep_unreferenced_blobs(&self, older_than: Duration) -> Result<Swept> {
+        counted(
+            StoreOp::Write,
+            self.inner.sweep_unreferenced_blobs(older_than).await,
+        )
+    }
+
+    async fn reclaim(&self) -> Result<Reclaimed> {
+        counted(StoreOp::Write, self.inner.reclaim().await)
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::{Mutex, MutexGuard};
 
-use super::{Backend, Entry, Visit};
+use super::{Backend, Entry, Visit, Write};
 use crate::error::{Error, Result};
 
 #[derive(Default)]
@@ -35,10 +35,17 @@ impl Backend for MemoryBackend {
         "memory"
     }
 
-    fn commit(&self, writes: &[Entry]) -> Result<()> {
+    fn commit(&self, writes: &[Write]) -> Result<()> {
         let mut map = self.map()?;
-        for (key, value) in writes {
-            map.insert(key.clone(), value.clone());
+        for write in writes {
+            match write {
+                Write::Put(key, value) => {
+                    map.insert(key.clone(), value.clone());
+                }
+                Write::Remove(key) => {
+                    map.remove(key);
+                }
+            }
         }
         Ok(())
     }

@@ -1,19 +1,35 @@
 //! redb: a maintained embedded store whose commits are crash-safe by default
 //! (`Durability::Immediate`: the commit returns after fsync, and a torn
 //! commit is rolled back on open).
+//!
+//! Removed entries free their pages for reuse, but the file does not
+//! shrink by itself: `reclaim` runs `Database::compact`, which moves live
+//! pages down and cuts the file's free end off. Compacting needs the
+//! database to itself (`&mut Database`, no read transaction open), so the
+//! database sits behind a lock that every read and commit takes shared
+//! and compaction takes alone: while it runs, reads and writes wait.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{RwLock, RwLockReadGuard};
 
 use redb::{Database, TableDefinition};
 
-use super::{Backend, Entry, Visit};
+use super::{Backend, Entry, Reclaim, Visit, Write};
 use crate::error::{Error, Result};
 
 const NAME: &str = "redb";
 const TABLE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("keel");
 
 pub struct RedbBackend {
-    db: Database,
+    db: RwLock<Database>,
+    path: PathBuf,
+}
+
+fn poisoned() -> Error {
+    Error::Backend {
+        backend: NAME,
+        reason: "database lock poisoned by a panic".to_owned(),
+    }
 }
 
 fn backend_error(error: impl Into<redb::Error>) -> Error {
@@ -99,7 +115,16 @@ impl RedbBackend {
         let txn = db.begin_write().map_err(backend_error)?;
         txn.open_table(TABLE).map_err(backend_error)?;
         txn.commit().map_err(backend_error)?;
-        Ok(RedbBackend { db })
+        Ok(RedbBackend {
+            db: RwLock::new(db),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The database, shared with every other read and commit; only
+    /// `reclaim` takes it alone.
+    fn db(&self) -> Result<RwLockReadGuard<'_, Database>> {
+        self.db.read().map_err(|_| poisoned())
     }
 
     /// Up to `limit` entries with the greatest keys in `start <= key < end`,
@@ -108,7 +133,8 @@ impl RedbBackend {
         if start >= end {
             return Ok(Vec::new());
         }
-        let txn = self.db.begin_read().map_err(backend_error)?;
+        let db = self.db()?;
+        let txn = db.begin_read().map_err(backend_error)?;
         let table = txn.open_table(TABLE).map_err(backend_error)?;
         let range = table.range(start..end).map_err(backend_error)?;
         let mut entries: Vec<Entry> = range.rev().take(limit).map(owned).collect::<Result<_>>()?;
@@ -122,21 +148,30 @@ impl Backend for RedbBackend {
         NAME
     }
 
-    fn commit(&self, writes: &[Entry]) -> Result<()> {
-        let txn = self.db.begin_write().map_err(backend_error)?;
+    fn commit(&self, writes: &[Write]) -> Result<()> {
+        let db = self.db()?;
+        let txn = db.begin_write().map_err(backend_error)?;
         {
             let mut table = txn.open_table(TABLE).map_err(backend_error)?;
-            for (key, value) in writes {
-                table
-                    .insert(key.as_slice(), value.as_slice())
-                    .map_err(backend_error)?;
+            for write in writes {
+                match write {
+                    Write::Put(key, value) => {
+                        table
+                            .insert(key.as_slice(), value.as_slice())
+                            .map_err(backend_error)?;
+                    }
+                    Write::Remove(key) => {
+                        table.remove(key.as_slice()).map_err(backend_error)?;
+                    }
+                }
             }
         }
         txn.commit().map_err(backend_error)
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        let txn = self.db.begin_read().map_err(backend_error)?;
+        let db = self.db()?;
+        let txn = db.begin_read().map_err(backend_error)?;
         let table = txn.open_table(TABLE).map_err(backend_error)?;
         let value = table.get(key).map_err(backend_error)?;
         Ok(value.map(|guard| guard.value().to_vec()))
@@ -154,7 +189,8 @@ impl Backend for RedbBackend {
         if start >= end {
             return Ok(());
         }
-        let txn = self.db.begin_read().map_err(backend_error)?;
+        let db = self.db()?;
+        let txn = db.begin_read().map_err(backend_error)?;
         let table = txn.open_table(TABLE).map_err(backend_error)?;
         let range = table.range(start..end).map_err(backend_error)?;
         for item in range.take(limit) {
@@ -170,5 +206,21 @@ impl Backend for RedbBackend {
 
     fn tail(&self, start: &[u8], end: &[u8], limit: usize) -> Result<Vec<Entry>> {
         self.scan_back(start, end, limit)
+    }
+
+    fn disk_bytes(&self) -> Result<Option<u64>> {
+        let metadata = std::fs::metadata(&self.path).map_err(|source| Error::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        Ok(Some(metadata.len()))
+    }
+
+    /// Compact the file, with every read and commit waiting meanwhile.
+    /// redb repeats its passes until one moves nothing.
+    fn reclaim(&self) -> Result<Reclaim> {
+        let mut db = self.db.write().map_err(|_| poisoned())?;
+        db.compact().map_err(backend_error)?;
+        Ok(Reclaim::Compacted)
     }
 }

@@ -122,11 +122,24 @@ pub(super) fn index_entry<B: Backend>(
 
 /// Conversations in the index, oldest first; sub-agents only when asked.
 pub(super) fn list<B: Backend>(backend: &B, include_sub_agents: bool) -> Result<Vec<IndexEntry>> {
+    entries(backend, |entry| include_sub_agents || entry.user_initiated)
+}
+
+/// The conversations `parent` started, oldest first.
+pub(super) fn children<B: Backend>(
+    backend: &B,
+    parent: &ConversationId,
+) -> Result<Vec<IndexEntry>> {
+    entries(backend, |entry| entry.parent.as_ref() == Some(parent))
+}
+
+/// The index entries `keep` takes, freshened, oldest first.
+fn entries<B: Backend>(backend: &B, keep: impl Fn(&IndexEntry) -> bool) -> Result<Vec<IndexEntry>> {
     let (start, end) = keys::index_range();
     let mut entries = Vec::new();
     for (key, value) in backend.range(&start, &end, usize::MAX)? {
         let entry = decode_index(&String::from_utf8_lossy(&key[1..]), &value)?;
-        if include_sub_agents || entry.user_initiated {
+        if keep(&entry) {
             entries.push(freshen(backend, entry)?);
         }
     }

@@ -312,6 +312,24 @@ impl EventLog for FaultyBlobs {
     async fn list(&self, include_sub_agents: bool) -> keel_actors::store::Result<Vec<IndexEntry>> {
         self.inner.list(include_sub_agents).await
     }
+
+    async fn delete(
+        &self,
+        conversation: &ConversationId,
+    ) -> keel_actors::store::Result<keel_actors::store::Deleted> {
+        self.inner.delete(conversation).await
+    }
+
+    async fn sweep_unreferenced_blobs(
+        &self,
+        older_than: std::time::Duration,
+    ) -> keel_actors::store::Result<keel_actors::store::Swept> {
+        self.inner.sweep_unreferenced_blobs(older_than).await
+    }
+
+    async fn reclaim(&self) -> keel_actors::store::Result<keel_actors::store::Reclaimed> {
+        self.inner.reclaim().await
+    }
 }
 
 /// An image attached and sent once goes bad in the store; the next turn
