@@ -143,4 +143,3 @@ pub fn realistic_log(conversation: &ConversationId, len: usize) -> Vec<Event> {
     log.truncate(len);
     log
 }
-
