@@ -55,8 +55,10 @@ impl ConversationHandle {
     /// sent, off the async threads. One bad image refuses the whole message
     /// with `Error::InvalidImage`, before anything is stored or logged.
     /// Images stored for a message the conversation then refuses (busy)
-    /// stay in the blob store: they are addressed by content, so sending
-    /// the message again reuses them.
+    /// stay in the blob store until a sweep of blobs no message names
+    /// (`EventLog::sweep_unreferenced_blobs`, after its grace period): they
+    /// are addressed by content, so sending the message again in time
+    /// reuses them, and later stores them again.
     pub async fn send(
         &self,
         text: impl Into<String>,
