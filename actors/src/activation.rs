@@ -17,7 +17,7 @@ use keel_core::{ConversationConfig, NewConversation};
 
 use crate::conversation_actor::{ConversationActor, ConversationArgs, Start};
 use crate::mailbox::Mailbox;
-use crate::registry::{actor_name, control, mailbox};
+use crate::registry::{self, actor_name, control, mailbox};
 use crate::shared::{Activate, NewConversationAt, Shared};
 use crate::Error;
 
@@ -101,6 +101,9 @@ pub(crate) async fn ensure_started(
         // still answer until they end their session.
         if shared.closed.load(Ordering::SeqCst) {
             return Err(Error::ShuttingDown);
+        }
+        if registry::being_deleted(shared, id) {
+            return Err(Error::NotFound(id.clone()));
         }
         if shared.store.last_seq(id).await? == 0 {
             return Err(Error::NotFound(id.clone()));

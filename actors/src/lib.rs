@@ -41,7 +41,7 @@ pub use keel_store as store;
 pub use conversation::{ActorStats, ConversationHandle, Following, Inspection};
 pub use image::ImageUpload;
 pub use pubsub::{Received, Subscription, Update, View, Wave};
-pub use runtime::{BootReport, Runtime, RuntimeConfig, Settings, DEFAULT_LIVE_INTERVAL};
+pub use runtime::{BootReport, Deletion, Runtime, RuntimeConfig, Settings, DEFAULT_LIVE_INTERVAL};
 
 /// Failures of keel-actors that are not a domain outcome. A failed LLM
 /// request is not one of them: it is a [`keel_core::LlmFailure`] value that

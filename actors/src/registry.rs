@@ -152,3 +152,27 @@ pub(crate) fn started(shared: &Shared, id: &ConversationId) {
         wake.notify_waiters();
     }
 }
+
+/// Whether conversation `id` is being deleted: it may not start again.
+pub(crate) fn being_deleted(shared: &Shared, id: &ConversationId) -> bool {
+    shared
+        .deleting
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .contains(id)
+}
+
+/// Mark `id` as being deleted (`true`), or no longer (`false`). Whether
+/// the mark changed: a second delete of one conversation at once is told
+/// apart.
+pub(crate) fn mark_deleting(shared: &Shared, id: &ConversationId, deleting: bool) -> bool {
+    let mut marks = shared
+        .deleting
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if deleting {
+        marks.insert(id.clone())
+    } else {
+        marks.remove(id)
+    }
+}

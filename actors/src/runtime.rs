@@ -5,9 +5,11 @@
 //! in `runtime/boot.rs`.
 
 mod boot;
+mod deletion;
+pub use deletion::Deletion;
 mod supervisor;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -130,6 +132,7 @@ impl Runtime {
             wakes: Mutex::new(HashMap::new()),
             alive: Arc::new(AtomicUsize::new(0)),
             closed: AtomicBool::new(false),
+            deleting: Mutex::new(HashSet::new()),
             activation: &activation::Activation,
         });
         let (supervisor, _) = SupervisorActor::spawn(

@@ -49,6 +49,10 @@ pub(crate) struct Shared {
     pub(crate) alive: Arc<AtomicUsize>,
     /// The runtime is stopping: no conversation starts, background tasks end.
     pub(crate) closed: AtomicBool,
+    /// Conversations being deleted (`Runtime::delete`): none of them
+    /// starts again, so nothing is appended between its actor's stop and
+    /// the store's delete.
+    pub(crate) deleting: Mutex<std::collections::HashSet<ConversationId>>,
     /// How conversations are started (`activation.rs`), for what lives
     /// below it: a parent starting, resolving or cancelling its sub-agents.
     pub(crate) activation: &'static dyn Activate,

@@ -19,6 +19,7 @@
 mod approvals;
 mod cancel;
 mod compaction;
+mod deletion;
 mod file_tools;
 mod full_disk;
 mod operations;
@@ -424,6 +425,17 @@ impl Daemon {
                 .post(self.endpoint(path))
                 .timeout(PATIENCE)
                 .json(body)
+                .send()
+                .await,
+        )
+        .await
+    }
+
+    pub async fn delete(&self, path: &str) -> Reply {
+        Reply::of(
+            self.http
+                .delete(self.endpoint(path))
+                .timeout(PATIENCE)
                 .send()
                 .await,
         )

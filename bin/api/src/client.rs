@@ -39,8 +39,9 @@ use serde::Serialize;
 
 use crate::types::{
     AcceptedMessage, ActorList, ApiDecisionKind, CancelAccepted, ConversationDetail,
-    ConversationList, CreateConversation, CreatedConversation, Evicted, Health, ImageBody, Killed,
-    LogPage, ResolveAccepted, ResolveRequest, SendMessage, UpdateConversation,
+    ConversationList, CreateConversation, CreatedConversation, DeletedConversation, Evicted,
+    Health, ImageBody, Killed, LogPage, ResolveAccepted, ResolveRequest, SendMessage,
+    UpdateConversation,
 };
 
 pub use error::Error;
@@ -328,6 +329,16 @@ impl Client {
     pub async fn evict(&self, id: &str) -> Result<Evicted, Error> {
         let path = format!("/admin/actors/{}/evict", encode(id));
         self.call(Method::POST, &path, Some(id), NO_BODY).await
+    }
+
+    /// `DELETE /v1/conversations/{id}`: delete a conversation and its
+    /// sub-agents; a busy one is refused unless `force`, which cancels it.
+    pub async fn delete(&self, id: &str, force: bool) -> Result<DeletedConversation, Error> {
+        let mut path = conversation_path(id, "");
+        if force {
+            path.push_str("?force=true");
+        }
+        self.call(Method::DELETE, &path, Some(id), NO_BODY).await
     }
 
     /// `POST /admin/actors/{id}/kill`: crash the actor, for drills; its

@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod conversations;
+pub mod deletion;
 pub mod error;
 pub mod events;
 pub mod measure;
@@ -125,7 +126,11 @@ impl Modify for BearerAuth {
 fn documented() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(conversations::create, conversations::list))
-        .routes(routes!(conversations::get_one, settings::update))
+        .routes(routes!(
+            conversations::get_one,
+            settings::update,
+            deletion::delete
+        ))
         .merge(
             OpenApiRouter::new()
                 .routes(routes!(conversations::send))

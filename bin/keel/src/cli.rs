@@ -258,6 +258,16 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Delete a conversation and its sub-agents: their logs and the images
+    /// nothing else shows (refused while busy unless --force).
+    Rm {
+        id: String,
+        /// Cancel a busy conversation first.
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Save a conversation and stop its actor (refused while busy).
     Evict {
         id: String,
@@ -545,6 +555,7 @@ fn run_client(command: Command) -> anyhow::Result<Exit> {
                 commands::resolve(&client, &id, &call_id, decision, Some(text), by, json).await
             }
             Command::Evict { id, json } => commands::evict(&client, &id, json).await,
+            Command::Rm { id, force, json } => commands::rm(&client, &id, force, json).await,
             Command::Ps { json } => commands::ps(&client, json).await,
             Command::Serve { .. }
             | Command::Spawner

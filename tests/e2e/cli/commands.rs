@@ -149,6 +149,17 @@ async fn cli_new_ls_send_log_inspect_in_both_modes() {
         .unwrap()
         .iter()
         .any(|actor| actor["id"] == first.as_str()));
+
+    // `keel rm` deletes it; then it is unknown.
+    let removed = rig.ok(&["rm", &first]);
+    assert!(
+        removed.starts_with(&format!("deleted {first} (")),
+        "{removed}"
+    );
+    let inspected = rig.keel(&["inspect", &first]);
+    assert!(!inspected.status.success(), "{}", describe(&inspected));
+    let said = String::from_utf8_lossy(&inspected.stderr);
+    assert!(said.contains(first.as_str()), "{said}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

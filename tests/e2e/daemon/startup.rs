@@ -18,7 +18,7 @@ use crate::harness::{keel_bin, MockLlm};
 /// here, or not in the document, fails `daemon_openapi_lists_every_route`.
 const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/conversations", &["get", "post"]),
-    ("/v1/conversations/{id}", &["get", "patch"]),
+    ("/v1/conversations/{id}", &["delete", "get", "patch"]),
     ("/v1/conversations/{id}/messages", &["post"]),
     ("/v1/conversations/{id}/cancel", &["post"]),
     ("/v1/conversations/{id}/resolve", &["post"]),
@@ -244,6 +244,7 @@ async fn daemon_openapi_lists_every_route() {
                 "get" => keel_api::http::client().get(url),
                 "post" => keel_api::http::client().post(url).json(&json!({})),
                 "patch" => keel_api::http::client().patch(url).json(&json!({})),
+                "delete" => keel_api::http::client().delete(url),
                 other => panic!("no probe for {other}"),
             };
             let request = if concrete.ends_with("/events") {

@@ -46,6 +46,17 @@ pub struct AcceptedMessage {
     pub seq: u64,
 }
 
+/// What `DELETE /v1/conversations/{id}` removed.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DeletedConversation {
+    /// The conversations deleted: its sub-agents, then it.
+    pub deleted: Vec<String>,
+    /// Events removed from their logs.
+    pub events: u64,
+    /// Image blobs removed with them (no other conversation names them).
+    pub blobs_removed: usize,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct CancelAccepted {
     /// The state the conversation came to rest in.

@@ -412,6 +412,26 @@ pub async fn resolve(
 }
 
 /// `keel evict`.
+/// `keel rm`: delete a conversation and its sub-agents.
+pub async fn rm(client: &Client, id: &str, force: bool, json: bool) -> anyhow::Result<Exit> {
+    let deleted = client.delete(id, force).await?;
+    if json {
+        output::json_line(&deleted)?;
+    } else {
+        let others = deleted.deleted.len().saturating_sub(1);
+        let with = match others {
+            0 => String::new(),
+            1 => " and its sub-agent".to_owned(),
+            n => format!(" and its {n} sub-agents"),
+        };
+        println!(
+            "deleted {id}{with} ({} events, {} images)",
+            deleted.events, deleted.blobs_removed
+        );
+    }
+    Ok(Exit::Ok)
+}
+
 pub async fn evict(client: &Client, id: &str, json: bool) -> anyhow::Result<Exit> {
     let evicted = client.evict(id).await?;
     if json {
