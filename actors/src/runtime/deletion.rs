@@ -9,6 +9,8 @@
 //! conversation, or (reaching the live actor just before it stops) goes
 //! with it.
 
+use std::time::Duration;
+
 use keel_core::{ConversationId, Rejection, StateName};
 
 use super::Runtime;
@@ -103,6 +105,43 @@ impl Runtime {
             }
         }
         Err(Error::Timeout)
+    }
+}
+
+/// How long a blob stored for a message that was never recorded stays
+/// before a retention sweep takes it (`EventLog::sweep_unreferenced_blobs`):
+/// long enough for a client to send the message again.
+const UNREFERENCED_BLOB_GRACE: Duration = Duration::from_secs(10 * 60);
+
+impl Runtime {
+    /// Retention (`KEEL_RETENTION_DAYS`): delete every conversation (with
+    /// its sub-agents) whose last activity is older than `older_than`, and
+    /// the blobs no message names. A busy one is left for a later sweep;
+    /// nothing here waits on a turn. Returns the conversations deleted
+    /// (their sub-agents not listed).
+    pub async fn sweep_retention(
+        &self,
+        older_than: Duration,
+    ) -> Result<Vec<ConversationId>, Error> {
+        let now = self.shared.clock.now();
+        let age = u64::try_from(older_than.as_millis()).unwrap_or(u64::MAX);
+        let mut deleted = Vec::new();
+        for entry in self.shared.store.list(false).await? {
+            if now.millis_since(entry.last_activity) < age {
+                continue;
+            }
+            match self.delete(&entry.id, false).await {
+                Ok(_) => deleted.push(entry.id),
+                // In use again, or gone meanwhile: the next sweep decides.
+                Err(Error::Rejected(_) | Error::NotFound(_)) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        self.shared
+            .store
+            .sweep_unreferenced_blobs(UNREFERENCED_BLOB_GRACE)
+            .await?;
+        Ok(deleted)
     }
 }
 

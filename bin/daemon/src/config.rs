@@ -71,6 +71,9 @@ pub struct Config {
     /// taking writes goes on answering 503 (so health checks and clients
     /// see why) before it exits for its supervisor to restart it.
     pub store_stopped_exit: Duration,
+    /// `KEEL_RETENTION_DAYS`: conversations untouched for this long are
+    /// deleted by a background sweep; `None` (the default) keeps them.
+    pub retention: Option<Duration>,
     /// Where the file came from, if one was read.
     pub file: Option<PathBuf>,
 }
@@ -108,6 +111,7 @@ struct File {
     live_interval_ms: Option<u64>,
     max_message_bytes: Option<u64>,
     store_stopped_exit_ms: Option<u64>,
+    retention_days: Option<f64>,
     #[serde(default)]
     anthropic: ProviderSection,
     #[serde(default)]
@@ -158,6 +162,10 @@ impl File {
             (
                 "KEEL_STORE_STOPPED_EXIT_MS",
                 self.store_stopped_exit_ms.map(|ms| ms.to_string()),
+            ),
+            (
+                "KEEL_RETENTION_DAYS",
+                self.retention_days.map(|days| days.to_string()),
             ),
             ("ANTHROPIC_API_KEY", self.anthropic.api_key),
             ("ANTHROPIC_BASE_URL", self.anthropic.base_url),
@@ -283,6 +291,7 @@ impl Config {
         };
         let store_stopped_exit =
             millis(&lookup, "KEEL_STORE_STOPPED_EXIT_MS")?.unwrap_or(DEFAULT_STORE_STOPPED_EXIT);
+        let retention = retention(&lookup)?;
         let mut providers = ProviderConfig::from_lookup(lookup).map_err(|error| match error {
             keel_actors::Error::Config { name, reason } => invalid(name, reason),
             other => invalid("provider", other.to_string()),
@@ -305,9 +314,36 @@ impl Config {
             live_interval,
             max_message_bytes,
             store_stopped_exit,
+            retention,
             file: file.map(|(path, _)| path.to_owned()),
         })
     }
+}
+
+/// The longest retention `KEEL_RETENTION_DAYS` takes: a century.
+const MAX_RETENTION_DAYS: f64 = 36_525.0;
+
+/// `KEEL_RETENTION_DAYS`, a positive number of days (a fraction too: `0.5`
+/// is twelve hours), if set.
+fn retention(lookup: &impl Fn(&str) -> Option<String>) -> Result<Option<Duration>, ConfigError> {
+    let Some(raw) = lookup("KEEL_RETENTION_DAYS") else {
+        return Ok(None);
+    };
+    let days = raw
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|days| days.is_finite() && *days > 0.0 && *days <= MAX_RETENTION_DAYS)
+        .ok_or_else(|| {
+            invalid(
+                "KEEL_RETENTION_DAYS",
+                format!(
+                    "{raw:?} is not a number of days above 0 and at most {MAX_RETENTION_DAYS} \
+                     (leave it unset to keep conversations forever)"
+                ),
+            )
+        })?;
+    Ok(Some(Duration::from_secs_f64(days * 86_400.0)))
 }
 
 /// A setting given in whole milliseconds, if set.

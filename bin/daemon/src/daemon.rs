@@ -310,6 +310,13 @@ pub async fn start(config: Config, metrics: Option<MetricsRender>) -> anyhow::Re
     let router = api::router(state);
     tracing::info!(%addr, model = %config.model, data_dir = %data_dir.display(), "serving");
 
+    if let Some(retention) = config.retention {
+        tokio::spawn(crate::retention::sweep(
+            runtime.clone(),
+            retention,
+            stopping.clone(),
+        ));
+    }
     let mut until_stop = stopping;
     let server = axum::serve(net::no_delay(listener), router).with_graceful_shutdown(async move {
         let _ = until_stop.wait_for(|stopping| *stopping).await;

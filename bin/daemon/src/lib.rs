@@ -12,5 +12,6 @@ pub mod config;
 pub mod convert;
 pub mod daemon;
 pub mod net;
+mod retention;
 pub mod telemetry;
 pub mod token;

@@ -122,3 +122,50 @@ async fn daemon_refuses_to_delete_a_busy_conversation_unless_forced() {
     assert_eq!(forced.status, StatusCode::OK, "{forced:?}");
     gone(&daemon, &id).await;
 }
+
+/// `KEEL_RETENTION_DAYS`: a conversation untouched for longer is deleted by
+/// the daemon's background sweep (here a retention of about a second and a
+/// half, so the sweep runs every second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_deletes_conversations_past_their_retention() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start(
+        &site,
+        Wire::Anthropic,
+        &mock,
+        &[("KEEL_RETENTION_DAYS", "0.00002")],
+    );
+    let id = daemon.create(&site, json!({})).await;
+    daemon.send(&id, "hello").await;
+    daemon.wait_turn_done(&id, 1).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let reply = daemon.get(&format!("/v1/conversations/{id}")).await;
+        if reply.status == StatusCode::NOT_FOUND {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still there after 30 s: {reply:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    gone(&daemon, &id).await;
+    assert!(listed(&daemon).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_refuses_a_retention_that_is_not_a_number_of_days() {
+    let site = Site::new();
+    let mut env = super::base_env(&site);
+    env.push(("KEEL_RETENTION_DAYS".to_owned(), "forever".to_owned()));
+    let output = std::process::Command::new(crate::harness::keel_bin())
+        .arg("serve")
+        .envs(env)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(said.contains("KEEL_RETENTION_DAYS"), "{said}");
+}
