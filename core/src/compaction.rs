@@ -82,17 +82,20 @@ pub fn messages_tokens(messages: &[Message]) -> u64 {
     messages.iter().map(message_tokens).sum()
 }
 
+/// The estimated tokens of the system prompt.
+fn system_tokens(config: &ConversationConfig) -> u64 {
+    config
+        .system
+        .as_deref()
+        .map_or(0, |system| (system.len() as u64).div_ceil(CHARS_PER_TOKEN))
+}
+
 /// The prompt's estimated tokens: the system prompt and the messages, or
 /// the provider's count of the latest request and its answer where that
 /// is larger (it also counts the tools offered). Compaction resets the
 /// provider's count, which described the prompt before it.
 pub fn prompt_tokens(working: &WorkingSet) -> u64 {
-    let system = working
-        .config
-        .system
-        .as_deref()
-        .map_or(0, |system| (system.len() as u64).div_ceil(CHARS_PER_TOKEN));
-    let estimate = system + messages_tokens(&working.messages);
+    let estimate = system_tokens(&working.config) + messages_tokens(&working.messages);
     estimate.max(working.usage.context_tokens())
 }
 
@@ -173,12 +176,7 @@ pub fn tokens_after(working: &WorkingSet, plan: &Plan, summary: Option<&str>) ->
     let mut messages = working.messages.clone();
     let mut seqs = working.message_seqs.clone();
     crate::reducer::compact(&mut messages, &mut seqs, plan.replaced_messages, summary);
-    let system = working
-        .config
-        .system
-        .as_deref()
-        .map_or(0, |system| (system.len() as u64).div_ceil(CHARS_PER_TOKEN));
-    system + messages_tokens(&messages)
+    system_tokens(&working.config) + messages_tokens(&messages)
 }
 
 /// A summary request's messages: one user message holding the replaced

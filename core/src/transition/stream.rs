@@ -214,22 +214,20 @@ pub(super) fn failed(
                 None => turn::send(ctx, Slot::Fallback, 0),
             }
         }
-        (Slot::Primary, None) | (Slot::Fallback, _) if request.compaction.is_some() => {
-            if let Some(plan) = request.compaction {
-                // The summary could not be had: left out with a note.
-                turn::compacted(ctx, plan, None);
+        // The summary could not be had: left out with a note.
+        (Slot::Primary, None) | (Slot::Fallback, _) => match request.compaction {
+            Some(plan) => turn::compacted(ctx, plan, None),
+            None => {
+                let attempts = retry.max_retries + 1;
+                turn::fail(
+                    ctx,
+                    format!(
+                        "{model} failed {attempts} times; last error: {}",
+                        failure.message
+                    ),
+                );
             }
-        }
-        (Slot::Primary, None) | (Slot::Fallback, _) => {
-            let attempts = retry.max_retries + 1;
-            turn::fail(
-                ctx,
-                format!(
-                    "{model} failed {attempts} times; last error: {}",
-                    failure.message
-                ),
-            );
-        }
+        },
     }
 }
 

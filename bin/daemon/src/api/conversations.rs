@@ -14,19 +14,19 @@ use utoipa::IntoParams;
 
 use keel_actors::core::config::{ConversationConfig, ModelRef, ProviderKind};
 use keel_actors::core::event::Decision;
-use keel_actors::core::retry::RetryPolicy;
 use keel_actors::core::{ConversationId, StateName, ToolCallId};
 use keel_actors::store::IndexEntry;
 use keel_actors::ImageUpload;
 
 use super::error::{ApiError, ApiJson, ApiQuery};
 use super::paging::{self, PageQuery};
+use super::settings;
 use super::{AppState, ConversationPath};
 use crate::config::{DEFAULT_ANTHROPIC_MODEL, DEFAULT_OPENAI_MODEL};
 use keel_api::types::{
-    AcceptedMessage, ApiDecisionKind, ApiEvent, ApiRetry, CancelAccepted, ConversationDetail,
+    AcceptedMessage, ApiDecisionKind, ApiEvent, CancelAccepted, ConversationDetail,
     ConversationList, CreateConversation, CreatedConversation, ErrorBody, LogPage, ResolveAccepted,
-    ResolveRequest, SendMessage,
+    ResolveRequest, SendMessage, UpdateConversation,
 };
 use keel_api::ErrorCode;
 
@@ -83,17 +83,10 @@ pub async fn create(
     let mut config = ConversationConfig {
         system: request.system,
         primary: ModelRef { provider, model },
-        tools: request
-            .tools
-            .into_iter()
-            .map(|(name, policy)| (name, policy.into()))
-            .collect(),
+        tools: settings::tool_policies(request.tools),
         tools_may_leave_cwd: request.tools_may_leave_cwd,
         ..ConversationConfig::default()
     };
-    if let Some(policy) = request.busy_policy {
-        config.busy_policy = policy.into();
-    }
     if let Some(fallback) = request.fallback {
         let provider = ProviderKind::from(fallback.provider);
         let model = match fallback.model {
@@ -105,18 +98,19 @@ pub async fn create(
         };
         config.fallback = Some(ModelRef { provider, model });
     }
-    if let Some(retry) = request.retry {
-        config.retry = retry_policy(retry)?;
-    }
-    if let Some(timeout_ms) = request.request_timeout_ms {
-        config.request_timeout_ms = timeout_ms;
-    }
-    if let Some(window) = request.context_window {
-        config.context_window = context_window(window)?;
-    }
-    if let Some(percent) = request.compact_at_percent {
-        config.compact_at_percent = compact_at_percent(percent)?;
-    }
+    // The settings a conversation may also change later, checked as a
+    // `PATCH` checks them.
+    settings::apply(
+        &mut config,
+        UpdateConversation {
+            busy_policy: request.busy_policy,
+            retry: request.retry,
+            request_timeout_ms: request.request_timeout_ms,
+            context_window: request.context_window,
+            compact_at_percent: request.compact_at_percent,
+            ..UpdateConversation::default()
+        },
+    )?;
     let handle = state
         .runtime
         .create(&cwd, config)
@@ -128,77 +122,6 @@ pub async fn create(
             id: handle.id().to_string(),
         }),
     ))
-}
-
-/// The smallest and largest context windows a conversation may name: a
-/// window below a few thousand tokens holds no useful turn.
-pub const MIN_CONTEXT_WINDOW: u64 = 1_000;
-pub const MAX_CONTEXT_WINDOW: u64 = 100_000_000;
-
-pub(super) fn context_window(window: u64) -> Result<u64, ApiError> {
-    if !(MIN_CONTEXT_WINDOW..=MAX_CONTEXT_WINDOW).contains(&window) {
-        return Err(ApiError::bad_request(format!(
-            "context_window is {window}; give {MIN_CONTEXT_WINDOW} to {MAX_CONTEXT_WINDOW} tokens"
-        )));
-    }
-    Ok(window)
-}
-
-pub(super) fn compact_at_percent(percent: u8) -> Result<u8, ApiError> {
-    if percent > 99 {
-        return Err(ApiError::bad_request(format!(
-            "compact_at_percent is {percent}; give 1 to 99, or 0 to compact only when a provider refuses the prompt as too long"
-        )));
-    }
-    Ok(percent)
-}
-
-/// Most retries a conversation may ask for, and longest delay: a policy
-/// past these would park a turn for hours.
-const MAX_RETRIES: u32 = 10;
-const MAX_RETRY_DELAY_MS: u64 = 10 * 60 * 1000;
-
-/// keel's default retry policy with what the request gives, checked.
-pub(super) fn retry_policy(retry: ApiRetry) -> Result<RetryPolicy, ApiError> {
-    let mut policy = RetryPolicy::default();
-    if let Some(max_retries) = retry.max_retries {
-        if max_retries > MAX_RETRIES {
-            return Err(ApiError::bad_request(format!(
-                "retry.max_retries is {max_retries}; at most {MAX_RETRIES}"
-            )));
-        }
-        policy.max_retries = max_retries;
-    }
-    let delays = [
-        (
-            "base_delay_ms",
-            retry.base_delay_ms,
-            &mut policy.base_delay_ms,
-        ),
-        ("max_delay_ms", retry.max_delay_ms, &mut policy.max_delay_ms),
-        (
-            "retry_after_cap_ms",
-            retry.retry_after_cap_ms,
-            &mut policy.retry_after_cap_ms,
-        ),
-    ];
-    for (name, given, field) in delays {
-        if let Some(value) = given {
-            if value > MAX_RETRY_DELAY_MS {
-                return Err(ApiError::bad_request(format!(
-                    "retry.{name} is {value}; at most {MAX_RETRY_DELAY_MS} (10 minutes)"
-                )));
-            }
-            *field = value;
-        }
-    }
-    if policy.base_delay_ms > policy.max_delay_ms {
-        return Err(ApiError::bad_request(format!(
-            "retry.base_delay_ms ({}) is above retry.max_delay_ms ({})",
-            policy.base_delay_ms, policy.max_delay_ms
-        )));
-    }
-    Ok(policy)
 }
 
 fn default_model_of(provider: ProviderKind) -> &'static str {

@@ -1,15 +1,19 @@
 //! `PATCH /v1/conversations/{id}`: the settings a conversation may change
 //! after creation (the context window and compaction threshold among them,
-//! docs/compaction.md), checked as at creation and recorded in the log as a
-//! `config_changed` event. What the conversation is (its id, working
-//! directory, models) does not change here.
+//! docs/compaction.md), recorded in the log as a `config_changed` event.
+//! [`apply`] checks and applies them, for creation too, so a value is
+//! refused the same way wherever it is given. What the conversation is
+//! (its id, working directory, models) does not change here.
+
+use std::collections::BTreeMap;
 
 use axum::extract::State;
 use axum::Json;
 
-use keel_api::types::{ConversationDetail, ErrorBody, UpdateConversation};
+use keel_actors::core::config::{ConversationConfig, ToolPolicy};
+use keel_actors::core::retry::RetryPolicy;
+use keel_api::types::{ApiRetry, ApiToolPolicy, ConversationDetail, ErrorBody, UpdateConversation};
 
-use super::conversations::{compact_at_percent, context_window, retry_policy};
 use super::error::{ApiError, ApiJson};
 use super::{AppState, ConversationPath};
 
@@ -38,6 +42,19 @@ pub async fn update(
     let handle = state.runtime.handle(id.clone());
     let runtime_error = |error| ApiError::from_runtime(id.as_str(), error);
     let mut config = handle.inspect().await.map_err(runtime_error)?.config;
+    apply(&mut config, update)?;
+    handle.change_config(config).await.map_err(runtime_error)?;
+    let inspection = handle.inspect().await.map_err(runtime_error)?;
+    Ok(Json(crate::convert::detail(inspection)))
+}
+
+/// Check the settings `update` gives and apply them to `config`; the first
+/// value out of range is refused, naming it, and `config` is then not to be
+/// used.
+pub(super) fn apply(
+    config: &mut ConversationConfig,
+    update: UpdateConversation,
+) -> Result<(), ApiError> {
     if let Some(system) = update.system {
         config.system = (!system.is_empty()).then_some(system);
     }
@@ -45,10 +62,7 @@ pub async fn update(
         config.busy_policy = policy.into();
     }
     if let Some(tools) = update.tools {
-        config.tools = tools
-            .into_iter()
-            .map(|(name, policy)| (name, policy.into()))
-            .collect();
+        config.tools = tool_policies(tools);
     }
     if let Some(retry) = update.retry {
         config.retry = retry_policy(retry)?;
@@ -70,7 +84,86 @@ pub async fn update(
         }
         config.max_tokens = max_tokens;
     }
-    handle.change_config(config).await.map_err(runtime_error)?;
-    let inspection = handle.inspect().await.map_err(runtime_error)?;
-    Ok(Json(crate::convert::detail(inspection)))
+    Ok(())
+}
+
+/// The per-tool policies as the API names them, as the core keeps them.
+pub(super) fn tool_policies(
+    tools: BTreeMap<String, ApiToolPolicy>,
+) -> BTreeMap<String, ToolPolicy> {
+    tools
+        .into_iter()
+        .map(|(name, policy)| (name, policy.into()))
+        .collect()
+}
+
+/// The smallest and largest context windows a conversation may name: a
+/// window below a few thousand tokens holds no useful turn.
+pub const MIN_CONTEXT_WINDOW: u64 = 1_000;
+pub const MAX_CONTEXT_WINDOW: u64 = 100_000_000;
+
+fn context_window(window: u64) -> Result<u64, ApiError> {
+    if !(MIN_CONTEXT_WINDOW..=MAX_CONTEXT_WINDOW).contains(&window) {
+        return Err(ApiError::bad_request(format!(
+            "context_window is {window}; give {MIN_CONTEXT_WINDOW} to {MAX_CONTEXT_WINDOW} tokens"
+        )));
+    }
+    Ok(window)
+}
+
+fn compact_at_percent(percent: u8) -> Result<u8, ApiError> {
+    if percent > 99 {
+        return Err(ApiError::bad_request(format!(
+            "compact_at_percent is {percent}; give 1 to 99, or 0 to compact only when a provider refuses the prompt as too long"
+        )));
+    }
+    Ok(percent)
+}
+
+/// Most retries a conversation may ask for, and longest delay: a policy
+/// past these would park a turn for hours.
+const MAX_RETRIES: u32 = 10;
+const MAX_RETRY_DELAY_MS: u64 = 10 * 60 * 1000;
+
+/// keel's default retry policy with what the request gives, checked.
+fn retry_policy(retry: ApiRetry) -> Result<RetryPolicy, ApiError> {
+    let mut policy = RetryPolicy::default();
+    if let Some(max_retries) = retry.max_retries {
+        if max_retries > MAX_RETRIES {
+            return Err(ApiError::bad_request(format!(
+                "retry.max_retries is {max_retries}; at most {MAX_RETRIES}"
+            )));
+        }
+        policy.max_retries = max_retries;
+    }
+    let delays = [
+        (
+            "base_delay_ms",
+            retry.base_delay_ms,
+            &mut policy.base_delay_ms,
+        ),
+        ("max_delay_ms", retry.max_delay_ms, &mut policy.max_delay_ms),
+        (
+            "retry_after_cap_ms",
+            retry.retry_after_cap_ms,
+            &mut policy.retry_after_cap_ms,
+        ),
+    ];
+    for (name, given, field) in delays {
+        if let Some(value) = given {
+            if value > MAX_RETRY_DELAY_MS {
+                return Err(ApiError::bad_request(format!(
+                    "retry.{name} is {value}; at most {MAX_RETRY_DELAY_MS} (10 minutes)"
+                )));
+            }
+            *field = value;
+        }
+    }
+    if policy.base_delay_ms > policy.max_delay_ms {
+        return Err(ApiError::bad_request(format!(
+            "retry.base_delay_ms ({}) is above retry.max_delay_ms ({})",
+            policy.base_delay_ms, policy.max_delay_ms
+        )));
+    }
+    Ok(policy)
 }
