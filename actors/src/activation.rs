@@ -266,7 +266,7 @@ fn spawn_error(error: SpawnErr) -> Error {
 }
 
 /// A fresh conversation id: `c-` and 16 random hex digits.
-fn new_id() -> ConversationId {
+pub(crate) fn new_id() -> ConversationId {
     let raw = format!("c-{:016x}", fastrand::u64(..));
     ConversationId::new(raw).unwrap_or_else(|_| unreachable!("invariant: c- and hex is a valid id"))
 }

@@ -291,6 +291,28 @@ impl ConversationHandle {
         .map_err(Error::Rejected)
     }
 
+    /// Compact now: summarise everything before the latest turn
+    /// (docs/compaction.md). Answers once the summary request is under way
+    /// (the conversation is `compacting`); the `Compacted` event, or a
+    /// `CompactionFailed` live event that leaves the prompt as it was,
+    /// follows on the stream. Refused while a turn runs (`Busy`), with no
+    /// turn before the latest one (`NothingToCompact`), for a sub-agent.
+    pub async fn compact(&self) -> Result<(), Error> {
+        self.call(|reply| ConversationMsg::Compact { reply })
+            .await?
+            .map_err(Error::Rejected)
+    }
+
+    /// Rewind to seq `to_seq`, a turn boundary of the log: from now on the
+    /// prompt is the one the conversation had there; the log keeps what
+    /// came after, for audit (docs/history.md). Refused while a turn runs;
+    /// a turn waiting on a human is called off, its calls closed. A seq
+    /// that is not a boundary is refused, naming the nearest ones.
+    pub async fn rewind(&self, to_seq: Seq) -> Result<(), Error> {
+        self.call(|reply| ConversationMsg::Rewind { to_seq, reply })
+            .await?
+    }
+
     /// Save the snapshot and stop the actor now (only in a clean state: a
     /// busy conversation answers `Rejected(Busy)`). The next call starts it
     /// again from the store. Evicting a conversation that is not running

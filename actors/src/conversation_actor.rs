@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use keel_core::event::Decision;
+use keel_core::history;
 use keel_core::ids::{ConversationId, Seq, ToolCallId};
 use keel_core::message::ContentBlock;
 use keel_core::state::Phase;
@@ -248,6 +249,25 @@ impl Actor for ConversationActor {
                 let outcome =
                     effects::step(&myself, state, Input::ChangeConfig { config: *config }).await?;
                 let _ = reply.send(outcome.rejection.map_or(Ok(()), Err));
+            }
+            ConversationMsg::Compact { reply } => {
+                let outcome = effects::step(&myself, state, Input::Compact).await?;
+                let _ = reply.send(outcome.rejection.map_or(Ok(()), Err));
+            }
+            ConversationMsg::Rewind { to_seq, reply } => {
+                let answer = match state.shared.store.read_all(&state.id).await {
+                    Ok(log) => {
+                        let at = history::working_at(&log, to_seq).map(Box::new);
+                        drop(log);
+                        let outcome =
+                            effects::step(&myself, state, Input::Rewind { to_seq, at }).await?;
+                        outcome
+                            .rejection
+                            .map_or(Ok(()), |rejection| Err(crate::Error::Rejected(rejection)))
+                    }
+                    Err(error) => Err(error.into()),
+                };
+                let _ = reply.send(answer);
             }
             ConversationMsg::Subscribe { reply } => {
                 let view = view(state)?;

@@ -41,7 +41,9 @@ pub use keel_store as store;
 pub use conversation::{ActorStats, ConversationHandle, Following, Inspection};
 pub use image::ImageUpload;
 pub use pubsub::{Received, Subscription, Update, View, Wave};
-pub use runtime::{BootReport, Deletion, Runtime, RuntimeConfig, Settings, DEFAULT_LIVE_INTERVAL};
+pub use runtime::{
+    BootReport, Deletion, Fork, Runtime, RuntimeConfig, Settings, DEFAULT_LIVE_INTERVAL,
+};
 
 /// Failures of keel-actors that are not a domain outcome. A failed LLM
 /// request is not one of them: it is a [`keel_core::LlmFailure`] value that
@@ -95,6 +97,10 @@ pub enum Error {
     NotRecorded,
     #[error("the conversation did not answer in time")]
     Timeout,
+    /// A fork (or rewind) at a seq the log does not allow; the message
+    /// names the nearest turn boundaries.
+    #[error("{0}")]
+    History(keel_core::history::HistoryError),
     #[error("{what}")]
     Io {
         what: String,

@@ -87,6 +87,16 @@ pub(crate) enum ConversationMsg {
         config: Box<ConversationConfig>,
         reply: RpcReplyPort<Result<(), Rejection>>,
     },
+    /// Compact now (`Input::Compact`); answered once the summary request
+    /// is sent, not when it is in.
+    Compact {
+        reply: RpcReplyPort<Result<(), Rejection>>,
+    },
+    /// Rewind to a turn boundary: the actor reads its log for it.
+    Rewind {
+        to_seq: Seq,
+        reply: RpcReplyPort<Result<(), crate::Error>>,
+    },
     Subscribe {
         reply: RpcReplyPort<Subscription>,
     },

@@ -923,6 +923,7 @@ mod tests {
                 config: keel_core::ConversationConfig::default(),
                 parent_conversation: None,
                 user_initiated: true,
+                forked_from: None,
             },
             ..event(1)
         };
@@ -1009,6 +1010,7 @@ mod tests {
                 config: keel_core::ConversationConfig::default(),
                 parent_conversation: None,
                 user_initiated: true,
+                forked_from: None,
             },
             ..event(1)
         };

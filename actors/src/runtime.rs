@@ -6,7 +6,9 @@
 
 mod boot;
 mod deletion;
+mod history;
 pub use deletion::Deletion;
+pub use history::Fork;
 mod supervisor;
 
 use std::collections::{HashMap, HashSet};

@@ -517,6 +517,7 @@ fn follow_pending(pending: &mut Vec<PendingCall>, kind: &EventKind) -> bool {
         EventKind::TurnCompleted { .. }
         | EventKind::TurnInterrupted { .. }
         | EventKind::TurnFailed { .. }
+        | EventKind::Rewound { .. }
         | EventKind::Finished { .. } => pending.clear(),
         EventKind::Created { .. }
         | EventKind::SessionStarted

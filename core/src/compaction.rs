@@ -56,6 +56,10 @@ pub struct Plan {
     pub through_seq: Seq,
     /// The prompt's tokens now ([`prompt_tokens`]).
     pub tokens_before: u64,
+    /// Asked for by a user (`Input::Compact`) with no turn running: once
+    /// it is recorded the conversation rests again, instead of sending a
+    /// turn's request.
+    pub on_demand: bool,
 }
 
 /// The estimated tokens of one message.
@@ -145,11 +149,29 @@ pub fn plan(working: &WorkingSet) -> Option<Plan> {
         }
         cut = start;
     }
+    cut_at(working, cut)
+}
+
+/// A compaction a user asked for: everything before the latest turn is
+/// summarised, whatever the threshold. `None` when there is no turn before
+/// the latest one.
+pub fn plan_on_demand(working: &WorkingSet) -> Option<Plan> {
+    let latest = *turn_starts(&working.messages).last()?;
+    let plan = cut_at(working, latest)?;
+    Some(Plan {
+        on_demand: true,
+        ..plan
+    })
+}
+
+/// The plan that replaces the messages before index `cut`.
+fn cut_at(working: &WorkingSet, cut: usize) -> Option<Plan> {
     let through_seq = working.message_seqs.get(cut)?.checked_sub(1)?;
     Some(Plan {
         replaced_messages: cut,
         through_seq,
         tokens_before: prompt_tokens(working),
+        on_demand: false,
     })
 }
 

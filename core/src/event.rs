@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{ConversationConfig, ProviderKind};
 use crate::ids::{ConversationId, Seq, ToolCallId};
-use crate::message::{AssistantBlock, ImageRef, StopReason, ToolCall, Usage};
+use crate::message::{AssistantBlock, ImageRef, Message, StopReason, ToolCall, Usage};
 use crate::time::Timestamp;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -41,6 +41,10 @@ pub enum EventKind {
         parent_conversation: Option<ConversationId>,
         /// False for sub-agents, which normal listings leave out (REQ-BED-009).
         user_initiated: bool,
+        /// Set for a fork: the conversation and seq its history was copied
+        /// from (events 2 to that seq are the source's, docs/history.md).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        forked_from: Option<ForkOrigin>,
     },
     /// An actor started serving this conversation.
     SessionStarted,
@@ -155,6 +159,25 @@ pub enum EventKind {
         tokens_before: u64,
         tokens_after: u64,
     },
+    /// The conversation was rewound: from here on its prompt is the one it
+    /// had at `to_seq`, a turn boundary. The events between stay in the log
+    /// for audit; the model no longer sees them (docs/history.md).
+    Rewound {
+        to_seq: Seq,
+        /// The prompt at `to_seq`, as a replay of the log up to it makes
+        /// it: carried here so that a replay needs nothing but this event.
+        messages: Vec<Message>,
+        /// For each of `messages`, the seq of the event that started it.
+        message_seqs: Vec<Seq>,
+    },
+}
+
+/// Where a forked conversation's history came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkOrigin {
+    pub conversation: ConversationId,
+    /// The last seq of the source's log the fork copied.
+    pub seq: Seq,
 }
 
 /// The longest `by` a resolution may name, in characters: enough for any
@@ -212,6 +235,9 @@ pub enum InterruptReason {
     /// A sub-agent reached its terminal state (it submitted its result or
     /// failed): messages still owed a turn will get none.
     Finished,
+    /// The user rewound the conversation while the turn waited on them:
+    /// its pending calls are closed and the turn is called off.
+    Rewound,
 }
 
 /// Why a completed turn ended the way it did, when the user should know.

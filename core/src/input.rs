@@ -66,6 +66,17 @@ pub enum Input {
     },
     /// Stop serving the conversation (idle eviction); refused mid-turn.
     Stop,
+    /// Compact now, whatever the threshold: summarise everything before
+    /// the latest turn (docs/compaction.md). Refused while a turn runs.
+    Compact,
+    /// Rewind to seq `to_seq`. `at` is what `history::working_at` made of
+    /// the log for it (the shell reads the log): the working set there, or
+    /// why it is not a turn boundary. Refused while a turn runs; a turn
+    /// waiting on a human is called off first (docs/history.md).
+    Rewind {
+        to_seq: Seq,
+        at: Result<Box<crate::reducer::WorkingSet>, crate::history::HistoryError>,
+    },
     /// The runtime stops gracefully and will not wait any longer: end the
     /// session now, interrupting a turn still running.
     Shutdown,

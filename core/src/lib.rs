@@ -13,6 +13,7 @@ pub mod compaction;
 pub mod config;
 pub mod effect;
 pub mod event;
+pub mod history;
 pub mod ids;
 pub mod input;
 pub mod live;

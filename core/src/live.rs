@@ -70,6 +70,11 @@ pub enum LiveEvent {
         /// Set when this response crossed 80% or 95% of the window.
         warning: Option<ContextWarning>,
     },
+    /// A compaction a user asked for could not get its summary: the prompt
+    /// is as it was (docs/compaction.md).
+    CompactionFailed {
+        error: String,
+    },
     /// The calls a sub-agent of the running `spawn_agents` call now waits
     /// on (an approval: it inherits the parent's gates), all of them, empty
     /// once none waits. Published on the parent, because nobody watches the

@@ -20,7 +20,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::ConversationConfig;
 use crate::event::{
-    Decision, Event, EventKind, NudgeReason, PendingCall, RecoveryAction, SubAgentOutcome,
+    Decision, Event, EventKind, ForkOrigin, NudgeReason, PendingCall, RecoveryAction,
+    SubAgentOutcome,
 };
 use crate::ids::{ConversationId, Seq, ToolCallId};
 use crate::message::{
@@ -32,7 +33,7 @@ use crate::time::Timestamp;
 /// whenever the same events would give a different working set, or one
 /// with other fields: checkpoints (`codec::checkpoint`) written by another
 /// version are then ignored and the log replayed.
-pub const REDUCER_VERSION: u32 = 7;
+pub const REDUCER_VERSION: u32 = 8;
 
 /// How many of the latest resolutions the working set keeps on record
 /// (`WorkingSet::resolved`).
@@ -49,6 +50,9 @@ pub struct WorkingSet {
     pub config: ConversationConfig,
     pub parent_conversation: Option<ConversationId>,
     pub user_initiated: bool,
+    /// Set for a fork: where its history came from.
+    #[serde(default)]
+    pub forked_from: Option<ForkOrigin>,
     /// The prompt as the LLM will see it. Interrupted partial text never enters.
     pub messages: Vec<Message>,
     /// For each of `messages`, the seq of the event that started it: where
@@ -181,6 +185,7 @@ impl WorkingSet {
             config,
             parent_conversation,
             user_initiated,
+            forked_from,
         } = &event.kind
         else {
             return None;
@@ -195,6 +200,7 @@ impl WorkingSet {
             config: config.clone(),
             parent_conversation: parent_conversation.clone(),
             user_initiated: *user_initiated,
+            forked_from: forked_from.clone(),
             messages: Vec::new(),
             message_seqs: Vec::new(),
             last_seq: 1,
@@ -499,6 +505,25 @@ impl WorkingSet {
                 // The provider's count described the prompt before.
                 self.usage = Usage::default();
             }
+            Payload::Rewound {
+                messages,
+                message_seqs,
+            } => {
+                // Rewinding is refused mid-turn, and a turn waiting on a
+                // human is ended first: nothing of a turn is left to clear
+                // but what a damaged log might hold.
+                self.messages = messages.into_owned();
+                self.message_seqs = message_seqs.into_owned();
+                self.current_turn = None;
+                self.open_calls.clear();
+                self.pending.clear();
+                self.approved.clear();
+                self.queued.clear();
+                self.untriggered.clear();
+                self.last_error = None;
+                // The provider's count described the prompt before.
+                self.usage = Usage::default();
+            }
         }
     }
 
@@ -647,6 +672,10 @@ enum Payload<'a> {
         replaced_messages: u32,
         summary: Option<Cow<'a, str>>,
     },
+    Rewound {
+        messages: Cow<'a, [Message]>,
+        message_seqs: Cow<'a, [Seq]>,
+    },
 }
 
 impl<'a> Payload<'a> {
@@ -713,6 +742,14 @@ impl<'a> Payload<'a> {
                 replaced_messages: *replaced_messages,
                 summary: summary.as_deref().map(Cow::Borrowed),
             },
+            EventKind::Rewound {
+                messages,
+                message_seqs,
+                ..
+            } => Payload::Rewound {
+                messages: Cow::Borrowed(messages.as_slice()),
+                message_seqs: Cow::Borrowed(message_seqs.as_slice()),
+            },
         }
     }
 
@@ -778,6 +815,14 @@ impl<'a> Payload<'a> {
             } => Payload::Compacted {
                 replaced_messages,
                 summary: summary.map(Cow::Owned),
+            },
+            EventKind::Rewound {
+                messages,
+                message_seqs,
+                ..
+            } => Payload::Rewound {
+                messages: Cow::Owned(messages),
+                message_seqs: Cow::Owned(message_seqs),
             },
         }
     }

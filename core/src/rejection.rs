@@ -7,6 +7,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::event::{Decision, PendingKind};
+use crate::history::HistoryError;
 use crate::ids::ToolCallId;
 use crate::state::StateName;
 
@@ -41,6 +42,14 @@ pub enum Rejection {
     /// The `by` of a resolution is longer than
     /// [`MAX_RESOLVED_BY_CHARS`](crate::event::MAX_RESOLVED_BY_CHARS).
     ResolvedByTooLong { limit: usize },
+    /// A compaction was asked for, but the prompt has no turn before the
+    /// latest one: nothing can be replaced without parting it.
+    NothingToCompact,
+    /// Compaction, fork and rewind are not for a sub-agent: its history
+    /// belongs to the call that started it.
+    SubAgentHistory,
+    /// A rewind to a seq that is not a turn boundary of the log.
+    History { error: HistoryError },
     /// The decision does not fit the pending call (approving a question, say).
     InvalidDecision {
         tool_call_id: ToolCallId,
@@ -99,6 +108,15 @@ impl fmt::Display for Rejection {
                 f,
                 "the name of who resolves (by) is too long; at most {limit} characters"
             ),
+            Rejection::NothingToCompact => write!(
+                f,
+                "nothing to compact: the conversation has no turn before the latest one"
+            ),
+            Rejection::SubAgentHistory => write!(
+                f,
+                "a sub-agent's history belongs to the call that started it; compact, fork or rewind its parent"
+            ),
+            Rejection::History { error } => write!(f, "cannot rewind: {error}"),
         }
     }
 }

@@ -115,6 +115,9 @@ pub enum StateName {
     Terminating,
     Completed,
     Failed,
+    /// A compaction a user asked for is under way (its summary request
+    /// streams or waits to be retried); no turn runs.
+    Compacting,
 }
 
 impl StateName {
@@ -131,6 +134,7 @@ impl StateName {
             StateName::Terminating => "terminating",
             StateName::Completed => "completed",
             StateName::Failed => "failed",
+            StateName::Compacting => "compacting",
         }
     }
 }
@@ -143,6 +147,9 @@ impl fmt::Display for StateName {
 
 impl Phase {
     pub fn name(&self) -> StateName {
+        if self.compacting_on_demand() {
+            return StateName::Compacting;
+        }
         match self {
             Phase::Idle => StateName::Idle,
             Phase::Debouncing { .. } => StateName::Debouncing,
@@ -156,6 +163,17 @@ impl Phase {
             Phase::Completed { .. } => StateName::Completed,
             Phase::Failed { .. } => StateName::Failed,
         }
+    }
+
+    /// Whether this phase serves a compaction a user asked for, outside any
+    /// turn (`Input::Compact`).
+    pub fn compacting_on_demand(&self) -> bool {
+        let request = match self {
+            Phase::Streaming { request, .. } => request,
+            Phase::RetryWait { next, .. } => next,
+            _ => return false,
+        };
+        request.compaction.is_some_and(|plan| plan.on_demand)
     }
 
     /// Completed and Failed absorb every input.
@@ -188,6 +206,9 @@ impl Phase {
     /// debounce may sit over an idle or failed log; a request or tools need a
     /// turn in flight.
     pub fn agrees_with(&self, status: Status) -> bool {
+        if self.compacting_on_demand() {
+            return matches!(status, Status::Idle | Status::Error);
+        }
         match self {
             Phase::Idle => status == Status::Idle,
             Phase::Debouncing { .. } => matches!(status, Status::Idle | Status::Error),

@@ -11,6 +11,7 @@
 //! of copying its history, which keeps it O(1) in the length of the log.
 
 mod cancel;
+mod history;
 mod lifecycle;
 mod message;
 mod stream;
@@ -83,6 +84,8 @@ pub fn transition(state: Conversation, input: Input, now: Timestamp) -> Step {
         Input::TimerFired { timer } => lifecycle::timer(&mut ctx, timer),
         Input::ChangeConfig { config } => lifecycle::change_config(&mut ctx, config),
         Input::Stop => lifecycle::stop(&mut ctx),
+        Input::Compact => history::compact(&mut ctx),
+        Input::Rewind { to_seq, at } => history::rewind(&mut ctx, to_seq, at),
         Input::Shutdown => lifecycle::shutdown(&mut ctx),
     }
     ctx.finish()

@@ -212,6 +212,14 @@ enum Action {
         bash_needs_approval: bool,
     },
     Stop,
+    /// Compact now (docs/compaction.md).
+    Compact,
+    /// Rewind (docs/history.md) to the `pick`th end of a turn (`boundary`),
+    /// or to any seq of the log or just past it (mostly not a boundary).
+    Rewind {
+        pick: usize,
+        boundary: bool,
+    },
     /// The actor dies: rebuild from the log and feed `Input::Started`.
     Restart,
 }
@@ -347,6 +355,9 @@ fn action(restart_weight: u32) -> impl Strategy<Value = Action> {
             }
         ),
         1 => Just(Action::Stop),
+        1 => Just(Action::Compact),
+        1 => (0usize..8, any::<bool>())
+            .prop_map(|(pick, boundary)| Action::Rewind { pick, boundary }),
         restart_weight => Just(Action::Restart),
     ]
 }
@@ -617,6 +628,29 @@ impl Driver {
                 Input::ChangeConfig { config }
             }
             Action::Stop => Input::Stop,
+            Action::Compact => Input::Compact,
+            Action::Rewind { pick, boundary } => {
+                let ends: Vec<Seq> = self
+                    .log
+                    .iter()
+                    .filter(|event| {
+                        matches!(
+                            event.kind,
+                            EventKind::TurnCompleted { .. }
+                                | EventKind::TurnFailed { .. }
+                                | EventKind::TurnInterrupted { .. }
+                        )
+                    })
+                    .map(|event| event.seq)
+                    .collect();
+                let last = self.state.working.last_seq;
+                let to_seq = match (boundary, ends.len()) {
+                    (true, n) if n > 0 => ends[pick % n],
+                    _ => 1 + (*pick as Seq * 7) % (last + 1),
+                };
+                let at = keel_core::history::working_at(&self.log, to_seq).map(Box::new);
+                Input::Rewind { to_seq, at }
+            }
             Action::Restart => Input::Started,
         }
     }
@@ -1048,7 +1082,12 @@ fn check_stream_start(step: &Step) -> Result<(), TestCaseError> {
         "the prompt starts with the assistant"
     );
     prop_assert_eq!(working.messages.len(), working.message_seqs.len());
-    prop_assert_eq!(step.state.phase.name(), keel_core::StateName::Streaming);
+    let expected = if step.state.phase.compacting_on_demand() {
+        keel_core::StateName::Compacting
+    } else {
+        keel_core::StateName::Streaming
+    };
+    prop_assert_eq!(step.state.phase.name(), expected);
     if let Phase::Streaming { request, .. } = &step.state.phase {
         prop_assert_eq!(request.generation, starts[0]);
     }
@@ -1255,7 +1294,10 @@ proptest! {
                 | Phase::ExecutingTools { .. }
                 | Phase::AwaitingInput
                 | Phase::Recovering => {
-                    if sub_agent {
+                    if before.phase.compacting_on_demand() {
+                        // Nothing of a turn ran: it rests as the log says.
+                        prop_assert_eq!(&after.phase, &Phase::from_status(&after.working));
+                    } else if sub_agent {
                         prop_assert!(matches!(after.phase, Phase::Failed { .. }),
                             "cancelled sub-agent is {:?}", after.phase);
                     } else {
@@ -1432,6 +1474,37 @@ proptest! {
                 prop_assert!(after.rejection.is_none(),
                     "message refused after cancel: {:?}", after.rejection);
             }
+            Ok(())
+        })?;
+    }
+
+    /// A rewind (docs/history.md) that is accepted makes the prompt the one
+    /// a replay of the log up to its seq makes, whatever came between
+    /// (compactions, tools, failures, restarts); one that is refused
+    /// records nothing. The conversation rests after it.
+    #[test]
+    fn a_rewind_restores_the_prompt_at_its_boundary(setup in setup(), moves in moves(2)) {
+        run(&setup, &moves, |driver, performed| {
+            let Some(p) = performed else { return Ok(()) };
+            let Input::Rewind { to_seq, at } = &p.input else { return Ok(()) };
+            if p.step.rejection.is_some() {
+                prop_assert!(p.step.appended().is_empty());
+                return Ok(());
+            }
+            let Ok(at) = at else {
+                return Err(TestCaseError::fail("a rewind to no boundary was accepted"));
+            };
+            if *to_seq >= p.before.working.last_seq {
+                prop_assert!(p.step.appended().is_empty());
+                return Ok(());
+            }
+            let log = &driver.log[..p.before.working.last_seq as usize];
+            let expected = keel_core::history::working_at(log, *to_seq).expect("a boundary");
+            prop_assert_eq!(&expected.messages, &at.messages);
+            prop_assert_eq!(&driver.state.working.messages, &expected.messages);
+            prop_assert_eq!(&driver.state.working.message_seqs, &expected.message_seqs);
+            prop_assert_eq!(driver.state.phase.name(), keel_core::StateName::Idle);
+            prop_assert!(keel_core::history::is_boundary(&driver.state.working));
             Ok(())
         })?;
     }

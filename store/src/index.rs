@@ -145,6 +145,14 @@ impl IndexEntry {
             | EventKind::Resolved { tool_call_id, .. } => {
                 self.pending.retain(|id| id != tool_call_id);
             }
+            // As the reducer: nothing of a turn is left, and the
+            // conversation rests without an error.
+            EventKind::Rewound { .. } => {
+                self.turn_in_flight = false;
+                self.turn_owed = false;
+                self.pending.clear();
+                self.last_turn_failed = false;
+            }
             EventKind::Finished { outcome } => {
                 self.finished = true;
                 self.failed = matches!(outcome, SubAgentOutcome::Failed { .. });

@@ -156,6 +156,7 @@ fn make_event(conversation: &ConversationId, seq: Seq, rng: &mut Rng) -> Event {
                 config: ConversationConfig::default(),
                 parent_conversation: None,
                 user_initiated: true,
+                forked_from: None,
             },
         ),
         (_, 2) => (

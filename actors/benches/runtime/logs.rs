@@ -57,6 +57,7 @@ pub(crate) fn opening(conversation: &ConversationId, cwd: &Path) -> Vec<Event> {
             config: ConversationConfig::default(),
             parent_conversation: None,
             user_initiated: true,
+            forked_from: None,
         },
     );
     push(&mut log, None, false, EventKind::SessionStarted);

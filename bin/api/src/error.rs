@@ -77,6 +77,13 @@ error_codes! {
     AlreadySettled => "already_settled",
     /// `resolved_by` is too long.
     ResolvedByTooLong => "resolved_by_too_long",
+    /// A compaction was asked for, but there is no turn before the latest one.
+    NothingToCompact => "nothing_to_compact",
+    /// Compaction, fork and rewind are for a sub-agent's parent, not for it.
+    SubAgentHistory => "sub_agent_history",
+    /// A fork or rewind seq that is not a turn boundary of the log (the
+    /// message names the nearest ones).
+    NotABoundary => "not_a_boundary",
     /// The working directory is not an existing absolute directory.
     InvalidCwd => "invalid_cwd",
     /// An attached image cannot be read or is too large.

@@ -163,6 +163,7 @@ fn without_messages(working: &WorkingSet) -> WorkingSet {
         config,
         parent_conversation,
         user_initiated,
+        forked_from,
         messages: _,
         message_seqs,
         last_seq,
@@ -189,6 +190,7 @@ fn without_messages(working: &WorkingSet) -> WorkingSet {
         config: config.clone(),
         parent_conversation: parent_conversation.clone(),
         user_initiated: *user_initiated,
+        forked_from: forked_from.clone(),
         messages: Vec::new(),
         message_seqs: message_seqs.clone(),
         last_seq: *last_seq,
@@ -231,6 +233,7 @@ mod tests {
                 config: crate::config::ConversationConfig::default(),
                 parent_conversation: None,
                 user_initiated: true,
+                forked_from: None,
             },
         };
         let working = WorkingSet::from_created(&created).unwrap();

@@ -19,11 +19,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{ConversationConfig, ProviderKind};
 use crate::event::{
-    Decision, Event, EventKind, InterruptReason, NudgeReason, PendingCall, RecoveryAction,
-    SubAgentOutcome, TurnNote,
+    Decision, Event, EventKind, ForkOrigin, InterruptReason, NudgeReason, PendingCall,
+    RecoveryAction, SubAgentOutcome, TurnNote,
 };
 use crate::ids::{ConversationId, Seq, ToolCallId};
-use crate::message::{AssistantBlock, ImageRef, StopReason, ToolCall, Usage};
+use crate::message::{AssistantBlock, ImageRef, Message, StopReason, ToolCall, Usage};
 use crate::time::Timestamp;
 
 #[derive(Serialize, Deserialize)]
@@ -53,6 +53,8 @@ enum Kind {
         #[serde(default)]
         parent_conversation: Option<ConversationId>,
         user_initiated: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        forked_from: Option<ForkOrigin>,
     },
     SessionStarted,
     SessionEnded,
@@ -128,6 +130,11 @@ enum Kind {
         tokens_before: u64,
         tokens_after: u64,
     },
+    Rewound {
+        to_seq: Seq,
+        messages: Vec<Message>,
+        message_seqs: Vec<Seq>,
+    },
 }
 
 #[derive(Serialize, Deserialize)]
@@ -202,12 +209,14 @@ macro_rules! map_kinds {
                         config,
                         parent_conversation,
                         user_initiated,
+                        forked_from,
                     } => $to::Created {
                         conversation,
                         cwd,
                         config,
                         parent_conversation,
                         user_initiated,
+                        forked_from,
                     },
                     $from::SessionStarted => $to::SessionStarted,
                     $from::SessionEnded => $to::SessionEnded,
@@ -284,6 +293,15 @@ macro_rules! map_kinds {
                         summary,
                         tokens_before,
                         tokens_after,
+                    },
+                    $from::Rewound {
+                        to_seq,
+                        messages,
+                        message_seqs,
+                    } => $to::Rewound {
+                        to_seq,
+                        messages,
+                        message_seqs,
                     },
                 }
             }

@@ -54,6 +54,10 @@ pub(super) fn cancel(ctx: &mut Ctx) {
                 ctx.set_phase(Phase::from_status(&ctx.conv.working));
             }
         }
+        // A compaction a user asked for: called off, nothing recorded.
+        phase if phase.compacting_on_demand() => {
+            turn::stop_compaction(ctx, InterruptReason::Cancelled);
+        }
         Phase::Streaming { .. }
         | Phase::RetryWait { .. }
         | Phase::ExecutingTools { .. }

@@ -39,6 +39,7 @@ pub fn create(new: NewConversation, now: Timestamp) -> Step {
             config: new.config,
             parent_conversation: new.parent_conversation,
             user_initiated,
+            forked_from: None,
         },
     };
     let Some(working) = WorkingSet::from_created(&created) else {

@@ -47,7 +47,10 @@ pub(super) fn user_message(ctx: &mut Ctx, text: String, images: Vec<ImageRef>) {
                 debounce(ctx, text, images);
             }
             BusyPolicy::Queue => {
-                if ctx.conv.working.queued.len() >= MAX_QUEUED {
+                let working = &ctx.conv.working;
+                // Outside a turn (a compaction a user asked for), waiting
+                // messages are owed a turn rather than queued.
+                if working.queued.len().max(working.untriggered.len()) >= MAX_QUEUED {
                     return ctx.reject(Rejection::QueueFull { limit: MAX_QUEUED });
                 }
                 // The reducer holds a message that arrives mid-turn until the

@@ -161,6 +161,9 @@ pub(super) fn failed(
             .unwrap_or_else(|| config.primary.clone()),
     };
     if !failure.retryable {
+        if request.compaction.is_some_and(|plan| plan.on_demand) {
+            return turn::compaction_failed(ctx, format!("{model} failed: {}", failure.message));
+        }
         if let Some(plan) = request.compaction {
             // No summary to be had (the summary request itself may be too
             // long): the messages are left out with a note instead.
@@ -216,6 +219,16 @@ pub(super) fn failed(
         }
         // The summary could not be had: left out with a note.
         (Slot::Primary, None) | (Slot::Fallback, _) => match request.compaction {
+            Some(plan) if plan.on_demand => {
+                let attempts = retry.max_retries + 1;
+                turn::compaction_failed(
+                    ctx,
+                    format!(
+                        "{model} failed {attempts} times; last error: {}",
+                        failure.message
+                    ),
+                );
+            }
             Some(plan) => turn::compacted(ctx, plan, None),
             None => {
                 let attempts = retry.max_retries + 1;

@@ -59,7 +59,8 @@ pub(super) fn summarise(ctx: &mut Ctx, plan: Plan) {
 }
 
 /// Record the compaction `plan` with `summary` (`None`: the messages are
-/// left out with a note), then send the turn's request.
+/// left out with a note), then send the turn's request; a compaction asked
+/// for outside a turn rests instead.
 pub(super) fn compacted(ctx: &mut Ctx, plan: Plan, summary: Option<String>) {
     let tokens_after = compaction::tokens_after(&ctx.conv.working, &plan, summary.as_deref());
     ctx.emit(EventKind::Compacted {
@@ -69,6 +70,9 @@ pub(super) fn compacted(ctx: &mut Ctx, plan: Plan, summary: Option<String>) {
         tokens_before: plan.tokens_before,
         tokens_after,
     });
+    if plan.on_demand {
+        return after_compaction(ctx);
+    }
     let request = Request {
         generation: next_generation(ctx),
         slot: Slot::Primary,
@@ -76,6 +80,32 @@ pub(super) fn compacted(ctx: &mut Ctx, plan: Plan, summary: Option<String>) {
         compaction: None,
     };
     start(ctx, request);
+}
+
+/// A compaction asked for outside a turn could not get its summary: the
+/// prompt stays as it was (a user asked to compact, not to lose history),
+/// and the conversation rests again.
+pub(super) fn compaction_failed(ctx: &mut Ctx, error: String) {
+    ctx.publish(crate::live::LiveEvent::CompactionFailed { error });
+    after_compaction(ctx);
+}
+
+/// A compaction outside a turn is over: messages that came in meanwhile
+/// (`busy_policy = queue`) get their turn now, or the conversation rests.
+fn after_compaction(ctx: &mut Ctx) {
+    match ctx.conv.working.untriggered.last() {
+        Some(&trigger) => begin(ctx, trigger),
+        None => ctx.set_phase(Phase::from_status(&ctx.conv.working)),
+    }
+}
+
+/// Stop a compaction asked for outside a turn (a cancel): nothing of it is
+/// recorded; messages that came in meanwhile get what `reason` owes them.
+pub(super) fn stop_compaction(ctx: &mut Ctx, reason: InterruptReason) {
+    stop_work(ctx);
+    let owed = ctx.conv.working.untriggered.clone();
+    unanswered(ctx, owed, reason);
+    ctx.set_phase(Phase::from_status(&ctx.conv.working));
 }
 
 /// A fresh generation for the next request of the current turn.
@@ -278,7 +308,8 @@ pub(super) fn end_interrupted(ctx: &mut Ctx, reason: InterruptReason, stopped: S
         | InterruptReason::Restart
         | InterruptReason::ResumeLimit
         | InterruptReason::Timeout
-        | InterruptReason::Finished => unanswered(ctx, queued, reason),
+        | InterruptReason::Finished
+        | InterruptReason::Rewound => unanswered(ctx, queued, reason),
     }
 }
 
@@ -382,6 +413,9 @@ fn synthetic_reason(reason: InterruptReason) -> String {
         }
         InterruptReason::Timeout => "cancelled: the time limit passed".to_owned(),
         InterruptReason::Finished => "not run: the sub-agent had finished".to_owned(),
+        InterruptReason::Rewound => {
+            "not run: the user rewound the conversation to before this call".to_owned()
+        }
         InterruptReason::Shutdown => {
             "interrupted: keel shut down before the turn finished".to_owned()
         }

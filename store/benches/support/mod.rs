@@ -32,6 +32,7 @@ pub fn created(conversation: &ConversationId) -> Event {
             config: ConversationConfig::default(),
             parent_conversation: None,
             user_initiated: true,
+            forked_from: None,
         },
     )
 }

@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use keel_core::event::{
-    Decision, Event, EventKind, InterruptReason, NudgeReason, RecoveryAction, SubAgentOutcome,
-    TurnNote,
+    Decision, Event, EventKind, ForkOrigin, InterruptReason, NudgeReason, RecoveryAction,
+    SubAgentOutcome, TurnNote,
 };
 use keel_core::live::{ContextWarning, LiveEvent, StreamDelta};
 use keel_core::message::StopReason;
@@ -62,6 +62,10 @@ pub enum ApiEventKind {
         model: String,
         parent_conversation: Option<String>,
         user_initiated: bool,
+        /// Set for a fork: the conversation and seq its history was copied
+        /// from (docs/history.md).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        forked_from: Option<ApiForkOrigin>,
     },
     SessionStarted,
     SessionEnded,
@@ -146,6 +150,31 @@ pub enum ApiEventKind {
         tokens_before: u64,
         tokens_after: u64,
     },
+    /// The conversation was rewound: from here on its prompt is the one it
+    /// had at `to_seq`; the events between stay for audit
+    /// (docs/history.md).
+    Rewound {
+        to_seq: u64,
+        /// How many messages the prompt holds after the rewind.
+        messages: usize,
+    },
+}
+
+/// Where a fork's history came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ApiForkOrigin {
+    pub conversation: String,
+    /// The last seq of the source's log the fork copied.
+    pub seq: u64,
+}
+
+impl From<ForkOrigin> for ApiForkOrigin {
+    fn from(origin: ForkOrigin) -> ApiForkOrigin {
+        ApiForkOrigin {
+            conversation: origin.conversation.into(),
+            seq: origin.seq,
+        }
+    }
 }
 
 impl From<EventKind> for ApiEventKind {
@@ -156,6 +185,7 @@ impl From<EventKind> for ApiEventKind {
                 config,
                 parent_conversation,
                 user_initiated,
+                forked_from,
                 ..
             } => ApiEventKind::Created {
                 cwd,
@@ -163,6 +193,7 @@ impl From<EventKind> for ApiEventKind {
                 model: config.primary.model,
                 parent_conversation: parent_conversation.map(String::from),
                 user_initiated,
+                forked_from: forked_from.map(Into::into),
             },
             EventKind::SessionStarted => ApiEventKind::SessionStarted,
             EventKind::SessionEnded => ApiEventKind::SessionEnded,
@@ -279,6 +310,12 @@ impl From<EventKind> for ApiEventKind {
                 tokens_before,
                 tokens_after,
             },
+            EventKind::Rewound {
+                to_seq, messages, ..
+            } => ApiEventKind::Rewound {
+                to_seq,
+                messages: messages.len(),
+            },
             EventKind::Finished { outcome } => match outcome {
                 SubAgentOutcome::Completed { result } => ApiEventKind::Finished {
                     status: "completed".to_owned(),
@@ -323,6 +360,7 @@ pub fn interrupt_reason_name(reason: InterruptReason) -> &'static str {
         InterruptReason::Timeout => "timeout",
         InterruptReason::Finished => "finished",
         InterruptReason::Shutdown => "shutdown",
+        InterruptReason::Rewound => "rewound",
     }
 }
 
@@ -408,6 +446,11 @@ pub enum ApiLiveEvent {
         tool_call_id: String,
         child: String,
         pending: Vec<ApiPendingCall>,
+    },
+    /// A compaction asked for (`POST …/compact`) could not get its summary;
+    /// the prompt is as it was.
+    CompactionFailed {
+        error: String,
     },
     /// This client fell behind: live-only events were lost, canonical
     /// events it missed follow from the log.
@@ -521,6 +564,7 @@ impl From<LiveEvent> for ApiLiveEvent {
                     .collect(),
                 child: child.to_string(),
             },
+            LiveEvent::CompactionFailed { error } => ApiLiveEvent::CompactionFailed { error },
         }
     }
 }

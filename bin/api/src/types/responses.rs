@@ -106,6 +106,8 @@ pub enum ApiState {
     Terminating,
     Completed,
     Failed,
+    /// A compaction asked for is under way; no turn runs.
+    Compacting,
 }
 
 impl From<StateName> for ApiState {
@@ -122,6 +124,7 @@ impl From<StateName> for ApiState {
             StateName::Terminating => ApiState::Terminating,
             StateName::Completed => ApiState::Completed,
             StateName::Failed => ApiState::Failed,
+            StateName::Compacting => ApiState::Compacting,
         }
     }
 }

@@ -9,6 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::de::DeserializeOwned;
 
+use keel_actors::core::history::HistoryError;
 use keel_actors::core::Rejection;
 
 use keel_api::types::{ErrorBody, ErrorDetail};
@@ -121,6 +122,11 @@ impl ApiError {
             Rejection::ResolvedByTooLong { .. } => {
                 (StatusCode::BAD_REQUEST, ErrorCode::ResolvedByTooLong)
             }
+            Rejection::NothingToCompact => (StatusCode::CONFLICT, ErrorCode::NothingToCompact),
+            Rejection::SubAgentHistory => {
+                (StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::SubAgentHistory)
+            }
+            Rejection::History { error } => history_status(error),
         };
         let message = match &rejection {
             Rejection::Busy { state } => format!(
@@ -238,5 +244,17 @@ where
         let axum::extract::Query(value) =
             axum::extract::Query::<T>::from_request_parts(parts, state).await?;
         Ok(ApiQuery(value))
+    }
+}
+
+/// The status and code of a fork or rewind the log does not allow.
+pub fn history_status(error: &HistoryError) -> (StatusCode, ErrorCode) {
+    match error {
+        HistoryError::SubAgent => (StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::SubAgentHistory),
+        HistoryError::OutOfRange { .. }
+        | HistoryError::NotABoundary { .. }
+        | HistoryError::Replay { .. } => {
+            (StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::NotABoundary)
+        }
     }
 }

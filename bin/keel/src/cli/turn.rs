@@ -250,6 +250,10 @@ impl Printer {
                 let line = format!("sub-agent {} ({child}) {ended}", task_idx + 1);
                 self.note(&self.paint.dim(&line));
             }
+            ApiLiveEvent::CompactionFailed { error } => {
+                let note = format!("compaction failed; the conversation is as it was: {error}");
+                self.note(&self.paint.red(&note));
+            }
             // What it waits on is said where the turn stops for it
             // (`pending_help`, or `keel chat`'s question).
             ApiLiveEvent::StateChanged { .. }
@@ -327,6 +331,10 @@ impl Printer {
                     "left the earlier conversation out (no summary could be had)"
                 };
                 let note = format!("{how}: about {tokens_before} → {tokens_after} tokens");
+                self.note(&self.paint.yellow(&note));
+            }
+            ApiEventKind::Rewound { to_seq, messages } => {
+                let note = format!("rewound to seq {to_seq} ({messages} messages in the prompt)");
                 self.note(&self.paint.yellow(&note));
             }
             _ => {}
