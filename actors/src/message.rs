@@ -12,10 +12,11 @@ use std::sync::Arc;
 use ractor::RpcReplyPort;
 use serde::Serialize;
 
+use keel_core::event::ForkOrigin;
 use keel_core::event::{Decision, PendingCall};
 use keel_core::ids::{ConversationId, EventId, Seq, ToolCallId};
 use keel_core::message::{ImageRef, Message, Usage};
-use keel_core::reducer::WorkingSet;
+use keel_core::reducer::{CompactionRecord, WorkingSet};
 use keel_core::state::{Phase, StateName};
 use keel_core::time::Timestamp;
 use keel_core::{
@@ -188,6 +189,13 @@ pub struct Inspection {
     pub cwd: String,
     pub config: ConversationConfig,
     pub usage: Usage,
+    /// The prompt's estimated tokens now (`compaction::prompt_tokens`):
+    /// what decides when it is compacted.
+    pub context_tokens: u64,
+    /// The latest compaction: the prompt's tokens before and after it.
+    pub last_compaction: Option<CompactionRecord>,
+    /// Set for a fork: where its history came from.
+    pub forked_from: Option<ForkOrigin>,
     /// The history as the model sees it.
     pub messages: Vec<Message>,
     pub pending: Vec<PendingCall>,
@@ -250,6 +258,7 @@ impl Inspection {
     /// the log folds to, at rest.
     pub(crate) fn at_rest(working: WorkingSet, now: Timestamp) -> Inspection {
         let phase = Phase::from_status(&working);
+        let context_tokens = keel_core::compaction::prompt_tokens(&working);
         Inspection {
             id: working.id.clone(),
             state: phase.name(),
@@ -265,6 +274,9 @@ impl Inspection {
             cwd: working.cwd,
             config: working.config,
             usage: working.usage,
+            context_tokens,
+            last_compaction: working.last_compaction,
+            forked_from: working.forked_from,
             messages: working.messages,
             pending: working.pending,
             child_pending: Vec::new(),

@@ -107,6 +107,22 @@ pub struct WorkingSet {
     pub session: Option<Seq>,
     /// Set when a sub-agent reached its terminal state.
     pub outcome: Option<SubAgentOutcome>,
+    /// The latest compaction in the log, for people: what the prompt was
+    /// before it and became after it.
+    #[serde(default)]
+    pub last_compaction: Option<CompactionRecord>,
+}
+
+/// What a `Compacted` event did, as [`WorkingSet::last_compaction`] keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactionRecord {
+    /// The `Compacted` event's seq.
+    pub seq: Seq,
+    pub through_seq: Seq,
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+    /// False when the messages were left out without a summary.
+    pub summarised: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -219,6 +235,7 @@ impl WorkingSet {
             untriggered: Vec::new(),
             session: None,
             outcome: None,
+            last_compaction: None,
         })
     }
 
@@ -495,7 +512,17 @@ impl WorkingSet {
             Payload::Compacted {
                 replaced_messages,
                 summary,
+                through_seq,
+                tokens_before,
+                tokens_after,
             } => {
+                self.last_compaction = Some(CompactionRecord {
+                    seq,
+                    through_seq,
+                    tokens_before,
+                    tokens_after,
+                    summarised: summary.is_some(),
+                });
                 compact(
                     &mut self.messages,
                     &mut self.message_seqs,
@@ -671,6 +698,9 @@ enum Payload<'a> {
     Compacted {
         replaced_messages: u32,
         summary: Option<Cow<'a, str>>,
+        through_seq: Seq,
+        tokens_before: u64,
+        tokens_after: u64,
     },
     Rewound {
         messages: Cow<'a, [Message]>,
@@ -737,10 +767,15 @@ impl<'a> Payload<'a> {
             EventKind::Compacted {
                 replaced_messages,
                 summary,
-                ..
+                through_seq,
+                tokens_before,
+                tokens_after,
             } => Payload::Compacted {
                 replaced_messages: *replaced_messages,
                 summary: summary.as_deref().map(Cow::Borrowed),
+                through_seq: *through_seq,
+                tokens_before: *tokens_before,
+                tokens_after: *tokens_after,
             },
             EventKind::Rewound {
                 messages,
@@ -811,10 +846,15 @@ impl<'a> Payload<'a> {
             EventKind::Compacted {
                 replaced_messages,
                 summary,
-                ..
+                through_seq,
+                tokens_before,
+                tokens_after,
             } => Payload::Compacted {
                 replaced_messages,
                 summary: summary.map(Cow::Owned),
+                through_seq,
+                tokens_before,
+                tokens_after,
             },
             EventKind::Rewound {
                 messages,

@@ -22,6 +22,7 @@ mod compaction;
 mod deletion;
 mod file_tools;
 mod full_disk;
+mod history;
 mod operations;
 mod refusals;
 mod restart;

@@ -38,9 +38,10 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::types::{
-    AcceptedMessage, ActorList, ApiDecisionKind, CancelAccepted, ConversationDetail,
-    ConversationList, CreateConversation, CreatedConversation, DeletedConversation, Evicted,
-    Health, ImageBody, Killed, LogPage, ResolveAccepted, ResolveRequest, SendMessage,
+    AcceptedMessage, ActorList, ApiDecisionKind, CancelAccepted, CompactAccepted,
+    ConversationDetail, ConversationList, CreateConversation, CreatedConversation,
+    DeletedConversation, Evicted, ForkRequest, ForkedConversation, Health, ImageBody, Killed,
+    LogPage, ResolveAccepted, ResolveRequest, RewindRequest, RewoundConversation, SendMessage,
     UpdateConversation,
 };
 
@@ -250,6 +251,42 @@ impl Client {
             &conversation_path(id, "/cancel"),
             Some(id),
             NO_BODY,
+        )
+        .await
+    }
+
+    /// `POST /v1/conversations/{id}/compact`: summarise everything before
+    /// the latest turn now; the `compacted` event follows on the stream.
+    pub async fn compact(&self, id: &str) -> Result<CompactAccepted, Error> {
+        self.call(
+            Method::POST,
+            &conversation_path(id, "/compact"),
+            Some(id),
+            NO_BODY,
+        )
+        .await
+    }
+
+    /// `POST /v1/conversations/{id}/fork`: a new conversation whose history
+    /// is this one's up to `at_seq` (the end when `None`).
+    pub async fn fork(&self, id: &str, at_seq: Option<u64>) -> Result<ForkedConversation, Error> {
+        self.call(
+            Method::POST,
+            &conversation_path(id, "/fork"),
+            Some(id),
+            Some(&ForkRequest { at_seq }),
+        )
+        .await
+    }
+
+    /// `POST /v1/conversations/{id}/rewind`: from now on the prompt is the
+    /// one the conversation had at `to_seq`, a turn boundary.
+    pub async fn rewind(&self, id: &str, to_seq: u64) -> Result<RewoundConversation, Error> {
+        self.call(
+            Method::POST,
+            &conversation_path(id, "/rewind"),
+            Some(id),
+            Some(&RewindRequest { to_seq }),
         )
         .await
     }

@@ -11,6 +11,7 @@ pub mod conversations;
 pub mod deletion;
 pub mod error;
 pub mod events;
+pub mod history;
 pub mod measure;
 pub mod paging;
 pub mod settings;
@@ -137,6 +138,9 @@ fn documented() -> OpenApiRouter<AppState> {
                 .layer(DefaultBodyLimit::max(MESSAGE_BODY_LIMIT)),
         )
         .routes(routes!(conversations::cancel))
+        .routes(routes!(history::compact))
+        .routes(routes!(history::fork))
+        .routes(routes!(history::rewind))
         .routes(routes!(conversations::resolve))
         .routes(routes!(conversations::log))
         .routes(routes!(events::events))

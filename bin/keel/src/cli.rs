@@ -258,6 +258,34 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Compact now: the conversation's model summarises everything before
+    /// the latest turn; waits for it and prints the tokens before and after.
+    Compact {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A new conversation whose history is this one's up to a turn
+    /// boundary; prints its id. The source is untouched.
+    Fork {
+        id: String,
+        /// The last seq to copy (the end of a turn); the end of the log
+        /// by default.
+        #[arg(long = "at", value_name = "SEQ")]
+        at: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Take the conversation back to a turn boundary: from now on the
+    /// model sees the history only up to SEQ (the log keeps the rest).
+    Rewind {
+        id: String,
+        /// The seq to go back to (the end of a turn; see `keel log`).
+        #[arg(long = "to", value_name = "SEQ")]
+        to: u64,
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete a conversation and its sub-agents: their logs and the images
     /// nothing else shows (refused while busy unless --force).
     Rm {
@@ -556,6 +584,9 @@ fn run_client(command: Command) -> anyhow::Result<Exit> {
             }
             Command::Evict { id, json } => commands::evict(&client, &id, json).await,
             Command::Rm { id, force, json } => commands::rm(&client, &id, force, json).await,
+            Command::Compact { id, json } => commands::compact(&client, &id, json).await,
+            Command::Fork { id, at, json } => commands::fork(&client, &id, at, json).await,
+            Command::Rewind { id, to, json } => commands::rewind(&client, &id, to, json).await,
             Command::Ps { json } => commands::ps(&client, json).await,
             Command::Serve { .. }
             | Command::Spawner

@@ -182,6 +182,7 @@ fn without_messages(working: &WorkingSet) -> WorkingSet {
         untriggered,
         session,
         outcome,
+        last_compaction,
     } = working;
     WorkingSet {
         id: id.clone(),
@@ -209,6 +210,7 @@ fn without_messages(working: &WorkingSet) -> WorkingSet {
         untriggered: untriggered.clone(),
         session: *session,
         outcome: outcome.clone(),
+        last_compaction: *last_compaction,
     }
 }
 

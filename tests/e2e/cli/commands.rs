@@ -512,3 +512,67 @@ async fn cli_send_of_a_queued_message_follows_its_own_turn() {
         "both turns ran before send returned: {log:#?}"
     );
 }
+
+/// `keel compact`, `keel fork` and `keel rewind` (docs/history.md), in
+/// both output modes, and `keel inspect` showing the latest compaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_compact_fork_and_rewind() {
+    let rig = Rig::start();
+    let id = rig.new_conversation(&[]);
+    rig.ok(&["send", &id, "remember the word apple"]);
+    rig.ok(&["send", &id, "remember the word banana"]);
+    rig.ok(&["send", &id, "remember the word cherry"]);
+    let log = rig.daemon.log(&id).await;
+    let ends: Vec<u64> = crate::daemon::of_kind(&log, "turn_completed")
+        .iter()
+        .filter_map(|event| event["seq"].as_u64())
+        .collect();
+    assert_eq!(ends.len(), 3, "{log:#?}");
+
+    let forked = rig.ok(&["fork", &id, "--at", &ends[0].to_string()]);
+    let fork = forked
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        forked.contains(&format!("forked from {id} at seq {}", ends[0])),
+        "{forked}"
+    );
+    let fork_log = rig.daemon.log(&fork).await;
+    assert_eq!(fork_log.len() as u64, ends[0]);
+    let as_json = rig.json(&["fork", &id]);
+    assert_eq!(as_json["forked_from"]["seq"], log.len() as u64);
+    let inside = rig.keel(&["fork", &id, "--at", &(ends[0] + 2).to_string()]);
+    assert_eq!(inside.status.code(), Some(1), "{}", describe(&inside));
+    let said = String::from_utf8_lossy(&inside.stderr);
+    assert!(said.contains("turn boundary"), "{said}");
+
+    let compacted = rig.ok(&["compact", &id]);
+    assert!(
+        compacted.starts_with(&format!("compacted {id}: ")),
+        "{compacted}"
+    );
+    let inspected = rig.ok(&["inspect", &id]);
+    assert!(inspected.contains("last compaction"), "{inspected}");
+    let detail = rig.json(&["inspect", &id]);
+    let last = &detail["conversation"]["last_compaction"];
+    assert!(
+        last["tokens_after"].as_u64() < last["tokens_before"].as_u64(),
+        "{detail}"
+    );
+
+    let rewound = rig.ok(&["rewind", &id, "--to", &ends[1].to_string()]);
+    assert_eq!(
+        rewound.trim(),
+        format!("rewound {id} to seq {}; it is idle", ends[1])
+    );
+    let again = rig.json(&["rewind", &id, "--to", &ends[0].to_string()]);
+    assert_eq!(again, json!({"to_seq": ends[0], "state": "idle"}));
+    let refused = rig.keel(&["rewind", &id, "--to", "100000"]);
+    assert_eq!(refused.status.code(), Some(1), "{}", describe(&refused));
+    let nothing = rig.keel(&["compact", &fork]);
+    assert_eq!(nothing.status.code(), Some(1), "{}", describe(&nothing));
+    let said = String::from_utf8_lossy(&nothing.stderr);
+    assert!(said.contains("nothing to compact"), "{said}");
+}

@@ -212,3 +212,22 @@ pub enum ApiDecisionKind {
     Deny,
     Answer,
 }
+
+/// `POST /v1/conversations/{id}/fork`: a new conversation whose history is
+/// this one's up to `at_seq` (docs/history.md). The body may be left out.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// The last seq to copy: a turn boundary (the end of a turn, or seq 1).
+    /// The end of the log when left out.
+    #[serde(default)]
+    pub at_seq: Option<u64>,
+}
+
+/// `POST /v1/conversations/{id}/rewind`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RewindRequest {
+    /// The seq to rewind to: a turn boundary before the end of the log.
+    pub to_seq: u64,
+}

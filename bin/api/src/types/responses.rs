@@ -176,6 +176,17 @@ pub struct ConversationDetail {
     pub last_seq: u64,
     pub turn: u32,
     pub usage: ApiUsage,
+    /// The prompt's estimated tokens now: what decides when it is
+    /// compacted (the provider's count of the latest request, `usage`, when
+    /// that is larger).
+    #[serde(default)]
+    pub context_tokens: u64,
+    /// The latest compaction: the prompt before and after it.
+    #[serde(default)]
+    pub last_compaction: Option<ApiCompaction>,
+    /// Set for a fork: where its history came from.
+    #[serde(default)]
+    pub forked_from: Option<super::events::ApiForkOrigin>,
     pub context_window: u64,
     /// The percentage of the context window past which the prompt is
     /// compacted before it is sent; 0: only when a provider refuses it.
@@ -413,4 +424,53 @@ pub struct ActorList {
     /// Pass as `cursor` for the next page; null on the last page.
     #[serde(default)]
     pub next_cursor: Option<String>,
+}
+
+/// `POST /v1/conversations/{id}/compact`: the compaction is under way.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CompactAccepted {
+    /// `compacting`; the `compacted` event (or a `compaction_failed` live
+    /// event, which leaves the prompt as it was) follows on the stream.
+    pub state: ApiState,
+}
+
+/// `POST /v1/conversations/{id}/fork`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ForkedConversation {
+    /// The new conversation.
+    pub id: String,
+    pub forked_from: super::events::ApiForkOrigin,
+}
+
+/// `POST /v1/conversations/{id}/rewind`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RewoundConversation {
+    pub to_seq: u64,
+    /// The state it rests in afterwards.
+    pub state: ApiState,
+}
+
+/// The latest compaction of a conversation (`GET /v1/conversations/{id}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ApiCompaction {
+    /// The seq of its `compacted` event.
+    pub seq: u64,
+    /// The last seq the summary stands for.
+    pub through_seq: u64,
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+    /// False when the messages were left out without a summary.
+    pub summarised: bool,
+}
+
+impl From<keel_core::reducer::CompactionRecord> for ApiCompaction {
+    fn from(record: keel_core::reducer::CompactionRecord) -> ApiCompaction {
+        ApiCompaction {
+            seq: record.seq,
+            through_seq: record.through_seq,
+            tokens_before: record.tokens_before,
+            tokens_after: record.tokens_after,
+            summarised: record.summarised,
+        }
+    }
 }

@@ -68,6 +68,10 @@ impl ApiError {
                 error.to_string(),
             ),
             Error::Rejected(rejection) => ApiError::from_rejection(id, rejection),
+            Error::History(error) => {
+                let (status, code) = history_status(&error);
+                ApiError::new(status, code, error.to_string())
+            }
             Error::InvalidCwd { .. } => ApiError::new(
                 StatusCode::BAD_REQUEST,
                 ErrorCode::InvalidCwd,
@@ -224,6 +228,37 @@ where
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
         let Json(value) = Json::<T>::from_request(request, state).await?;
         Ok(ApiJson(value))
+    }
+}
+
+/// [`ApiJson`] for a route whose body may be left out: an empty body is
+/// `T::default()`.
+pub struct ApiJsonOrEmpty<T>(pub T);
+
+impl<T, S> FromRequest<S> for ApiJsonOrEmpty<T>
+where
+    T: DeserializeOwned + Default,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let (parts, body) = request.into_parts();
+        let bytes = axum::body::to_bytes(body, super::BODY_LIMIT)
+            .await
+            .map_err(|error| {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    ErrorCode::PayloadTooLarge,
+                    error.to_string(),
+                )
+            })?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(ApiJsonOrEmpty(T::default()));
+        }
+        let request = Request::from_parts(parts, axum::body::Body::from(bytes));
+        let Json(value) = Json::<T>::from_request(request, state).await?;
+        Ok(ApiJsonOrEmpty(value))
     }
 }
 

@@ -12,8 +12,8 @@ use super::turn::tool_input;
 use super::Exit;
 use keel_api::client::{Client, Frame};
 use keel_api::types::{
-    ApiBusyPolicy, ApiDecisionKind, ApiEvent, ApiEventKind, ApiModelChoice, ApiProvider,
-    ApiToolPolicy, ConversationSummary, CreateConversation,
+    ApiBusyPolicy, ApiDecisionKind, ApiEvent, ApiEventKind, ApiLiveEvent, ApiModelChoice,
+    ApiProvider, ApiState, ApiToolPolicy, ConversationSummary, CreateConversation,
 };
 
 /// `keel ls`.
@@ -196,6 +196,13 @@ pub async fn inspect(client: &Client, id: &str, json: bool) -> anyhow::Result<Ex
             format!("{context} of {} tokens ({percent}%)", detail.context_window),
         ),
         (
+            "prompt",
+            format!(
+                "about {} tokens (estimated)",
+                detail.context_tokens.max(context)
+            ),
+        ),
+        (
             "compaction",
             match detail.compact_at_percent {
                 0 => "when a provider refuses the prompt as too long".to_owned(),
@@ -221,6 +228,29 @@ pub async fn inspect(client: &Client, id: &str, json: bool) -> anyhow::Result<Ex
     }
     if let Some(parent) = &detail.parent {
         rows.push(("parent", parent.clone()));
+    }
+    if let Some(compaction) = &detail.last_compaction {
+        let how = if compaction.summarised {
+            "summarised"
+        } else {
+            "left out without a summary"
+        };
+        rows.push((
+            "last compaction",
+            format!(
+                "seq {}: about {} → {} tokens (seqs up to {} {how})",
+                compaction.seq,
+                compaction.tokens_before,
+                compaction.tokens_after,
+                compaction.through_seq
+            ),
+        ));
+    }
+    if let Some(origin) = &detail.forked_from {
+        rows.push((
+            "forked from",
+            format!("{} at seq {}", origin.conversation, origin.seq),
+        ));
     }
     if let Some(actor) = &actor {
         rows.push(("mailbox", actor.mailbox.to_string()));
@@ -411,7 +441,103 @@ pub async fn resolve(
     Ok(Exit::Ok)
 }
 
-/// `keel evict`.
+/// `keel compact`: ask for the compaction, then follow the stream until
+/// it is recorded (or could not be had, which leaves the prompt as it was).
+pub async fn compact(client: &Client, id: &str, json: bool) -> anyhow::Result<Exit> {
+    // Follow first, so the `compacted` event cannot be missed: the
+    // snapshot means the subscription is in place.
+    let mut events = client.events(id, None);
+    let spinner = output::spinner("connecting");
+    loop {
+        if let Frame::Snapshot(_) = events.next().await? {
+            break;
+        }
+    }
+    spinner.set_message("compacting");
+    let accepted = client.compact(id).await;
+    if let Err(error) = accepted {
+        spinner.finish_and_clear();
+        return Err(error.into());
+    }
+    loop {
+        let frame = events.next().await?;
+        match &frame {
+            Frame::Canonical(event) => {
+                if let ApiEventKind::Compacted {
+                    replaced_messages,
+                    summary,
+                    tokens_before,
+                    tokens_after,
+                    ..
+                } = &event.kind
+                {
+                    spinner.finish_and_clear();
+                    if json {
+                        output::json_line(event)?;
+                    } else {
+                        let how = if summary.is_some() {
+                            "summarised"
+                        } else {
+                            "left out"
+                        };
+                        println!(
+                            "compacted {id}: {replaced_messages} messages {how}, about {tokens_before} → {tokens_after} tokens"
+                        );
+                    }
+                    return Ok(Exit::Ok);
+                }
+            }
+            Frame::Live(ApiLiveEvent::CompactionFailed { error }) => {
+                spinner.finish_and_clear();
+                if json {
+                    output::json_line(&frame)?;
+                } else {
+                    eprintln!("compaction failed; {id} is as it was: {error}");
+                }
+                return Ok(Exit::Failed);
+            }
+            // Cancelled meanwhile: it rests without a compaction.
+            Frame::Live(ApiLiveEvent::StateChanged {
+                state: ApiState::Idle | ApiState::Error,
+            }) => {
+                spinner.finish_and_clear();
+                eprintln!("the compaction of {id} was called off; nothing changed");
+                return Ok(Exit::Interrupted);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// `keel fork`.
+pub async fn fork(client: &Client, id: &str, at: Option<u64>, json: bool) -> anyhow::Result<Exit> {
+    let forked = client.fork(id, at).await?;
+    if json {
+        output::json_line(&forked)?;
+    } else {
+        println!(
+            "{} (forked from {id} at seq {})",
+            forked.id, forked.forked_from.seq
+        );
+    }
+    Ok(Exit::Ok)
+}
+
+/// `keel rewind`.
+pub async fn rewind(client: &Client, id: &str, to: u64, json: bool) -> anyhow::Result<Exit> {
+    let rewound = client.rewind(id, to).await?;
+    if json {
+        output::json_line(&rewound)?;
+    } else {
+        println!(
+            "rewound {id} to seq {}; it is {}",
+            rewound.to_seq,
+            state_name(&rewound.state)
+        );
+    }
+    Ok(Exit::Ok)
+}
+
 /// `keel rm`: delete a conversation and its sub-agents.
 pub async fn rm(client: &Client, id: &str, force: bool, json: bool) -> anyhow::Result<Exit> {
     let deleted = client.delete(id, force).await?;
