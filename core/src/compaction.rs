@@ -73,12 +73,33 @@ pub fn message_tokens(message: &Message) -> u64 {
             }
             ContentBlock::Image { .. } => images += 1,
             ContentBlock::ToolUse { call } => {
-                chars += call.name.len() as u64 + call.input.to_string().len() as u64;
+                chars += call.name.len() as u64 + json_len(&call.input);
             }
             ContentBlock::ToolResult { result } => chars += result.content.len() as u64,
         }
     }
     MESSAGE_TOKENS + chars.div_ceil(CHARS_PER_TOKEN) + images * IMAGE_TOKENS
+}
+
+/// The length of `value` as compact JSON, counted without writing it out:
+/// `due` runs before every request over the whole prompt, and building
+/// each tool input's text was most of its cost (BENCHMARKS.md,
+/// "Compaction at 100k tokens").
+fn json_len(value: &serde_json::Value) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len() as u64;
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing a `Value` to a writer that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
 }
 
 /// The estimated tokens of `messages`.
@@ -114,10 +135,11 @@ pub fn threshold(config: &ConversationConfig) -> Option<u64> {
 /// the threshold and there is something before the latest turn to replace.
 pub fn due(working: &WorkingSet) -> Option<Plan> {
     let threshold = threshold(&working.config)?;
-    if prompt_tokens(working) < threshold {
+    let tokens = prompt_tokens(working);
+    if tokens < threshold {
         return None;
     }
-    plan(working)
+    plan_with(working, tokens)
 }
 
 /// Where to cut: the earliest start of a turn after which the kept messages
@@ -126,6 +148,11 @@ pub fn due(working: &WorkingSet) -> Option<Plan> {
 /// no turn before the latest one: nothing can be replaced without parting
 /// the turn in flight.
 pub fn plan(working: &WorkingSet) -> Option<Plan> {
+    plan_with(working, prompt_tokens(working))
+}
+
+/// [`plan`] of a prompt whose tokens are known to be `tokens`.
+fn plan_with(working: &WorkingSet, tokens: u64) -> Option<Plan> {
     let messages = &working.messages;
     let starts = turn_starts(messages);
     let latest = *starts.last()?;
@@ -149,7 +176,7 @@ pub fn plan(working: &WorkingSet) -> Option<Plan> {
         }
         cut = start;
     }
-    cut_at(working, cut)
+    cut_at(working, cut, tokens)
 }
 
 /// A compaction a user asked for: everything before the latest turn is
@@ -157,7 +184,7 @@ pub fn plan(working: &WorkingSet) -> Option<Plan> {
 /// the latest one.
 pub fn plan_on_demand(working: &WorkingSet) -> Option<Plan> {
     let latest = *turn_starts(&working.messages).last()?;
-    let plan = cut_at(working, latest)?;
+    let plan = cut_at(working, latest, prompt_tokens(working))?;
     Some(Plan {
         on_demand: true,
         ..plan
@@ -165,12 +192,12 @@ pub fn plan_on_demand(working: &WorkingSet) -> Option<Plan> {
 }
 
 /// The plan that replaces the messages before index `cut`.
-fn cut_at(working: &WorkingSet, cut: usize) -> Option<Plan> {
+fn cut_at(working: &WorkingSet, cut: usize, tokens_before: u64) -> Option<Plan> {
     let through_seq = working.message_seqs.get(cut)?.checked_sub(1)?;
     Some(Plan {
         replaced_messages: cut,
         through_seq,
-        tokens_before: prompt_tokens(working),
+        tokens_before,
         on_demand: false,
     })
 }
