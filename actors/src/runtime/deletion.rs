@@ -145,6 +145,24 @@ impl Runtime {
     }
 }
 
+impl Runtime {
+    /// Give the store's freed space back to the disk (`EventLog::reclaim`):
+    /// after deleting many conversations. Writes wait while the engine
+    /// works (on redb, reads too), so this is an operator's call, not part
+    /// of every delete or sweep.
+    pub async fn reclaim(&self) -> Result<keel_store::Reclaimed, Error> {
+        let reclaimed = self.shared.store.reclaim().await?;
+        tracing::info!(
+            action = ?reclaimed.action,
+            before = ?reclaimed.disk_bytes_before,
+            after = ?reclaimed.disk_bytes_after,
+            took = ?reclaimed.took,
+            "store space reclaimed"
+        );
+        Ok(reclaimed)
+    }
+}
+
 /// Whether a conversation in `state` may be deleted without a cancel.
 fn at_rest(state: StateName) -> bool {
     matches!(

@@ -41,8 +41,8 @@ use crate::types::{
     AcceptedMessage, ActorList, ApiDecisionKind, CancelAccepted, CompactAccepted,
     ConversationDetail, ConversationList, CreateConversation, CreatedConversation,
     DeletedConversation, Evicted, ForkRequest, ForkedConversation, Health, ImageBody, Killed,
-    LogPage, ResolveAccepted, ResolveRequest, RewindRequest, RewoundConversation, SendMessage,
-    UpdateConversation,
+    LogPage, ReclaimedSpace, ResolveAccepted, ResolveRequest, RewindRequest, RewoundConversation,
+    SendMessage, UpdateConversation,
 };
 
 pub use error::Error;
@@ -376,6 +376,13 @@ impl Client {
             path.push_str("?force=true");
         }
         self.call(Method::DELETE, &path, Some(id), NO_BODY).await
+    }
+
+    /// `POST /admin/reclaim`: give the store's freed space back to the
+    /// disk (after deleting many conversations); writes wait meanwhile.
+    pub async fn reclaim(&self) -> Result<ReclaimedSpace, Error> {
+        self.call(Method::POST, "/admin/reclaim", None, NO_BODY)
+            .await
     }
 
     /// `POST /admin/actors/{id}/kill`: crash the actor, for drills; its

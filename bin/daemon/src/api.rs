@@ -147,6 +147,7 @@ fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(admin::actors))
         .routes(routes!(admin::evict))
         .routes(routes!(admin::kill))
+        .routes(routes!(admin::reclaim))
         .routes(routes!(admin::metrics))
         .routes(routes!(admin::healthz))
 }

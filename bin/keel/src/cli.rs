@@ -258,6 +258,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Give the store's freed space back to the disk, after deleting many
+    /// conversations; writes wait while it runs.
+    Reclaim {
+        #[arg(long)]
+        json: bool,
+    },
     /// Compact now: the conversation's model summarises everything before
     /// the latest turn; waits for it and prints the tokens before and after.
     Compact {
@@ -585,6 +591,7 @@ fn run_client(command: Command) -> anyhow::Result<Exit> {
             Command::Evict { id, json } => commands::evict(&client, &id, json).await,
             Command::Rm { id, force, json } => commands::rm(&client, &id, force, json).await,
             Command::Compact { id, json } => commands::compact(&client, &id, json).await,
+            Command::Reclaim { json } => commands::reclaim(&client, json).await,
             Command::Fork { id, at, json } => commands::fork(&client, &id, at, json).await,
             Command::Rewind { id, to, json } => commands::rewind(&client, &id, to, json).await,
             Command::Ps { json } => commands::ps(&client, json).await,

@@ -169,3 +169,42 @@ async fn daemon_refuses_a_retention_that_is_not_a_number_of_days() {
     let said = String::from_utf8_lossy(&output.stderr);
     assert!(said.contains("KEEL_RETENTION_DAYS"), "{said}");
 }
+
+/// Deleting conversations frees space in the store; `POST /admin/reclaim`
+/// gives it back to the disk (redb compacts its file), and what is left is
+/// all there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_reclaims_the_space_deleted_conversations_took() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[]);
+    let mut ids = Vec::new();
+    for _ in 0..12 {
+        let id = daemon.create(&site, json!({})).await;
+        for turn in 1..=3 {
+            daemon
+                .send(
+                    &id,
+                    "run: for i in $(seq 1 400); do echo \"line $i of a long build log\"; done",
+                )
+                .await;
+            daemon.wait_turn_done(&id, turn).await;
+        }
+        ids.push(id);
+    }
+    let kept = ids.pop().expect("one is kept");
+    let kept_log = daemon.log(&kept).await;
+    for id in &ids {
+        let reply = daemon.delete(&format!("/v1/conversations/{id}")).await;
+        assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    }
+    let reply = daemon.post("/admin/reclaim", &json!({})).await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    assert_eq!(reply.body["action"], "compacted", "{reply:?}");
+    let before = reply.body["disk_bytes_before"].as_u64().expect("a size");
+    let after = reply.body["disk_bytes_after"].as_u64().expect("a size");
+    assert!(after < before, "{before} → {after}");
+    assert_eq!(daemon.log(&kept).await, kept_log);
+    daemon.send(&kept, "still here?").await;
+    daemon.wait_turn_done(&kept, 4).await;
+}

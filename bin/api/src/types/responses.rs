@@ -474,3 +474,18 @@ impl From<keel_core::reducer::CompactionRecord> for ApiCompaction {
         }
     }
 }
+
+/// `POST /admin/reclaim`: what the store gave back to the disk.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ReclaimedSpace {
+    /// `compacted` (redb rewrote its file without the freed space),
+    /// `by_itself` (sled frees segments on its own; nothing to ask) or
+    /// `in_memory` (no files).
+    pub action: String,
+    /// The store's files on disk before and after, in bytes; null without
+    /// files.
+    pub disk_bytes_before: Option<u64>,
+    pub disk_bytes_after: Option<u64>,
+    /// How long writes waited.
+    pub took_ms: u64,
+}

@@ -15,7 +15,9 @@ use super::error::{storage_unavailable_message, ApiError, ApiQuery};
 use super::paging::{self, PageQuery};
 use super::{AppState, ConversationPath};
 use crate::telemetry::{LIVE_CONVERSATIONS, STORE_AVAILABLE};
-use keel_api::types::{ActorList, ActorSummary, ErrorBody, Evicted, Health, Killed};
+use keel_api::types::{
+    ActorList, ActorSummary, ErrorBody, Evicted, Health, Killed, ReclaimedSpace,
+};
 
 /// The live actors: state, idle time, mailbox, subscribers and a memory
 /// estimate; an actor stuck on one message is listed `responding: false`.
@@ -103,6 +105,35 @@ pub async fn evict(
 
 /// Crash the conversation's actor on purpose (drills): its supervisor
 /// restarts it from the log under its recovery policy.
+/// Give the store's freed space back to the disk, after deleting many
+/// conversations (`DELETE`, retention): redb rewrites its file; sled frees
+/// space by itself and has nothing to do. Writes wait while it runs (on
+/// redb, reads too): an operator's call, for a quiet moment.
+#[utoipa::path(
+    post,
+    path = "/admin/reclaim",
+    tag = "admin",
+    responses((status = 200, body = ReclaimedSpace))
+)]
+pub async fn reclaim(State(state): State<AppState>) -> Result<Json<ReclaimedSpace>, ApiError> {
+    let reclaimed = state
+        .runtime
+        .reclaim()
+        .await
+        .map_err(|error| ApiError::from_runtime("", error))?;
+    let action = match reclaimed.action {
+        keel_actors::store::Reclaim::Compacted => "compacted",
+        keel_actors::store::Reclaim::ByItself => "by_itself",
+        keel_actors::store::Reclaim::InMemory => "in_memory",
+    };
+    Ok(Json(ReclaimedSpace {
+        action: action.to_owned(),
+        disk_bytes_before: reclaimed.disk_bytes_before,
+        disk_bytes_after: reclaimed.disk_bytes_after,
+        took_ms: u64::try_from(reclaimed.took.as_millis()).unwrap_or(u64::MAX),
+    }))
+}
+
 #[utoipa::path(
     post,
     path = "/admin/actors/{id}/kill",

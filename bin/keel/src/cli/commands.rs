@@ -509,6 +509,29 @@ pub async fn compact(client: &Client, id: &str, json: bool) -> anyhow::Result<Ex
     }
 }
 
+/// `keel reclaim`.
+pub async fn reclaim(client: &Client, json: bool) -> anyhow::Result<Exit> {
+    let spinner = output::spinner("reclaiming");
+    let reclaimed = client.reclaim().await;
+    spinner.finish_and_clear();
+    let reclaimed = reclaimed?;
+    if json {
+        output::json_line(&reclaimed)?;
+        return Ok(Exit::Ok);
+    }
+    match (reclaimed.disk_bytes_before, reclaimed.disk_bytes_after) {
+        (Some(before), Some(after)) => println!(
+            "{}: {} → {} on disk, in {}",
+            reclaimed.action,
+            output::bytes(before),
+            output::bytes(after),
+            output::duration(reclaimed.took_ms)
+        ),
+        _ => println!("{}: nothing on disk to give back", reclaimed.action),
+    }
+    Ok(Exit::Ok)
+}
+
 /// `keel fork`.
 pub async fn fork(client: &Client, id: &str, at: Option<u64>, json: bool) -> anyhow::Result<Exit> {
     let forked = client.fork(id, at).await?;
