@@ -294,3 +294,43 @@ async fn daemon_rewind_is_refused_mid_turn_and_closes_a_pending_call() {
     daemon.cancel(&id).await;
     daemon.wait_state(&id, "idle").await;
 }
+
+/// A fork shares the source's images: deleting the source leaves them to
+/// the fork, whose next request still carries them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_fork_keeps_its_images_when_the_source_is_deleted() {
+    use super::refusals::{base64, png};
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[]);
+    let id = daemon.create(&site, json!({})).await;
+    let sent = daemon
+        .post(
+            &format!("/v1/conversations/{id}/messages"),
+            &json!({"text": "look at this", "images": [{"media_type": "image/png", "data": base64(&png(8, 6))}]}),
+        )
+        .await;
+    assert_eq!(sent.status, StatusCode::ACCEPTED, "{sent:?}");
+    daemon.wait_turn_done(&id, 1).await;
+    let forked = daemon
+        .post_raw(&format!("/v1/conversations/{id}/fork"), Vec::new(), None)
+        .await;
+    assert_eq!(forked.status, StatusCode::CREATED, "{forked:?}");
+    let fork = forked.body["id"].as_str().expect("an id").to_owned();
+
+    let deleted = daemon.delete(&format!("/v1/conversations/{id}")).await;
+    assert_eq!(deleted.status, StatusCode::OK, "{deleted:?}");
+    assert_eq!(deleted.body["blobs_removed"], 0, "{deleted:?}");
+    daemon.send(&fork, "what was in it?").await;
+    daemon.wait_turn_done(&fork, 2).await;
+    let request = request_with(&mock, "what was in it?").await;
+    let images: Vec<&Value> = request["body"]["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|message| message["content"].as_array().into_iter().flatten())
+        .filter(|block| block["type"] == "image")
+        .collect();
+    assert_eq!(images.len(), 1, "{request:#}");
+    assert!(images[0]["source"]["data"].is_string(), "{:#}", images[0]);
+}

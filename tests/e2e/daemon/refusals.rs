@@ -15,7 +15,7 @@ use super::{assistant_texts, of_kind, Daemon, Reply, Site, Wire};
 use crate::harness::MockLlm;
 
 /// A small PNG.
-fn png(width: u32, height: u32) -> Vec<u8> {
+pub(super) fn png(width: u32, height: u32) -> Vec<u8> {
     let image = image::RgbImage::from_fn(width, height, |x, y| {
         image::Rgb([(x * 255 / width) as u8, (y * 255 / height) as u8, 128])
     });
@@ -24,7 +24,7 @@ fn png(width: u32, height: u32) -> Vec<u8> {
     bytes.into_inner()
 }
 
-fn base64(bytes: &[u8]) -> String {
+pub(super) fn base64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
