@@ -12,7 +12,8 @@
 //! live idle conversation; restart to ready with every conversation
 //! stored; loading one cold conversation; cancel to idle for a stream and
 //! for a process tree; SSE delivery of a message to many subscribers of
-//! one conversation.
+//! one conversation; on-demand compaction of a conversation with 100,000
+//! tokens of history, until its `compacted` event is read.
 
 use std::io::Write;
 use std::time::Instant;
@@ -26,8 +27,10 @@ use keel_test_support::{self as rig, ChildDaemon};
 
 mod runs;
 
-use runs::{cancels, crowded_run, fanout, idle_memory, latency, ms, shaped_run, turn_run};
-pub use runs::{Latency, Turns};
+use runs::{
+    cancels, compaction_run, crowded_run, fanout, idle_memory, latency, ms, shaped_run, turn_run,
+};
+pub use runs::{CompactionSample, Compactions, Latency, Turns};
 
 #[derive(Debug, Clone, Default)]
 pub struct Options {
@@ -44,12 +47,13 @@ pub struct Options {
     /// The fake provider the daemon at `addr` uses, which cancel to idle
     /// while streaming needs to script a held answer.
     pub mock_url: Option<String>,
-    /// Only these runs of turns, and nothing else (no memory, restart,
-    /// cold loads, cancels or delivery); empty for everything.
+    /// Only these runs of turns (or compaction), and nothing else (no
+    /// memory, restart, cold loads, cancels or delivery); empty for
+    /// everything.
     pub only: Vec<TurnKind>,
 }
 
-/// A kind of turn run, for `--only`.
+/// A kind of turn run (or the compaction run), for `--only`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TurnKind {
     Text,
@@ -58,6 +62,8 @@ pub enum TurnKind {
     Shaped,
     /// Tool turns with many other event streams open (`crowded_run`).
     Crowded,
+    /// On-demand compaction of a long history (`compaction_run`).
+    Compaction,
 }
 
 struct Sizes {
@@ -70,6 +76,9 @@ struct Sizes {
     /// (event streams held open, turns) for tool turns of one conversation
     /// while that many streams of another are open (`crowded_run`).
     crowded: Vec<(usize, usize)>,
+    /// (conversations, tokens of history each, rounds) for on-demand
+    /// compaction (`compaction_run`); `None` for none.
+    compaction: Option<(usize, u64, usize)>,
     cancels: usize,
     cold_loads: usize,
     /// Subscribers of one conversation, and messages sent to it.
@@ -86,6 +95,7 @@ impl Sizes {
             tool: vec![(1, 100), (100, 3), (1_000, 1)],
             shaped: vec![(1, 100), (100, 3)],
             crowded: vec![(10_000, 100)],
+            compaction: Some((5, 100_000, 20)),
             cancels: 20,
             cold_loads: 200,
             fanout: (1_000, 30),
@@ -108,6 +118,9 @@ impl Sizes {
                 runs.clear();
             }
         }
+        if !kinds.contains(&TurnKind::Compaction) {
+            self.compaction = None;
+        }
         self.rest = false;
     }
 
@@ -117,6 +130,7 @@ impl Sizes {
             tool: vec![(1, 10), (10, 1)],
             shaped: vec![(1, 3)],
             crowded: vec![(20, 3)],
+            compaction: Some((1, 5_000, 2)),
             cancels: 3,
             cold_loads: 10,
             fanout: (50, 3),
@@ -133,6 +147,9 @@ pub struct Report {
     /// The process whose CPU and memory were read, if known.
     pub pid: Option<u32>,
     pub turns: Vec<Turns>,
+    /// On-demand compactions of long histories; `None` when `--only` left
+    /// them out.
+    pub compaction: Option<Compactions>,
     /// Growth of keel's resident memory per live idle conversation, with
     /// this many live; `None` when the process is unknown.
     pub rss_per_idle_conversation_bytes: Option<f64>,
@@ -196,11 +213,13 @@ fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
         writeln!(out, "the daemon at {addr} ({process})")?;
         writeln!(out)?;
     }
-    writeln!(
-        out,
-        "| turns | conversations at once | turns | turns/s | keel CPU per turn | latency p50 | p99 |"
-    )?;
-    writeln!(out, "| --- | --- | --- | --- | --- | --- | --- |")?;
+    if !report.turns.is_empty() {
+        writeln!(
+            out,
+            "| turns | conversations at once | turns | turns/s | keel CPU per turn | latency p50 | p99 |"
+        )?;
+        writeln!(out, "| --- | --- | --- | --- | --- | --- | --- |")?;
+    }
     for turns in &report.turns {
         writeln!(
             out,
@@ -219,6 +238,9 @@ fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
             turns.latency_p50_ms,
             turns.latency_p99_ms
         )?;
+    }
+    if let Some(compactions) = &report.compaction {
+        print_compactions(out, compactions)?;
     }
     if report.fanout.is_none() {
         // `--only`: turns alone.
@@ -267,6 +289,68 @@ fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+fn print_compactions(out: &mut impl Write, run: &Compactions) -> anyhow::Result<()> {
+    let not_measured = "not measured".to_owned();
+    let samples = &run.samples;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "on-demand compaction at {} tokens of history: {} conversations, {} `bash` turns each, built in {:.1} s ({} keel CPU per turn)",
+        run.target_tokens,
+        run.conversations,
+        run.turns_each,
+        run.build_seconds,
+        run.build_cpu_ms_per_turn
+            .map_or(not_measured.clone(), |cpu| format!("{cpu:.2} ms")),
+    )?;
+    writeln!(
+        out,
+        "  POST …/compact to `compacted` read from the stream, {} compactions ({} rounds, rewound between them): p50 {:.1} ms, max {:.1} ms; keel CPU {} per compaction",
+        run.compactions,
+        run.rounds,
+        run.wall_p50_ms,
+        run.wall_max_ms,
+        run.cpu_ms_per_compaction
+            .map_or(not_measured.clone(), |cpu| format!("{cpu:.2} ms")),
+    )?;
+    writeln!(
+        out,
+        "  the compacted event: tokens {} before, {} after, {} messages replaced, a summary of {} bytes",
+        span(samples.iter().map(|sample| sample.tokens_before)),
+        span(samples.iter().map(|sample| sample.tokens_after)),
+        span(samples.iter().map(|sample| u64::from(sample.replaced_messages))),
+        span(samples.iter().map(|sample| sample.summary_bytes as u64)),
+    )?;
+    let request_bytes: Vec<u64> = samples
+        .iter()
+        .filter_map(|sample| sample.summary_request_bytes.map(|bytes| bytes as u64))
+        .collect();
+    if request_bytes.is_empty() {
+        writeln!(out, "  the summary request: not measured (no --mock-url)")?;
+    } else {
+        writeln!(
+            out,
+            "  the summary request the provider received: {} bytes, {} prompt tokens (the fake's estimate), answered in {} ms",
+            span(request_bytes.into_iter()),
+            span(samples.iter().filter_map(|sample| sample.summary_request_prompt_tokens)),
+            span(samples.iter().filter_map(|sample| sample.summary_request_ms)),
+        )?;
+    }
+    Ok(())
+}
+
+/// `a` when every value is `a`, else `least-most`; `-` for none.
+fn span(values: impl Iterator<Item = u64>) -> String {
+    let (least, most) = values.fold((u64::MAX, 0), |(least, most), value| {
+        (least.min(value), most.max(value))
+    });
+    match (least, most) {
+        (u64::MAX, 0) => "-".to_owned(),
+        (least, most) if least == most => least.to_string(),
+        (least, most) => format!("{least}-{most}"),
+    }
 }
 
 /// The daemon measured: one this bench started (over its own temporary
@@ -413,6 +497,30 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
         }
     }
 
+    let compaction = match sizes.compaction {
+        Some((conversations, tokens, rounds)) => {
+            let run = compaction_run(
+                &client,
+                target.pid(),
+                target.mock_url.as_deref(),
+                &cwd,
+                conversations,
+                tokens,
+                rounds,
+            )
+            .await?;
+            let cpu = run
+                .cpu_ms_per_compaction
+                .map_or(String::new(), |cpu| format!(", {cpu:.2} ms CPU each"));
+            progress(format!(
+                "on-demand compaction at {tokens} tokens, {} compactions of {conversations} conversations ({} turns each, built in {:.1} s): p50 {:.1} ms, max {:.1} ms{cpu}",
+                run.compactions, run.turns_each, run.build_seconds, run.wall_p50_ms, run.wall_max_ms
+            ))?;
+            Some(run)
+        }
+        None => None,
+    };
+
     if !sizes.rest {
         if let Some(daemon) = target.own.as_mut() {
             daemon.stop()?;
@@ -421,6 +529,7 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
             addr: options.addr.clone(),
             pid: target.pid_at,
             turns,
+            compaction,
             rss_per_idle_conversation_bytes: None,
             live_conversations: 0,
             restart_to_ready_ms: None,
@@ -491,6 +600,7 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
         addr: options.addr.clone(),
         pid: target.pid_at,
         turns,
+        compaction,
         rss_per_idle_conversation_bytes: per_conversation,
         live_conversations: live,
         restart_to_ready_ms: restart.map(|(ready, _)| ready),

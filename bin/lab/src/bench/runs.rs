@@ -1,8 +1,9 @@
 //! The runs `keel bench` measures, each against the daemon it is given:
 //! SSE fan-out, turns (one after the other per conversation, all
 //! conversations at once, and client-shaped), idle memory per
-//! conversation, and cancels; and how their figures are taken (`Turns`,
-//! `Latency`, which `bench`'s report re-exports). `bench` calls into this
+//! conversation, cancels, and on-demand compaction of a long history; and
+//! how their figures are taken (`Turns`, `Latency`, `Compactions`, which
+//! `bench`'s report re-exports). `bench` calls into this
 //! module, never the other way round.
 
 use std::sync::Arc;
@@ -10,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context as _};
 use futures_util::{Stream, StreamExt as _};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
+use serde_json::value::RawValue;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
@@ -581,6 +583,338 @@ pub(super) async fn cancels(
         }
     }
     Ok(latency(samples))
+}
+
+/// The context window of the conversations `compaction_run` builds: far
+/// above their history, so that keel never compacts them on its own.
+const COMPACTION_WINDOW: u64 = 1_000_000;
+/// The most turns `compaction_run` builds a conversation with before it
+/// gives up on reaching its tokens.
+const MOST_BUILD_TURNS: usize = 2_000;
+
+/// On-demand compactions of conversations with a long history
+/// (`compaction_run`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Compactions {
+    /// Conversations built.
+    pub conversations: usize,
+    /// The history each was built to: its `context_tokens` at least this.
+    pub target_tokens: u64,
+    /// `bash` turns each took to get there.
+    pub turns_each: usize,
+    /// Building them all at once, wall.
+    pub build_seconds: f64,
+    /// keel's CPU per turn while building (the history growing from none
+    /// to `target_tokens`); `None` when the process is unknown.
+    pub build_cpu_ms_per_turn: Option<f64>,
+    /// Rounds of compacting every conversation once, each followed by a
+    /// rewind to the history as built.
+    pub rounds: usize,
+    /// `conversations` × `rounds`.
+    pub compactions: usize,
+    /// `POST …/compact` until the `compacted` event is read from the
+    /// conversation's event stream (opened before).
+    pub wall_p50_ms: f64,
+    pub wall_max_ms: f64,
+    /// keel's CPU (user + system) per compaction: read around each round's
+    /// compactions, done one after the other with nothing between them,
+    /// and divided by their number (`/proc` counts in clock ticks of
+    /// 10 ms, too coarse for one); `None` when the process is unknown.
+    pub cpu_ms_per_compaction: Option<f64>,
+    pub samples: Vec<CompactionSample>,
+}
+
+/// One compaction of `Compactions`.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompactionSample {
+    pub round: usize,
+    pub wall_ms: f64,
+    /// `context_tokens` of `GET /v1/conversations/{id}` before and after.
+    pub context_tokens_before: u64,
+    pub context_tokens_after: u64,
+    /// Of the `compacted` event.
+    pub tokens_before: u64,
+    pub tokens_after: u64,
+    pub replaced_messages: u32,
+    pub summary_bytes: usize,
+    /// The summary request as the fake provider received it: its body's
+    /// bytes and its estimate of the prompt's tokens; `None` without the
+    /// fake provider's address (`--addr` without `--mock-url`).
+    pub summary_request_bytes: Option<usize>,
+    pub summary_request_prompt_tokens: Option<u64>,
+    /// From the fake's receiving it to its answer handed over, in whole
+    /// milliseconds.
+    pub summary_request_ms: Option<u64>,
+}
+
+/// The fields of the fake provider's recording (`GET /_mock/requests`)
+/// that `compaction_run` reads.
+#[derive(Debug, Deserialize)]
+struct RecordedRequest {
+    source: String,
+    /// As received: its length is the body's.
+    body: Box<RawValue>,
+    prompt_tokens: Option<u64>,
+    received_at_ms: u64,
+    ended_at_ms: Option<u64>,
+}
+
+/// The `n`th turn of a conversation `compaction_run` builds: `seq`
+/// printing 300 to 799 numbers of six digits (2.1 to 5.6 KB), which the
+/// fake provider's answer repeats; deterministic, and different turn to
+/// turn.
+fn build_turn(n: usize) -> String {
+    let start = 100_000 + n * 1_000;
+    let lines = 300 + (n * 197) % 500;
+    format!("run: seq {start} {}", start + lines - 1)
+}
+
+/// A conversation `compaction_run` built: its id, its event stream, how
+/// many turns it took, and the seq its history as built ends at.
+struct Built {
+    id: String,
+    events: Events,
+    turns: usize,
+    built_seq: u64,
+    context_tokens: u64,
+}
+
+/// `conversations` conversations, each built through the daemon with
+/// `bash` turns (a few KB of output each) until its `context_tokens`
+/// reaches `tokens`, all at once; then `rounds` rounds of compacting each
+/// on demand, one after the other (`POST …/compact` until its `compacted`
+/// event arrives on its event stream, opened before), with keel's CPU read
+/// around the round, and afterwards rewinding each to its history as
+/// built (`POST …/rewind`), so that the next round compacts the same
+/// history again. The summary requests are read from the fake provider's
+/// recording at `mock_url` (cleared before each round).
+pub(super) async fn compaction_run(
+    client: &Client,
+    pid: Option<u32>,
+    mock_url: Option<&str>,
+    cwd: &str,
+    conversations: usize,
+    tokens: u64,
+    rounds: usize,
+) -> anyhow::Result<Compactions> {
+    let mut streams = Vec::with_capacity(conversations);
+    for _ in 0..conversations {
+        let request = CreateConversation {
+            cwd: Some(cwd.to_owned()),
+            provider: Some(ApiProvider::Mock),
+            context_window: Some(COMPACTION_WINDOW.max(tokens.saturating_mul(10))),
+            ..CreateConversation::default()
+        };
+        let id = client.create(&request).await?.id;
+        let events = open(client, &id).await?;
+        streams.push((id, events));
+    }
+    let measuring = Measuring::start(pid)?;
+    let mut building = JoinSet::new();
+    for (index, (id, mut events)) in streams.into_iter().enumerate() {
+        let client = client.clone();
+        building.spawn(async move {
+            let sending = Semaphore::new(1);
+            let mut turns = 0;
+            loop {
+                if turns == MOST_BUILD_TURNS {
+                    return Err(anyhow!(
+                        "{id} has not reached {tokens} tokens after {turns} turns"
+                    ));
+                }
+                one_turn(&client, &sending, &mut events, &id, &build_turn(turns)).await?;
+                turns += 1;
+                let detail = client.get(&id).await?;
+                if detail.context_tokens >= tokens {
+                    let built = Built {
+                        id,
+                        events,
+                        turns,
+                        built_seq: detail.last_seq,
+                        context_tokens: detail.context_tokens,
+                    };
+                    return Ok::<_, anyhow::Error>((index, built));
+                }
+            }
+        });
+    }
+    let mut built = Vec::with_capacity(conversations);
+    while let Some(joined) = building.join_next().await {
+        built.push(joined.context("a conversation's building failed")??);
+    }
+    built.sort_by_key(|(index, _)| *index);
+    let mut built: Vec<Built> = built.into_iter().map(|(_, built)| built).collect();
+    let build_wall = measuring.started.elapsed();
+    let build_cpu = measuring
+        .cpu_before
+        .zip(cpu_time(pid)?)
+        .map(|(before, after)| after.saturating_sub(before));
+    let all_turns: usize = built.iter().map(|built| built.turns).sum();
+    let turns_each = built.iter().map(|built| built.turns).max().unwrap_or(0);
+
+    let http = keel_api::http::client();
+    let mut samples = Vec::with_capacity(conversations * rounds);
+    let mut cpu_total = Some(Duration::ZERO);
+    for round in 0..rounds {
+        if let Some(mock_url) = mock_url {
+            http.delete(format!("{mock_url}/_mock/requests"))
+                .send()
+                .await
+                .and_then(reqwest::Response::error_for_status)
+                .with_context(|| {
+                    format!("clearing the recording of the fake provider at {mock_url}")
+                })?;
+        }
+        let cpu_before = cpu_time(pid)?;
+        let mut compacted = Vec::with_capacity(built.len());
+        for conversation in &mut built {
+            compacted.push(compact(client, conversation).await?);
+        }
+        let cpu = cpu_before
+            .zip(cpu_time(pid)?)
+            .map(|(before, after)| after.saturating_sub(before));
+        cpu_total = cpu_total.zip(cpu).map(|(total, cpu)| total + cpu);
+        let requests = match mock_url {
+            Some(mock_url) => summary_requests(&http, mock_url, built.len()).await?,
+            None => Vec::new(),
+        };
+        let mut requests = requests.into_iter();
+        for (conversation, (wall, event)) in built.iter_mut().zip(compacted) {
+            let after = client.get(&conversation.id).await?.context_tokens;
+            let request = requests.next();
+            samples.push(CompactionSample {
+                round,
+                wall_ms: ms(wall),
+                context_tokens_before: conversation.context_tokens,
+                context_tokens_after: after,
+                tokens_before: event.tokens_before,
+                tokens_after: event.tokens_after,
+                replaced_messages: event.replaced_messages,
+                summary_bytes: event.summary_bytes,
+                summary_request_bytes: request.as_ref().map(|request| request.body.get().len()),
+                summary_request_prompt_tokens: request
+                    .as_ref()
+                    .and_then(|request| request.prompt_tokens),
+                summary_request_ms: request.as_ref().and_then(|request| {
+                    request
+                        .ended_at_ms
+                        .map(|ended| ended.saturating_sub(request.received_at_ms))
+                }),
+            });
+            if round + 1 < rounds {
+                client
+                    .rewind(&conversation.id, conversation.built_seq)
+                    .await?;
+                conversation.context_tokens = client.get(&conversation.id).await?.context_tokens;
+            }
+        }
+    }
+    let walls = latency(
+        samples
+            .iter()
+            .map(|sample| Duration::from_secs_f64(sample.wall_ms / 1000.0))
+            .collect(),
+    );
+    let compactions = samples.len();
+    Ok(Compactions {
+        conversations,
+        target_tokens: tokens,
+        turns_each,
+        build_seconds: build_wall.as_secs_f64(),
+        build_cpu_ms_per_turn: build_cpu.map(|cpu| ms(cpu) / all_turns.max(1) as f64),
+        rounds,
+        compactions,
+        wall_p50_ms: walls.p50_ms,
+        wall_max_ms: samples
+            .iter()
+            .map(|sample| sample.wall_ms)
+            .fold(0.0, f64::max),
+        cpu_ms_per_compaction: cpu_total.map(|cpu| ms(cpu) / compactions.max(1) as f64),
+        samples,
+    })
+}
+
+/// What `compaction_run` reads of a `compacted` event.
+struct CompactedEvent {
+    replaced_messages: u32,
+    summary_bytes: usize,
+    tokens_before: u64,
+    tokens_after: u64,
+}
+
+/// `POST …/compact` of `conversation`, and its stream read until the
+/// `compacted` event; how long that took, and the event.
+async fn compact(
+    client: &Client,
+    conversation: &mut Built,
+) -> anyhow::Result<(Duration, CompactedEvent)> {
+    let id = &conversation.id;
+    let events = &mut conversation.events;
+    let started = Instant::now();
+    client.compact(id).await?;
+    let compacted = tokio::time::timeout(TURN_LIMIT, async {
+        loop {
+            match events.next().await? {
+                Frame::Canonical(event) => {
+                    if let ApiEventKind::Compacted {
+                        replaced_messages,
+                        summary,
+                        tokens_before,
+                        tokens_after,
+                        ..
+                    } = event.kind
+                    {
+                        return Ok::<_, anyhow::Error>(CompactedEvent {
+                            replaced_messages,
+                            summary_bytes: summary.map_or(0, |summary| summary.len()),
+                            tokens_before,
+                            tokens_after,
+                        });
+                    }
+                }
+                Frame::Live(ApiLiveEvent::CompactionFailed { error }) => {
+                    return Err(anyhow!("a compaction of {id} failed: {error}"));
+                }
+                Frame::Error(error) => {
+                    return Err(anyhow!("the stream of {id} failed: {error:?}"));
+                }
+                Frame::Snapshot(_) | Frame::Live(_) | Frame::Reconnecting { .. } => {}
+            }
+        }
+    })
+    .await
+    .map_err(|_| anyhow!("a compaction of {id} did not end within {TURN_LIMIT:?}"))??;
+    Ok((started.elapsed(), compacted))
+}
+
+/// The `count` summary requests the fake provider at `mock_url` recorded
+/// since its recording was cleared, oldest first, once they have ended.
+async fn summary_requests(
+    http: &reqwest::Client,
+    mock_url: &str,
+    count: usize,
+) -> anyhow::Result<Vec<RecordedRequest>> {
+    let body = http
+        .get(format!("{mock_url}/_mock/requests?wait_ended={count}"))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .with_context(|| format!("reading the recording of the fake provider at {mock_url}"))?
+        .bytes()
+        .await?;
+    let recorded: Vec<RecordedRequest> =
+        serde_json::from_slice(&body).context("reading the fake provider's recording")?;
+    let summaries: Vec<RecordedRequest> = recorded
+        .into_iter()
+        .filter(|request| request.source == "summary")
+        .collect();
+    if summaries.len() != count {
+        return Err(anyhow!(
+            "the fake provider at {mock_url} recorded {} summary requests, not {count}",
+            summaries.len()
+        ));
+    }
+    Ok(summaries)
 }
 
 #[cfg(test)]
