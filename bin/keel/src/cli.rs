@@ -123,8 +123,10 @@ pub enum Command {
         /// for cancel to idle while streaming.
         #[arg(long, value_name = "URL", requires = "addr")]
         mock_url: Option<String>,
-        /// Only these runs of turns (text, tool, shaped: client-shaped
-        /// tool turns), and nothing else; repeat or separate with commas.
+        /// Only these runs (text, tool, shaped: client-shaped tool turns,
+        /// crowded: tool turns among open streams, compaction: compacting
+        /// 100k tokens of history), and nothing else; repeat or separate
+        /// with commas.
         #[arg(long, value_enum, value_delimiter = ',')]
         only: Vec<bench::TurnKind>,
     },
