@@ -18,6 +18,7 @@ pub mod conversation;
 mod conversation_actor;
 pub mod image;
 mod mailbox;
+pub mod mcp;
 mod message;
 pub mod metrics;
 pub mod process_group;
@@ -40,6 +41,7 @@ pub use keel_store as store;
 
 pub use conversation::{ActorStats, ConversationHandle, Following, Inspection};
 pub use image::ImageUpload;
+pub use mcp::{McpHub, McpServerConfig, McpServerStatus};
 pub use pubsub::{Received, Subscription, Update, View, Wave};
 pub use runtime::{
     BootReport, Deletion, Fork, Runtime, RuntimeConfig, Settings, DEFAULT_LIVE_INTERVAL,

@@ -56,6 +56,8 @@ pub struct RuntimeConfig {
     /// which costs each spawn a copy of its whole descriptor table.
     pub spawner: Option<SpawnerCommand>,
     pub settings: Settings,
+    /// The MCP servers conversations may use, by name (docs/mcp.md).
+    pub mcp_servers: std::collections::BTreeMap<String, crate::mcp::McpServerConfig>,
 }
 
 impl RuntimeConfig {
@@ -70,6 +72,7 @@ impl RuntimeConfig {
             process_dir: None,
             spawner: None,
             settings: Settings::default(),
+            mcp_servers: std::collections::BTreeMap::new(),
         })
     }
 }
@@ -95,6 +98,7 @@ impl Runtime {
             process_dir,
             spawner,
             settings,
+            mcp_servers,
         } = config;
         let ledger = match process_dir {
             Some(dir) => Some(Arc::new(ProcessLedger::open(&dir).map_err(|source| {
@@ -120,7 +124,9 @@ impl Runtime {
             std::process::id(),
             INSTANCES.fetch_add(1, Ordering::Relaxed)
         );
+        let mcp = Arc::new(crate::mcp::McpHub::new(mcp_servers, ledger.clone()));
         let shared = Arc::new(Shared {
+            mcp,
             instance: instance.clone(),
             store,
             provider: ProviderClient::new(providers)?,
@@ -322,7 +328,13 @@ impl Runtime {
             );
         }
         kill(&stuck).await;
+        self.shared.mcp.shutdown().await;
         self.close().await;
+    }
+
+    /// The MCP servers conversations may use (docs/mcp.md).
+    pub fn mcp(&self) -> &crate::mcp::McpHub {
+        &self.shared.mcp
     }
 
     /// Stop as a crash would (drills, tests): every conversation and its

@@ -31,6 +31,8 @@ pub(crate) struct Shared {
     pub(crate) store: Arc<dyn EventLog>,
     pub(crate) provider: ProviderClient,
     pub(crate) tools: ToolRegistry,
+    /// The MCP servers conversations may use (docs/mcp.md).
+    pub(crate) mcp: Arc<crate::mcp::McpHub>,
     pub(crate) ledger: Option<Arc<ProcessLedger>>,
     /// How tools start processes.
     pub(crate) spawner: Spawner,

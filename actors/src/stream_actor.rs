@@ -41,6 +41,11 @@ pub(crate) struct StreamRequest {
     pub(crate) system: Option<String>,
     pub(crate) messages: Vec<Message>,
     pub(crate) tools: Arc<[ToolSpec]>,
+    /// MCP servers whose tools join `tools`, listed by the worker (a server
+    /// may have to start first, which must not hold up the actor), and
+    /// tools a `deny` policy keeps from the model.
+    pub(crate) mcp_servers: Vec<String>,
+    pub(crate) denied: Vec<String>,
     pub(crate) max_tokens: u32,
     pub(crate) timeout_ms: u64,
 }
@@ -123,6 +128,13 @@ async fn run(args: StreamArgs) -> Result<AssistantResponse, LlmFailure> {
         report,
         ..
     } = args;
+    if !request.mcp_servers.is_empty() || !request.denied.is_empty() {
+        let mut tools: Vec<ToolSpec> = request.tools.to_vec();
+        tools.extend(shared.mcp.specs(&request.mcp_servers).await);
+        tools.retain(|spec| !request.denied.contains(&spec.name));
+        tools.sort_by(|left, right| left.name.cmp(&right.name));
+        request.tools = tools.into();
+    }
     let provider = request.model.provider;
     let images = load_images(&shared, provider, &mut request.messages, |hash, reason| {
         let _ = report.cast(ConversationMsg::ImageOmitted {

@@ -27,7 +27,7 @@ mod glob;
 mod grep;
 mod paths;
 mod read_file;
-mod schema;
+pub(crate) mod schema;
 mod walk;
 mod write_file;
 

@@ -89,6 +89,9 @@ pub enum ToolPolicy {
     Approve,
     /// The client runs it and sends the result back (pending kind `client_exec`).
     Client,
+    /// Never runs: it is not offered to the model, and a call of it anyway
+    /// gets an error result saying so.
+    Deny,
 }
 
 /// Compaction's default threshold: a prompt past 80% of the context window
@@ -163,6 +166,9 @@ pub struct ConversationConfig {
     /// one project does not wander into the rest of the machine by mistake.
     /// It is not a sandbox: `bash` is not confined.
     pub tools_may_leave_cwd: bool,
+    /// The daemon's MCP servers this conversation may use, by name
+    /// (docs/mcp.md): their tools are offered as `mcp__{server}__{tool}`.
+    pub mcp_servers: Vec<String>,
 }
 
 impl Default for ConversationConfig {
@@ -185,6 +191,7 @@ impl Default for ConversationConfig {
             max_tokens: 8192,
             sub_agent: SubAgentLimits::default(),
             tools_may_leave_cwd: false,
+            mcp_servers: Vec::new(),
         }
     }
 }

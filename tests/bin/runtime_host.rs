@@ -54,6 +54,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             process_dir: Some(data.join("processes")),
             spawner: None,
             settings: Settings::default(),
+            mcp_servers: Default::default(),
         };
         let (runtime, _report) = Runtime::open(config).await?;
         let conversation = runtime

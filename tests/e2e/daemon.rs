@@ -23,6 +23,7 @@ mod deletion;
 mod file_tools;
 mod full_disk;
 mod history;
+mod mcp;
 mod operations;
 mod refusals;
 mod restart;
@@ -157,7 +158,7 @@ pub struct Daemon {
 
 /// The environment every daemon gets: nothing from the test's own (no
 /// provider key leaks in), a free loopback port and the site's data dir.
-fn base_env(site: &Site) -> Vec<(String, String)> {
+pub fn base_env(site: &Site) -> Vec<(String, String)> {
     let mut env = vec![
         ("KEEL_ADDR".to_owned(), "127.0.0.1:0".to_owned()),
         (

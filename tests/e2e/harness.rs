@@ -2,7 +2,7 @@
 
 #![allow(clippy::expect_used)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use keel_actors::provider::{Endpoint, ProviderConfig, Timeouts};
@@ -208,4 +208,58 @@ pub fn group_member_states(pgid: i32) -> Vec<char> {
         }
     }
     states
+}
+
+/// A Python with the official MCP SDK (`tests/mcp/requirements.txt`), for
+/// the MCP servers of the tests (docs/mcp.md): `KEEL_TEST_PYTHON` if set,
+/// else a virtual environment made once under the target directory with
+/// `python3 -m venv` and pip (PyPI), shared by every test of this run.
+pub fn mcp_python() -> PathBuf {
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            if let Some(python) = std::env::var_os("KEEL_TEST_PYTHON") {
+                return PathBuf::from(python);
+            }
+            let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mcp-python");
+            let python = venv.join("bin").join("python");
+            let requirements = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/requirements.txt");
+            let ready = venv.join("installed");
+            let wanted =
+                std::fs::read_to_string(&requirements).expect("tests/mcp/requirements.txt");
+            if std::fs::read_to_string(&ready).ok().as_deref() == Some(wanted.as_str()) {
+                return python;
+            }
+            let run = |command: &mut std::process::Command, what: &str| {
+                let output = command
+                    .output()
+                    .unwrap_or_else(|error| panic!("{what}: {error}"));
+                assert!(
+                    output.status.success(),
+                    "{what} failed (the MCP tests need python3 with venv and pip, and PyPI):\n{}{}",
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&output.stderr)
+                );
+            };
+            run(
+                std::process::Command::new("python3")
+                    .args(["-m", "venv"])
+                    .arg(&venv),
+                "python3 -m venv",
+            );
+            run(
+                std::process::Command::new(&python)
+                    .args(["-m", "pip", "install", "--quiet", "-r"])
+                    .arg(&requirements),
+                "pip install -r tests/mcp/requirements.txt",
+            );
+            std::fs::write(&ready, wanted).expect("the venv's marker");
+            python
+        })
+        .clone()
+}
+
+/// `tests/mcp/slow_server.py`: the tests' MCP server.
+pub fn mcp_slow_server() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/slow_server.py")
 }

@@ -79,6 +79,7 @@ impl Rig {
             process_dir: Some(self.data_dir().join("processes")),
             spawner: None,
             settings: Settings::default(),
+            mcp_servers: Default::default(),
         }
     }
 

@@ -109,6 +109,7 @@ async fn turns_requests_and_tools_have_their_spans() {
         process_dir: None,
         spawner: None,
         settings: Settings::default(),
+        mcp_servers: Default::default(),
     })
     .await
     .unwrap();

@@ -354,6 +354,8 @@ async fn start_stream(
                 system: Some(compaction::SUMMARY_SYSTEM.to_owned()),
                 messages: compaction::summary_request(&working.messages[..replaced]),
                 tools: Arc::from(Vec::new()),
+                mcp_servers: Vec::new(),
+                denied: Vec::new(),
                 max_tokens: working.config.max_tokens,
                 timeout_ms,
             }
@@ -363,6 +365,14 @@ async fn start_stream(
             system: working.config.system.clone(),
             messages: working.messages.clone(),
             tools: state.shared.tools.offered(working.is_sub_agent()),
+            mcp_servers: working.config.mcp_servers.clone(),
+            denied: working
+                .config
+                .tools
+                .iter()
+                .filter(|(_, policy)| **policy == keel_core::ToolPolicy::Deny)
+                .map(|(name, _)| name.clone())
+                .collect(),
             max_tokens: working.config.max_tokens,
             timeout_ms,
         },
@@ -406,7 +416,22 @@ async fn start_tool(
     if let Some(old) = state.tool.take() {
         old.cell.kill();
     }
-    let Some(tool) = state.shared.tools.get(&call.name) else {
+    let mcp_servers = state
+        .conversation
+        .as_ref()
+        .map(|conversation| conversation.working.config.mcp_servers.clone())
+        .unwrap_or_default();
+    let tool = match state.shared.tools.get(&call.name) {
+        Some(tool) => Some(tool),
+        // Resolved in the tool's worker: the server may have to start.
+        None if crate::mcp::split_name(&call.name).is_some() => Some(crate::mcp::deferred(
+            state.shared.mcp.clone(),
+            &call.name,
+            mcp_servers,
+        )),
+        None => None,
+    };
+    let Some(tool) = tool else {
         let known = state
             .shared
             .tools

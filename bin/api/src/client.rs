@@ -41,8 +41,8 @@ use crate::types::{
     AcceptedMessage, ActorList, ApiDecisionKind, CancelAccepted, CompactAccepted,
     ConversationDetail, ConversationList, CreateConversation, CreatedConversation,
     DeletedConversation, Evicted, ForkRequest, ForkedConversation, Health, ImageBody, Killed,
-    LogPage, ReclaimedSpace, ResolveAccepted, ResolveRequest, RewindRequest, RewoundConversation,
-    SendMessage, UpdateConversation,
+    LogPage, McpServerList, ReclaimedSpace, ResolveAccepted, ResolveRequest, RewindRequest,
+    RewoundConversation, SendMessage, UpdateConversation,
 };
 
 pub use error::Error;
@@ -376,6 +376,11 @@ impl Client {
             path.push_str("?force=true");
         }
         self.call(Method::DELETE, &path, Some(id), NO_BODY).await
+    }
+
+    /// `GET /admin/mcp`: the daemon's MCP servers, their state and tools.
+    pub async fn mcp_servers(&self) -> Result<McpServerList, Error> {
+        self.call(Method::GET, "/admin/mcp", None, NO_BODY).await
     }
 
     /// `POST /admin/reclaim`: give the store's freed space back to the

@@ -148,6 +148,7 @@ fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(admin::evict))
         .routes(routes!(admin::kill))
         .routes(routes!(admin::reclaim))
+        .routes(routes!(admin::mcp))
         .routes(routes!(admin::metrics))
         .routes(routes!(admin::healthz))
 }

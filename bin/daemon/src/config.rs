@@ -5,7 +5,7 @@
 //! Every setting has one name, its environment variable; the file's keys
 //! map onto those names, so one lookup reads both and the environment wins.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -15,7 +15,7 @@ use serde::Deserialize;
 use keel_actors::core::config::{ModelRef, ProviderKind};
 use keel_actors::provider::ProviderConfig;
 use keel_actors::store::BackendKind;
-use keel_actors::DEFAULT_LIVE_INTERVAL;
+use keel_actors::{McpServerConfig, DEFAULT_LIVE_INTERVAL};
 
 /// The default address: loopback only, so a first run exposes nothing.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:7777";
@@ -74,6 +74,9 @@ pub struct Config {
     /// `KEEL_RETENTION_DAYS`: conversations untouched for this long are
     /// deleted by a background sweep; `None` (the default) keeps them.
     pub retention: Option<Duration>,
+    /// `[mcp.NAME]` tables, or `KEEL_MCP_SERVERS` (the same as JSON): the
+    /// MCP servers conversations may use (docs/mcp.md).
+    pub mcp_servers: BTreeMap<String, McpServerConfig>,
     /// Where the file came from, if one was read.
     pub file: Option<PathBuf>,
 }
@@ -118,6 +121,25 @@ struct File {
     openai: ProviderSection,
     #[serde(default)]
     timeouts: Timeouts,
+    #[serde(default)]
+    mcp: BTreeMap<String, McpSection>,
+}
+
+/// One MCP server: `command` (stdio) or `url` (streamable HTTP).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct McpSection {
+    command: Option<String>,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    cwd: Option<String>,
+    url: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    /// The environment variable holding a bearer token for `url`.
+    bearer_token_env: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -211,16 +233,18 @@ impl Config {
         env: impl Fn(&str) -> Option<String>,
         file: Option<(&Path, &str)>,
     ) -> Result<Config, ConfigError> {
-        let from_file = match file {
-            Some((path, text)) => toml::from_str::<File>(text)
-                .map_err(|error| {
+        let (from_file, mcp_sections) = match file {
+            Some((path, text)) => {
+                let mut parsed = toml::from_str::<File>(text).map_err(|error| {
                     invalid(
                         &path.display().to_string(),
                         format!("not a valid keel.toml: {}", error.message()),
                     )
-                })?
-                .into_settings(),
-            None => HashMap::new(),
+                })?;
+                let mcp = std::mem::take(&mut parsed.mcp);
+                (parsed.into_settings(), mcp)
+            }
+            None => (HashMap::new(), BTreeMap::new()),
         };
         let lookup = |name: &str| {
             env(name)
@@ -292,6 +316,19 @@ impl Config {
         let store_stopped_exit =
             millis(&lookup, "KEEL_STORE_STOPPED_EXIT_MS")?.unwrap_or(DEFAULT_STORE_STOPPED_EXIT);
         let retention = retention(&lookup)?;
+        let mcp_servers = match env("KEEL_MCP_SERVERS") {
+            Some(json) => {
+                let sections: BTreeMap<String, McpSection> = serde_json::from_str(&json)
+                    .map_err(|error| {
+                        invalid(
+                            "KEEL_MCP_SERVERS",
+                            format!("not a JSON object of servers like keel.toml's [mcp.NAME] tables: {error}"),
+                        )
+                    })?;
+                mcp_servers("KEEL_MCP_SERVERS", sections, &env)?
+            }
+            None => mcp_servers("keel.toml [mcp]", mcp_sections, &env)?,
+        };
         let mut providers = ProviderConfig::from_lookup(lookup).map_err(|error| match error {
             keel_actors::Error::Config { name, reason } => invalid(name, reason),
             other => invalid("provider", other.to_string()),
@@ -315,9 +352,116 @@ impl Config {
             max_message_bytes,
             store_stopped_exit,
             retention,
+            mcp_servers,
             file: file.map(|(path, _)| path.to_owned()),
         })
     }
+}
+
+/// The MCP servers of `sections`, checked: a name a provider's tool names
+/// can hold, a command that exists (on `PATH` or as a path) or an http(s)
+/// URL, and a bearer token's variable that is set. `setting` names where
+/// they came from in an error.
+fn mcp_servers(
+    setting: &str,
+    sections: BTreeMap<String, McpSection>,
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<BTreeMap<String, McpServerConfig>, ConfigError> {
+    let mut servers = BTreeMap::new();
+    for (name, section) in sections {
+        let at = format!("{setting}: {name}");
+        keel_actors::mcp::valid_server_name(&name).map_err(|reason| invalid(&at, reason))?;
+        let server = match (section.command, section.url) {
+            (Some(command), None) => {
+                if section.bearer_token_env.is_some() || !section.headers.is_empty() {
+                    return Err(invalid(
+                        &at,
+                        "headers and bearer_token_env are for a url, not a command",
+                    ));
+                }
+                let found = find_command(&command, env).ok_or_else(|| {
+                    invalid(
+                        &at,
+                        format!("command {command:?} is not an executable file, nor one on PATH"),
+                    )
+                })?;
+                let cwd = section.cwd.map(PathBuf::from);
+                if let Some(cwd) = &cwd {
+                    if !cwd.is_dir() {
+                        return Err(invalid(
+                            &at,
+                            format!("cwd {} is not a directory", cwd.display()),
+                        ));
+                    }
+                }
+                McpServerConfig::Stdio {
+                    command: found.display().to_string(),
+                    args: section.args,
+                    env: section.env,
+                    cwd,
+                }
+            }
+            (None, Some(url)) => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(invalid(
+                        &at,
+                        format!("url {url:?} is not an http:// or https:// URL"),
+                    ));
+                }
+                if !section.args.is_empty() || !section.env.is_empty() || section.cwd.is_some() {
+                    return Err(invalid(
+                        &at,
+                        "args, env and cwd are for a command, not a url",
+                    ));
+                }
+                let bearer_token = match section.bearer_token_env {
+                    Some(variable) => Some(
+                        env(&variable)
+                            .filter(|token| !token.is_empty())
+                            .ok_or_else(|| {
+                                invalid(
+                                    &at,
+                                    format!("bearer_token_env names {variable}, which is not set"),
+                                )
+                            })?,
+                    ),
+                    None => None,
+                };
+                McpServerConfig::Http {
+                    url,
+                    headers: section.headers,
+                    bearer_token,
+                }
+            }
+            (Some(_), Some(_)) => return Err(invalid(&at, "give a command or a url, not both")),
+            (None, None) => {
+                return Err(invalid(
+                    &at,
+                    "give a command (stdio) or a url (streamable HTTP)",
+                ))
+            }
+        };
+        servers.insert(name, server);
+    }
+    Ok(servers)
+}
+
+/// `command` as a path to an executable file: itself when it holds a `/`,
+/// else the first match on `PATH`.
+fn find_command(command: &str, env: &impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |path: &Path| {
+        path.metadata()
+            .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+    };
+    if command.contains('/') {
+        let path = PathBuf::from(command);
+        return executable(&path).then_some(path);
+    }
+    let path = env("PATH").or_else(|| std::env::var("PATH").ok())?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(command))
+        .find(|candidate| executable(candidate))
 }
 
 /// The longest retention `KEEL_RETENTION_DAYS` takes: a century.

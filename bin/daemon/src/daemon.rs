@@ -269,6 +269,7 @@ pub async fn start(config: Config, metrics: Option<MetricsRender>) -> anyhow::Re
             live_interval: config.live_interval,
             ..Settings::default()
         },
+        mcp_servers: config.mcp_servers.clone(),
     })
     .await
     .context("starting the runtime")?;
@@ -310,6 +311,13 @@ pub async fn start(config: Config, metrics: Option<MetricsRender>) -> anyhow::Re
     let router = api::router(state);
     tracing::info!(%addr, model = %config.model, data_dir = %data_dir.display(), "serving");
 
+    // Every MCP server is started and its tools listed now, in the
+    // background, so a server that cannot start or offers tools a provider
+    // would refuse is said at start (logged; `keel mcp ls`).
+    if !config.mcp_servers.is_empty() {
+        let runtime = runtime.clone();
+        tokio::spawn(async move { runtime.mcp().probe().await });
+    }
     if let Some(retention) = config.retention {
         tokio::spawn(crate::retention::sweep(
             runtime.clone(),

@@ -74,6 +74,7 @@ async fn run(rounds: usize) {
         process_dir: Some(data.join("processes")),
         spawner: None,
         settings: Settings::default(),
+        mcp_servers: Default::default(),
     };
     let (runtime, _) = Runtime::open(config).await.unwrap();
     let mut rig = Rig {

@@ -69,6 +69,7 @@ async fn run(n: usize, base: String) {
             idle_check: Duration::from_secs(1),
             ..Settings::default()
         },
+        mcp_servers: Default::default(),
     };
     let (runtime, _) = Runtime::open(config).await.unwrap();
     let cwd = data.path().to_path_buf();

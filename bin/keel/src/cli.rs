@@ -260,6 +260,9 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The daemon's MCP servers (docs/mcp.md).
+    #[command(subcommand)]
+    Mcp(McpCommand),
     /// Give the store's freed space back to the disk, after deleting many
     /// conversations; writes wait while it runs.
     Reclaim {
@@ -358,8 +361,19 @@ fn parse_tool(text: &str) -> Result<(String, ApiToolPolicy), String> {
         .ok_or_else(|| format!("{text:?}: give NAME=POLICY, such as bash=approve"))?;
     Ok((
         name.to_owned(),
-        wire_enum(policy, "auto, approve or client")?,
+        wire_enum(policy, "auto, approve, client or deny")?,
     ))
+}
+
+/// `keel mcp …`.
+#[derive(Debug, Subcommand)]
+pub enum McpCommand {
+    /// The configured MCP servers: transport, state, tools, and tools left
+    /// out with why.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `keel drill …`.
@@ -594,6 +608,7 @@ fn run_client(command: Command) -> anyhow::Result<Exit> {
             Command::Rm { id, force, json } => commands::rm(&client, &id, force, json).await,
             Command::Compact { id, json } => commands::compact(&client, &id, json).await,
             Command::Reclaim { json } => commands::reclaim(&client, json).await,
+            Command::Mcp(McpCommand::Ls { json }) => commands::mcp_ls(&client, json).await,
             Command::Fork { id, at, json } => commands::fork(&client, &id, at, json).await,
             Command::Rewind { id, to, json } => commands::rewind(&client, &id, to, json).await,
             Command::Ps { json } => commands::ps(&client, json).await,

@@ -81,6 +81,14 @@ pub(super) fn advance(ctx: &mut Ctx) {
                 continue;
             }
             ToolPolicy::Client => return suspend(ctx, call, PendingKind::ClientExec, None),
+            ToolPolicy::Deny => {
+                let why = format!(
+                    "{} is denied by this conversation's tool policy; do without it",
+                    call.name
+                );
+                refuse(ctx, call, &why);
+                continue;
+            }
             ToolPolicy::Approve | ToolPolicy::Auto => return run(ctx, call, false),
         }
     }

@@ -31,6 +31,7 @@ const ROUTES: &[(&str, &[&str])] = &[
     ("/admin/actors/{id}/evict", &["post"]),
     ("/admin/actors/{id}/kill", &["post"]),
     ("/admin/reclaim", &["post"]),
+    ("/admin/mcp", &["get"]),
     ("/metrics", &["get"]),
     ("/healthz", &["get"]),
     ("/openapi.json", &["get"]),

@@ -22,8 +22,9 @@ pub struct CreateConversation {
     pub model: Option<String>,
     pub busy_policy: Option<ApiBusyPolicy>,
     /// How each named tool runs: `auto` (the default), `approve` (waits
-    /// for a human's approve or deny) or `client` (the client runs it and
-    /// answers).
+    /// for a human's approve or deny), `client` (the client runs it and
+    /// answers) or `deny` (never offered, never run). MCP tools go by
+    /// their full names, `mcp__{server}__{tool}`.
     #[serde(default)]
     pub tools: BTreeMap<String, ApiToolPolicy>,
     /// Asked with the same request once the primary's retries are
@@ -48,6 +49,10 @@ pub struct CreateConversation {
     /// percentage of the context window (80 when left out; 0: only when a
     /// provider refuses the prompt as too long).
     pub compact_at_percent: Option<u8>,
+    /// The daemon's MCP servers this conversation may use (docs/mcp.md);
+    /// their tools are offered as `mcp__{server}__{tool}`.
+    #[serde(default)]
+    pub mcp_servers: Vec<String>,
 }
 
 /// `PATCH /v1/conversations/{id}`: the settings a conversation may change
@@ -100,6 +105,8 @@ pub enum ApiToolPolicy {
     Auto,
     Approve,
     Client,
+    /// Never offered to the model; a call of it anyway is refused.
+    Deny,
 }
 
 impl From<ApiToolPolicy> for ToolPolicy {
@@ -108,6 +115,7 @@ impl From<ApiToolPolicy> for ToolPolicy {
             ApiToolPolicy::Auto => ToolPolicy::Auto,
             ApiToolPolicy::Approve => ToolPolicy::Approve,
             ApiToolPolicy::Client => ToolPolicy::Client,
+            ApiToolPolicy::Deny => ToolPolicy::Deny,
         }
     }
 }

@@ -489,3 +489,24 @@ pub struct ReclaimedSpace {
     /// How long writes waited.
     pub took_ms: u64,
 }
+
+/// `GET /admin/mcp`: the daemon's MCP servers (docs/mcp.md).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct McpServerList {
+    pub servers: Vec<ApiMcpServer>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ApiMcpServer {
+    pub name: String,
+    /// `stdio` or `http`.
+    pub transport: String,
+    /// `idle` (not started yet), `ready` or `failed`.
+    pub state: String,
+    /// Why it failed last.
+    pub error: Option<String>,
+    /// Its tools, by the names the model sees (`mcp__{server}__{tool}`).
+    pub tools: Vec<String>,
+    /// Tools left out, and why (a name or schema a provider would refuse).
+    pub problems: Vec<String>,
+}

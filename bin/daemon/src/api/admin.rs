@@ -16,7 +16,8 @@ use super::paging::{self, PageQuery};
 use super::{AppState, ConversationPath};
 use crate::telemetry::{LIVE_CONVERSATIONS, STORE_AVAILABLE};
 use keel_api::types::{
-    ActorList, ActorSummary, ErrorBody, Evicted, Health, Killed, ReclaimedSpace,
+    ActorList, ActorSummary, ApiMcpServer, ErrorBody, Evicted, Health, Killed, McpServerList,
+    ReclaimedSpace,
 };
 
 /// The live actors: state, idle time, mailbox, subscribers and a memory
@@ -105,6 +106,32 @@ pub async fn evict(
 
 /// Crash the conversation's actor on purpose (drills): its supervisor
 /// restarts it from the log under its recovery policy.
+/// The daemon's MCP servers: how each is reached, whether it runs, its
+/// tools and the tools left out (docs/mcp.md).
+#[utoipa::path(
+    get,
+    path = "/admin/mcp",
+    tag = "admin",
+    responses((status = 200, body = McpServerList))
+)]
+pub async fn mcp(State(state): State<AppState>) -> Json<McpServerList> {
+    let servers = state
+        .runtime
+        .mcp()
+        .statuses()
+        .into_iter()
+        .map(|status| ApiMcpServer {
+            name: status.name,
+            transport: status.transport.to_owned(),
+            state: status.state.to_owned(),
+            error: status.error,
+            tools: status.tools,
+            problems: status.problems,
+        })
+        .collect();
+    Json(McpServerList { servers })
+}
+
 /// Give the store's freed space back to the disk, after deleting many
 /// conversations (`DELETE`, retention): redb rewrites its file; sled frees
 /// space by itself and has nothing to do. Writes wait while it runs (on

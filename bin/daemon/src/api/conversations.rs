@@ -80,7 +80,21 @@ pub async fn create(
         None if provider == default.provider => default.model.clone(),
         None => default_model_of(provider).to_owned(),
     };
+    for server in &request.mcp_servers {
+        if !state.runtime.mcp().has(server) {
+            let known = state.runtime.mcp().names();
+            return Err(ApiError::bad_request(if known.is_empty() {
+                format!("mcp_servers names {server:?}, but this daemon has no MCP servers (keel.toml [mcp.NAME], KEEL_MCP_SERVERS)")
+            } else {
+                format!(
+                    "mcp_servers names {server:?}; this daemon's MCP servers are: {}",
+                    known.join(", ")
+                )
+            }));
+        }
+    }
     let mut config = ConversationConfig {
+        mcp_servers: request.mcp_servers,
         system: request.system,
         primary: ModelRef { provider, model },
         tools: settings::tool_policies(request.tools),

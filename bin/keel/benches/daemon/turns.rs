@@ -91,6 +91,7 @@ pub(crate) fn library_turns(mock_url: &str, sizes: &Sizes) -> Turns {
                 args: vec!["spawner".into()],
             }),
             settings: Settings::default(),
+            mcp_servers: Default::default(),
         };
         let (runtime, _) = Runtime::open(config).await.unwrap();
         let conversation_config = ConversationConfig {

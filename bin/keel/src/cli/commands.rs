@@ -105,8 +105,9 @@ pub struct NewOptions {
     /// The system prompt.
     #[arg(long)]
     pub system: Option<String>,
-    /// How a tool runs, as NAME=POLICY with POLICY auto, approve or
-    /// client; repeatable (`--tool bash=approve`).
+    /// How a tool runs, as NAME=POLICY with POLICY auto, approve, client
+    /// or deny; repeatable (`--tool bash=approve`; an MCP tool by its full
+    /// name, `--tool mcp__files__write=approve`).
     #[arg(long = "tool", value_name = "NAME=POLICY", value_parser = super::parse_tool)]
     pub tools: Vec<(String, ApiToolPolicy)>,
     /// Ask this provider (and model) once the primary's retries are
@@ -117,6 +118,9 @@ pub struct NewOptions {
     /// (refused by default; `bash` is never confined).
     #[arg(long)]
     pub tools_may_leave_cwd: bool,
+    /// Use this MCP server of the daemon's (`keel mcp ls`); repeatable.
+    #[arg(long = "mcp", value_name = "NAME")]
+    pub mcp: Vec<String>,
 }
 
 /// `keel new`: prints the new conversation's id.
@@ -148,6 +152,7 @@ pub fn create_request(options: NewOptions) -> anyhow::Result<CreateConversation>
         tools: options.tools.into_iter().collect(),
         fallback: options.fallback,
         tools_may_leave_cwd: options.tools_may_leave_cwd,
+        mcp_servers: options.mcp,
         ..CreateConversation::default()
     })
 }
@@ -507,6 +512,34 @@ pub async fn compact(client: &Client, id: &str, json: bool) -> anyhow::Result<Ex
             _ => {}
         }
     }
+}
+
+/// `keel mcp ls`.
+pub async fn mcp_ls(client: &Client, json: bool) -> anyhow::Result<Exit> {
+    let list = client.mcp_servers().await?;
+    if json {
+        output::json_line(&list)?;
+        return Ok(Exit::Ok);
+    }
+    let mut table = output::table(&["NAME", "TRANSPORT", "STATE", "TOOLS"]);
+    for server in &list.servers {
+        table.add_row(vec![
+            server.name.clone(),
+            server.transport.clone(),
+            server.state.clone(),
+            server.tools.join(", "),
+        ]);
+    }
+    output::print_table(&table);
+    for server in &list.servers {
+        if let Some(error) = &server.error {
+            eprintln!("{}: {error}", server.name);
+        }
+        for problem in &server.problems {
+            eprintln!("{}: left out: {problem}", server.name);
+        }
+    }
+    Ok(Exit::Ok)
 }
 
 /// `keel reclaim`.

@@ -144,6 +144,23 @@ pub fn default_content(endpoint: WireApi, body: &Value) -> (Option<String>, Vec<
             return (None, vec![call]);
         }
     }
+    // `call: NAME {json}`: one call of any tool by name (an MCP tool, say),
+    // with that input (`{}` when none is given).
+    if let Some(call) = text.trim_start().strip_prefix("call:") {
+        let call = call.trim();
+        let (name, input) = call.split_once(char::is_whitespace).unwrap_or((call, "{}"));
+        if !name.is_empty() {
+            let input = serde_json::from_str::<Value>(input.trim()).unwrap_or_else(
+                |error| json!({"unparsed": input.trim(), "error": error.to_string()}),
+            );
+            let call = ScriptedCall {
+                name: name.to_owned(),
+                input,
+                id: None,
+            };
+            return (None, vec![call]);
+        }
+    }
     if let Some(command) = text.trim_start().strip_prefix("run:") {
         let command = command.trim();
         if !command.is_empty() {
@@ -464,6 +481,24 @@ mod tests {
                 }]
             );
         }
+    }
+
+    #[test]
+    fn call_becomes_one_call_of_the_named_tool() {
+        let body = json!({"messages": [{"role": "user", "content": "call: mcp__slow__echo {\"message\": \"hi\"}"}]});
+        let (text, calls) = default_content(WireApi::Anthropic, &body);
+        assert_eq!(text, None);
+        assert_eq!(
+            calls,
+            [ScriptedCall {
+                name: "mcp__slow__echo".to_owned(),
+                input: json!({"message": "hi"}),
+                id: None
+            }]
+        );
+        let bare = json!({"messages": [{"role": "user", "content": "call: mcp__slow__ping"}]});
+        let (_, calls) = default_content(WireApi::Openai, &bare);
+        assert_eq!(calls[0].input, json!({}));
     }
 
     #[test]

@@ -1,0 +1,799 @@
+//! MCP servers as a tool source (docs/mcp.md), through the official SDK
+//! (`rmcp`). The daemon names its servers ([`McpServerConfig`]); a
+//! conversation names the ones it may use (`ConversationConfig::mcp_servers`)
+//! and is offered their tools as `mcp__{server}__{tool}`.
+//!
+//! One [`McpHub`] per runtime holds a slot per server. A server is started
+//! (stdio) or connected (streamable HTTP) when a conversation first needs
+//! it, and shared by every conversation that uses it. Its tools are listed
+//! then and listed again on its `tools/list_changed`; a tool whose name or
+//! schema a provider would refuse is left out and said so
+//! ([`McpServerStatus::problems`]). A call runs as keel's own tools do, in
+//! a `ToolActor`, its input checked against the server's schema first;
+//! cancelling it drops the call's future, and rmcp then tells the server
+//! (`notifications/cancelled`, and for HTTP the request's stream closes).
+//!
+//! A stdio server runs in a process group of its own, recorded in the
+//! runtime's process ledger so that a daemon that crashed kills it at its
+//! next start; the SDK kills only its direct child, so when a server ends
+//! keel kills the whole group (no `npx`/`uvx` grandchildren stay behind).
+//! A server that died makes its in-flight call an error result naming it
+//! and what it last printed; the next call starts it again, no sooner than
+//! a backoff after the last failure.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use keel_core::wire::ToolSpec;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ContentBlock,
+    Implementation, ProtocolVersion, ResourceContents,
+};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{ClientHandler, Peer, RoleClient, ServiceError, ServiceExt};
+use serde_json::Value;
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::process_group::ProcessLedger;
+use crate::tool::{schema::Checked, Tool, ToolContext, ToolOutcome};
+
+/// How a tool of an MCP server is named to the model.
+pub const PREFIX: &str = "mcp__";
+
+/// Longest a server may take to start and answer `initialize` and
+/// `tools/list`.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The first wait before a server that failed is started again; it doubles
+/// up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// How many of a server's last stderr lines are kept, for the error result
+/// of a call it died in.
+const STDERR_LINES: usize = 20;
+
+/// How long a server's process group gets after SIGTERM before SIGKILL.
+const TERM_GRACE: Duration = Duration::from_secs(2);
+
+/// One MCP server, as the daemon's configuration names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum McpServerConfig {
+    /// A local server speaking MCP over its stdin and stdout.
+    Stdio {
+        command: String,
+        args: Vec<String>,
+        env: BTreeMap<String, String>,
+        cwd: Option<PathBuf>,
+    },
+    /// A remote server over streamable HTTP.
+    Http {
+        url: String,
+        headers: BTreeMap<String, String>,
+        /// The bearer token (already read from its environment variable:
+        /// never written to the log or shown).
+        bearer_token: Option<String>,
+    },
+}
+
+/// Whether `name` may name a server: what a provider accepts in a tool
+/// name (`mcp__{server}__{tool}` must be letters, digits, `_` and `-`, at
+/// most 64 characters), without `__`, which separates the parts.
+pub fn valid_server_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 32 {
+        return Err(format!(
+            "MCP server name {name:?} must be 1 to 32 characters"
+        ));
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        || name.contains("__")
+    {
+        return Err(format!(
+            "MCP server name {name:?} may hold only letters, digits, '-' and single '_'"
+        ));
+    }
+    Ok(())
+}
+
+/// `(server, tool)` of a tool name offered to the model, if it is an MCP
+/// tool's.
+pub fn split_name(full: &str) -> Option<(&str, &str)> {
+    full.strip_prefix(PREFIX)?.split_once("__")
+}
+
+/// What a server is doing, for `keel inspect`, `keel mcp ls` and the API.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct McpServerStatus {
+    pub name: String,
+    /// `stdio` or `http`.
+    pub transport: &'static str,
+    /// `idle` (not started yet), `ready`, `failed`.
+    pub state: &'static str,
+    /// Why it failed last, when it did.
+    pub error: Option<String>,
+    /// The tools offered, by their full names.
+    pub tools: Vec<String>,
+    /// Tools left out, and why (a name or schema a provider would refuse).
+    pub problems: Vec<String>,
+}
+
+/// Every configured MCP server of a runtime.
+pub struct McpHub {
+    servers: BTreeMap<String, Arc<Server>>,
+}
+
+impl std::fmt::Debug for McpHub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.servers.keys()).finish()
+    }
+}
+
+struct Server {
+    name: String,
+    config: McpServerConfig,
+    ledger: Option<Arc<ProcessLedger>>,
+    slot: tokio::sync::Mutex<Slot>,
+    /// The latest tool list and state, readable without the slot's lock.
+    seen: Mutex<Seen>,
+}
+
+#[derive(Default, Clone)]
+struct Seen {
+    tools: Option<Arc<ToolSet>>,
+    error: Option<String>,
+}
+
+enum Slot {
+    Idle,
+    Ready(Arc<Connection>),
+    Failed {
+        error: String,
+        at: Instant,
+        backoff: Duration,
+    },
+}
+
+/// A running server.
+struct Connection {
+    peer: Peer<RoleClient>,
+    tools: Mutex<Arc<ToolSet>>,
+    /// A stdio server's process group.
+    pgid: Option<u32>,
+    /// Dropped (or sent) to stop the server.
+    _stop: oneshot::Sender<()>,
+}
+
+/// A server's tools as offered.
+struct ToolSet {
+    specs: Arc<[ToolSpec]>,
+    /// By full name, each wrapped in its schema check.
+    tools: BTreeMap<String, Arc<dyn Tool>>,
+    problems: Vec<String>,
+}
+
+impl McpHub {
+    pub fn new(
+        configs: BTreeMap<String, McpServerConfig>,
+        ledger: Option<Arc<ProcessLedger>>,
+    ) -> McpHub {
+        let servers = configs
+            .into_iter()
+            .map(|(name, config)| {
+                let server = Server {
+                    name: name.clone(),
+                    config,
+                    ledger: ledger.clone(),
+                    slot: tokio::sync::Mutex::new(Slot::Idle),
+                    seen: Mutex::new(Seen::default()),
+                };
+                (name, Arc::new(server))
+            })
+            .collect();
+        McpHub { servers }
+    }
+
+    /// The configured servers' names.
+    pub fn names(&self) -> Vec<String> {
+        self.servers.keys().cloned().collect()
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.servers.contains_key(name)
+    }
+
+    /// What each server is doing.
+    pub fn statuses(&self) -> Vec<McpServerStatus> {
+        self.servers
+            .values()
+            .map(|server| server.status())
+            .collect()
+    }
+
+    /// The tools of `servers` to offer the model, each server started if it
+    /// is not running. A server that cannot start is logged and its tools
+    /// left out: the turn goes on without them.
+    pub async fn specs(&self, servers: &[String]) -> Vec<ToolSpec> {
+        let mut specs = Vec::new();
+        for name in servers {
+            let Some(server) = self.servers.get(name) else {
+                continue;
+            };
+            match server.connect().await {
+                Ok(connection) => specs.extend(connection.tool_set().specs.iter().cloned()),
+                Err(error) => {
+                    tracing::warn!(server = %name, %error, "MCP server unavailable; its tools are not offered")
+                }
+            }
+        }
+        specs
+    }
+
+    /// The tool a call of `full_name` runs, for a conversation that may
+    /// use `servers`; `Err` says why there is none.
+    pub async fn tool(&self, full_name: &str, servers: &[String]) -> Result<Arc<dyn Tool>, String> {
+        let Some((server_name, _)) = split_name(full_name) else {
+            return Err(format!("{full_name} is not an MCP tool"));
+        };
+        if !servers.iter().any(|allowed| allowed == server_name) {
+            return Err(format!(
+                "this conversation may not use the MCP server {server_name:?}"
+            ));
+        }
+        let server = self
+            .servers
+            .get(server_name)
+            .ok_or_else(|| format!("no MCP server is named {server_name:?}"))?;
+        let connection = server.connect().await?;
+        let tools = connection.tool_set();
+        tools.tools.get(full_name).cloned().ok_or_else(|| {
+            format!(
+                "the MCP server {server_name:?} has no tool {full_name:?}; it offers: {}",
+                tools.tools.keys().cloned().collect::<Vec<_>>().join(", ")
+            )
+        })
+    }
+
+    /// Start every server now and list its tools, so that a server that
+    /// cannot start, or offers tools a provider would refuse, is said at
+    /// the daemon's start (logged, and in [`statuses`](Self::statuses))
+    /// rather than at the first request that needs it.
+    pub async fn probe(&self) {
+        for server in self.servers.values() {
+            if let Ok(connection) = server.connect().await {
+                for problem in &connection.tool_set().problems {
+                    tracing::warn!(server = %server.name, %problem, "MCP tool left out");
+                }
+            }
+        }
+    }
+
+    /// Stop every server (the runtime stops): each process group gets
+    /// SIGTERM, then SIGKILL if it is still there after a grace.
+    pub async fn shutdown(&self) {
+        let mut groups = Vec::new();
+        for server in self.servers.values() {
+            let mut slot = server.slot.lock().await;
+            if let Slot::Ready(connection) = &*slot {
+                if let Some(pgid) = connection.pgid {
+                    groups.push((pgid, server.ledger.clone()));
+                }
+            }
+            *slot = Slot::Idle;
+        }
+        for (pgid, _) in &groups {
+            signal_group(*pgid, nix::sys::signal::Signal::SIGTERM);
+        }
+        let deadline = Instant::now() + TERM_GRACE;
+        while Instant::now() < deadline
+            && groups
+                .iter()
+                .any(|(pgid, _)| crate::process_group::group_exists(*pgid))
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for (pgid, ledger) in groups {
+            signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
+            if let Some(ledger) = ledger {
+                let _ = ledger.remove(pgid);
+            }
+        }
+    }
+}
+
+impl Server {
+    fn status(&self) -> McpServerStatus {
+        let seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        let state = match (&seen.tools, &seen.error) {
+            (_, Some(_)) => "failed",
+            (Some(_), None) => "ready",
+            (None, None) => "idle",
+        };
+        McpServerStatus {
+            name: self.name.clone(),
+            transport: match self.config {
+                McpServerConfig::Stdio { .. } => "stdio",
+                McpServerConfig::Http { .. } => "http",
+            },
+            state,
+            error: seen.error.clone(),
+            tools: seen
+                .tools
+                .as_ref()
+                .map(|tools| tools.tools.keys().cloned().collect())
+                .unwrap_or_default(),
+            problems: seen
+                .tools
+                .as_ref()
+                .map(|tools| tools.problems.clone())
+                .unwrap_or_default(),
+        }
+    }
+
+    fn see(&self, change: impl FnOnce(&mut Seen)) {
+        change(
+            &mut self
+                .seen
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+    }
+
+    /// The running connection, started now if there is none (and the
+    /// backoff after the last failure has passed).
+    async fn connect(self: &Arc<Self>) -> Result<Arc<Connection>, String> {
+        let mut slot = self.slot.lock().await;
+        let backoff = match &*slot {
+            Slot::Ready(connection) if !connection.peer.is_transport_closed() => {
+                return Ok(connection.clone());
+            }
+            Slot::Ready(_) | Slot::Idle => FIRST_BACKOFF,
+            Slot::Failed { error, at, backoff } => {
+                if at.elapsed() < *backoff {
+                    return Err(format!(
+                        "{error} (started again in {} s at the earliest)",
+                        backoff.saturating_sub(at.elapsed()).as_secs().max(1)
+                    ));
+                }
+                (*backoff * 2).min(MAX_BACKOFF)
+            }
+        };
+        match tokio::time::timeout(START_TIMEOUT, self.start()).await {
+            Ok(Ok(connection)) => {
+                let connection = Arc::new(connection);
+                let tools = connection.tool_set();
+                self.see(|seen| {
+                    seen.tools = Some(tools);
+                    seen.error = None;
+                });
+                *slot = Slot::Ready(connection.clone());
+                Ok(connection)
+            }
+            outcome => {
+                let error = match outcome {
+                    Ok(Err(error)) => error,
+                    _ => format!(
+                        "MCP server {:?} did not start within {} s",
+                        self.name,
+                        START_TIMEOUT.as_secs()
+                    ),
+                };
+                tracing::warn!(server = %self.name, %error, "MCP server failed");
+                self.see(|seen| seen.error = Some(error.clone()));
+                *slot = Slot::Failed {
+                    error: error.clone(),
+                    at: Instant::now(),
+                    backoff,
+                };
+                Err(error)
+            }
+        }
+    }
+
+    /// Start the server, initialise it and list its tools.
+    async fn start(self: &Arc<Self>) -> Result<Connection, String> {
+        let name = &self.name;
+        let (changed, changes) = mpsc::unbounded_channel();
+        let handler = Handler { changed };
+        let stderr = Arc::new(Mutex::new(VecDeque::new()));
+        let (running, pgid) = match &self.config {
+            McpServerConfig::Stdio {
+                command,
+                args,
+                env,
+                cwd,
+            } => {
+                let mut process = tokio::process::Command::new(command);
+                process.args(args).envs(env).process_group(0);
+                if let Some(cwd) = cwd {
+                    process.current_dir(cwd);
+                }
+                let (transport, pipe) = TokioChildProcess::builder(process)
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .map_err(|error| {
+                        format!("MCP server {name:?}: cannot start {command:?}: {error}")
+                    })?;
+                let pgid = transport.id();
+                if let (Some(pgid), Some(ledger)) = (pgid, &self.ledger) {
+                    let _ = ledger.record(pgid, &format!("mcp:{name}"));
+                }
+                if let Some(pipe) = pipe {
+                    let lines = stderr.clone();
+                    tokio::spawn(async move {
+                        let mut reader = tokio::io::BufReader::new(pipe).lines();
+                        while let Ok(Some(line)) = reader.next_line().await {
+                            let mut lines = lines.lock().unwrap_or_else(|p| p.into_inner());
+                            if lines.len() == STDERR_LINES {
+                                lines.pop_front();
+                            }
+                            lines.push_back(line);
+                        }
+                    });
+                }
+                let running = handler.serve(transport).await.map_err(|error| {
+                    let last = last_words(&stderr);
+                    kill_group(pgid, &self.ledger);
+                    format!("MCP server {name:?} did not initialise: {error}{last}")
+                })?;
+                (running, pgid)
+            }
+            McpServerConfig::Http {
+                url,
+                headers,
+                bearer_token,
+            } => {
+                let mut config = StreamableHttpClientTransportConfig::with_uri(url.clone());
+                if let Some(token) = bearer_token {
+                    config = config.auth_header(token.clone());
+                }
+                let mut custom = std::collections::HashMap::new();
+                for (header, value) in headers {
+                    let header = reqwest::header::HeaderName::try_from(header.as_str()).map_err(
+                        |error| format!("MCP server {name:?}: header {header:?}: {error}"),
+                    )?;
+                    let value = reqwest::header::HeaderValue::try_from(value.as_str())
+                        .map_err(|error| format!("MCP server {name:?}: header value: {error}"))?;
+                    custom.insert(header, value);
+                }
+                config = config.custom_headers(custom);
+                // reqwest is built without a TLS provider (provider.rs).
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                let client = reqwest::Client::builder()
+                    .pool_max_idle_per_host(0)
+                    .connect_timeout(Duration::from_secs(10))
+                    .build()
+                    .map_err(|error| format!("MCP server {name:?}: HTTP client: {error}"))?;
+                let transport = StreamableHttpClientTransport::with_client(client, config);
+                let running = handler.serve(transport).await.map_err(|error| {
+                    format!("MCP server {name:?} at {url} did not initialise: {error}")
+                })?;
+                (running, None)
+            }
+        };
+        let peer = running.peer().clone();
+        let tools = list_tools(name, &peer, &stderr)
+            .await
+            .inspect_err(|_| kill_group(pgid, &self.ledger))?;
+        let (stop, stopped) = oneshot::channel();
+        let connection = Connection {
+            peer: peer.clone(),
+            tools: Mutex::new(Arc::new(tools)),
+            pgid,
+            _stop: stop,
+        };
+        tracing::info!(server = %name, "MCP server ready");
+        self.supervise(running, pgid, stopped, peer, changes, stderr);
+        Ok(connection)
+    }
+
+    /// Follow the running server: list its tools again when they change,
+    /// stop it when asked, and clean up after it whichever way it ends.
+    fn supervise(
+        self: &Arc<Self>,
+        running: RunningService<RoleClient, Handler>,
+        pgid: Option<u32>,
+        stopped: oneshot::Receiver<()>,
+        peer: Peer<RoleClient>,
+        mut changes: mpsc::UnboundedReceiver<()>,
+        stderr: Arc<Mutex<VecDeque<String>>>,
+    ) {
+        let server = self.clone();
+        tokio::spawn(async move {
+            let mut running = running;
+            let mut stopped = stopped;
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => {
+                        let _ = running.close_with_timeout(TERM_GRACE).await;
+                        break;
+                    }
+                    change = changes.recv() => {
+                        if change.is_none() {
+                            continue;
+                        }
+                        match list_tools(&server.name, &peer, &stderr).await {
+                            Ok(tools) => server.replace_tools(tools).await,
+                            Err(error) => tracing::warn!(server = %server.name, %error, "listing the tools again failed"),
+                        }
+                    }
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                        if peer.is_transport_closed() {
+                            break;
+                        }
+                    }
+                }
+            }
+            drop(running);
+            kill_group(pgid, &server.ledger);
+            tracing::info!(server = %server.name, "MCP server stopped");
+        });
+    }
+
+    async fn replace_tools(&self, tools: ToolSet) {
+        let tools = Arc::new(tools);
+        if let Slot::Ready(connection) = &*self.slot.lock().await {
+            *connection
+                .tools
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()) = tools.clone();
+        }
+        self.see(|seen| seen.tools = Some(tools));
+    }
+}
+
+impl Connection {
+    fn tool_set(&self) -> Arc<ToolSet> {
+        self.tools
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+}
+
+/// The server's last stderr lines, as the end of an error message.
+fn last_words(stderr: &Mutex<VecDeque<String>>) -> String {
+    let lines = stderr
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if lines.is_empty() {
+        return String::new();
+    }
+    let lines: Vec<&str> = lines.iter().map(String::as_str).collect();
+    format!("; it printed last:\n{}", lines.join("\n"))
+}
+
+/// Kill a stopped server's whole process group (the SDK kills only its
+/// direct child) and forget it in the ledger.
+fn kill_group(pgid: Option<u32>, ledger: &Option<Arc<ProcessLedger>>) {
+    let Some(pgid) = pgid else {
+        return;
+    };
+    signal_group(pgid, nix::sys::signal::Signal::SIGTERM);
+    let ledger = ledger.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(TERM_GRACE).await;
+        signal_group(pgid, nix::sys::signal::Signal::SIGKILL);
+        if let Some(ledger) = ledger {
+            let _ = ledger.remove(pgid);
+        }
+    });
+}
+
+fn signal_group(pgid: u32, signal: nix::sys::signal::Signal) {
+    if let Ok(raw) = i32::try_from(pgid) {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(raw), signal);
+    }
+}
+
+/// The server's tools as keel offers them: each name prefixed, each
+/// schema one a provider takes; the others left out with the reason.
+async fn list_tools(
+    server: &str,
+    peer: &Peer<RoleClient>,
+    stderr: &Arc<Mutex<VecDeque<String>>>,
+) -> Result<ToolSet, String> {
+    let listed = peer
+        .list_all_tools()
+        .await
+        .map_err(|error| format!("MCP server {server:?}: tools/list failed: {error}"))?;
+    let mut specs = Vec::new();
+    let mut tools: BTreeMap<String, Arc<dyn Tool>> = BTreeMap::new();
+    let mut problems = Vec::new();
+    for tool in listed {
+        let full = format!("{PREFIX}{server}__{}", tool.name);
+        if full.len() > 64
+            || !full
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            problems.push(format!(
+                "{full}: providers take tool names of at most 64 letters, digits, '_' and '-'"
+            ));
+            continue;
+        }
+        let schema = Value::Object((*tool.input_schema).clone());
+        if schema.get("type").and_then(Value::as_str) != Some("object") {
+            problems.push(format!(
+                "{full}: its input schema is not of type \"object\", which providers require"
+            ));
+            continue;
+        }
+        let spec = ToolSpec {
+            name: full.clone(),
+            description: tool.description.as_deref().unwrap_or_default().to_owned(),
+            input_schema: schema,
+        };
+        let call = McpTool {
+            server: server.to_owned(),
+            tool: tool.name.to_string(),
+            spec: spec.clone(),
+            peer: peer.clone(),
+            stderr: stderr.clone(),
+        };
+        tools.insert(full, Arc::new(Checked::new(Arc::new(call))));
+        specs.push(spec);
+    }
+    for problem in &problems {
+        tracing::warn!(server, problem = %problem, "MCP tool left out");
+    }
+    specs.sort_by(|left, right| left.name.cmp(&right.name));
+    Ok(ToolSet {
+        specs: specs.into(),
+        tools,
+        problems,
+    })
+}
+
+/// The client side of a connection: it only listens for a changed tool list.
+#[derive(Clone)]
+struct Handler {
+    changed: mpsc::UnboundedSender<()>,
+}
+
+impl ClientHandler for Handler {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        let _ = self.changed.send(());
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("keel", env!("CARGO_PKG_VERSION")),
+        )
+        .with_protocol_version(ProtocolVersion::V_2025_11_25)
+    }
+}
+
+/// One tool of one server, as keel runs it.
+struct McpTool {
+    server: String,
+    tool: String,
+    spec: ToolSpec,
+    peer: Peer<RoleClient>,
+    /// The server's last stderr lines (stdio), for a call it died in.
+    stderr: Arc<Mutex<VecDeque<String>>>,
+}
+
+#[async_trait::async_trait]
+impl Tool for McpTool {
+    fn spec(&self) -> ToolSpec {
+        self.spec.clone()
+    }
+
+    /// Dropping this future (a cancel) makes rmcp send the server
+    /// `notifications/cancelled` for the request.
+    async fn run(&self, ctx: ToolContext) -> ToolOutcome {
+        let arguments = match ctx.call.input {
+            Value::Object(map) => Some(map),
+            Value::Null => None,
+            other => {
+                return ToolOutcome::error(format!(
+                    "the input of {} must be a JSON object, not {other}",
+                    self.spec.name
+                ))
+            }
+        };
+        let mut params = CallToolRequestParams::new(self.tool.clone());
+        if let Some(arguments) = arguments {
+            params = params.with_arguments(arguments);
+        }
+        match self.peer.call_tool(params).await {
+            Ok(result) => outcome(result),
+            Err(ServiceError::TransportClosed) => ToolOutcome::error(format!(
+                "the MCP server {:?} stopped during the call (it is started again for the next one){}",
+                self.server,
+                last_words(&self.stderr)
+            )),
+            Err(error) => ToolOutcome::error(format!(
+                "the MCP server {:?} failed the call: {error}",
+                self.server
+            )),
+        }
+    }
+}
+
+/// A call's result as the model reads it: the text of its content, other
+/// content named, structured content as JSON text when there is no text.
+fn outcome(result: CallToolResult) -> ToolOutcome {
+    let mut parts = Vec::new();
+    for block in &result.content {
+        match block {
+            ContentBlock::Text(text) => parts.push(text.text.clone()),
+            ContentBlock::Image(image) => parts.push(format!(
+                "[an image, {}, {} bytes of base64]",
+                image.mime_type,
+                image.data.len()
+            )),
+            ContentBlock::Resource(embedded) => match &embedded.resource {
+                ResourceContents::TextResourceContents { uri, text, .. } => {
+                    parts.push(format!("[resource {uri}]\n{text}"))
+                }
+                ResourceContents::BlobResourceContents { uri, blob, .. } => {
+                    parts.push(format!("[resource {uri}: {} bytes of base64]", blob.len()))
+                }
+                _ => parts.push("[a resource]".to_owned()),
+            },
+            ContentBlock::ResourceLink(link) => {
+                parts.push(format!("[resource link {} ({})]", link.uri, link.name))
+            }
+            _ => parts.push("[content keel does not show]".to_owned()),
+        }
+    }
+    if let Some(structured) = &result.structured_content {
+        if parts.is_empty() {
+            parts.push(structured.to_string());
+        }
+    }
+    let content = parts.join("\n");
+    if result.is_error == Some(true) {
+        ToolOutcome::error(content)
+    } else {
+        ToolOutcome::ok(content)
+    }
+}
+
+/// The tool a call of `name` runs, found when it runs (in the tool's
+/// worker, which a cancel stops): the server may have to start first.
+pub(crate) fn deferred(hub: Arc<McpHub>, name: &str, servers: Vec<String>) -> Arc<dyn Tool> {
+    Arc::new(Deferred {
+        hub,
+        name: name.to_owned(),
+        servers,
+    })
+}
+
+struct Deferred {
+    hub: Arc<McpHub>,
+    name: String,
+    servers: Vec<String>,
+}
+
+#[async_trait::async_trait]
+impl Tool for Deferred {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: self.name.clone(),
+            description: String::new(),
+            input_schema: serde_json::json!({"type": "object"}),
+        }
+    }
+
+    async fn run(&self, ctx: ToolContext) -> ToolOutcome {
+        match self.hub.tool(&self.name, &self.servers).await {
+            Ok(tool) => tool.run(ctx).await,
+            Err(error) => ToolOutcome::error(error),
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! MCP servers as a tool source (docs/mcp.md), through the daemon, against
+//! a server nobody here wrote the SDK of: `tests/mcp/slow_server.py` on the
+//! official Python SDK, over stdio. The fake provider's `call: NAME {JSON}`
+//! makes the model call a tool by name.
+
+use std::path::{Path, PathBuf};
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use super::{kind, of_kind, Daemon, Site, Wire};
+use crate::harness::{keel_bin, mcp_python, mcp_slow_server, MockLlm};
+
+/// `KEEL_MCP_SERVERS` naming the slow server `slow`, noting into `log`.
+fn servers_env(log: &Path) -> (String, String) {
+    let servers = json!({
+        "slow": {
+            "command": mcp_python().display().to_string(),
+            "args": [mcp_slow_server().display().to_string()],
+            "env": {"SLOW_LOG": log.display().to_string()},
+        }
+    });
+    ("KEEL_MCP_SERVERS".to_owned(), servers.to_string())
+}
+
+/// A daemon with the slow server, and where the server notes things.
+fn start(site: &Site, mock: &MockLlm) -> (Daemon, PathBuf) {
+    let log = site.run_dir().join("slow.log");
+    let (name, value) = servers_env(&log);
+    let daemon = Daemon::start(site, Wire::Anthropic, mock, &[(&name, &value)]);
+    (daemon, log)
+}
+
+fn noted(log: &Path) -> String {
+    std::fs::read_to_string(log).unwrap_or_default()
+}
+
+/// Polls the server's notes until `wanted` is in them.
+async fn wait_noted(log: &Path, wanted: &str) -> String {
+    let deadline = std::time::Instant::now() + super::PATIENCE;
+    loop {
+        let text = noted(log);
+        if text.contains(wanted) {
+            return text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the MCP server never noted {wanted:?}: {text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The pids the server noted at its starts.
+fn server_pids(log: &Path) -> Vec<i32> {
+    noted(log)
+        .lines()
+        .filter_map(|line| line.strip_prefix("pid "))
+        .filter_map(|pid| pid.trim().parse().ok())
+        .collect()
+}
+
+fn tool_results(log: &[Value]) -> Vec<&Value> {
+    of_kind(log, "tool_result")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_offers_and_calls_an_mcp_servers_tools() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let (daemon, _) = start(&site, &mock);
+    let id = daemon.create(&site, json!({"mcp_servers": ["slow"]})).await;
+    daemon
+        .send(
+            &id,
+            r#"call: mcp__slow__echo {"message": "hello from mcp"}"#,
+        )
+        .await;
+    let log = daemon.wait_turn_done(&id, 1).await;
+    let results = tool_results(&log);
+    assert_eq!(results.len(), 1, "{log:#?}");
+    assert_eq!(results[0]["content"], "hello from mcp", "{log:#?}");
+    assert_eq!(results[0]["is_error"], false);
+    // The model was offered the server's tools by their full names.
+    let requests = mock.requests().await;
+    let offered = requests[0]["body"]["tools"].to_string();
+    assert!(offered.contains("mcp__slow__echo"), "{offered}");
+    assert!(offered.contains("mcp__slow__slow"), "{offered}");
+
+    // Input that does not fit the server's schema never reaches it.
+    daemon
+        .send(&id, r#"call: mcp__slow__echo {"text": 7}"#)
+        .await;
+    let log = daemon.wait_turn_done(&id, 2).await;
+    let refused = tool_results(&log)[1];
+    assert_eq!(refused["is_error"], true, "{refused}");
+    assert!(
+        refused["content"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("schema"),
+        "{refused}"
+    );
+
+    // A conversation that did not name the server is not offered it.
+    let other = daemon.create(&site, json!({})).await;
+    daemon.send(&other, "hello").await;
+    daemon.wait_turn_done(&other, 1).await;
+    let last = mock.requests().await;
+    let offered = last
+        .last()
+        .map(|record| record["body"]["tools"].to_string());
+    assert!(!offered.unwrap_or_default().contains("mcp__"));
+
+    // `GET /admin/mcp` says what runs.
+    let servers = daemon.get("/admin/mcp").await;
+    assert_eq!(servers.status, StatusCode::OK, "{servers:?}");
+    let slow = &servers.body["servers"][0];
+    assert_eq!(slow["name"], "slow");
+    assert_eq!(slow["state"], "ready", "{slow}");
+    assert!(
+        slow["tools"].to_string().contains("mcp__slow__crash"),
+        "{slow}"
+    );
+
+    // An unknown server is refused at creation.
+    let refused = daemon
+        .post(
+            "/v1/conversations",
+            &json!({"cwd": site.cwd().display().to_string(), "mcp_servers": ["nope"]}),
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{refused:?}");
+    let message = refused.body["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(message.contains("slow"), "{message}");
+}
+
+/// A long call cancelled: the server hears `notifications/cancelled`, the
+/// turn is idle, the call's result says it was cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_cancel_reaches_the_mcp_server() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let (daemon, log) = start(&site, &mock);
+    let id = daemon.create(&site, json!({"mcp_servers": ["slow"]})).await;
+    daemon
+        .send(&id, r#"call: mcp__slow__slow {"seconds": 60}"#)
+        .await;
+    let started = wait_noted(&log, "started ").await;
+    let request = started
+        .lines()
+        .find_map(|line| line.strip_prefix("started "))
+        .expect("a started line")
+        .trim()
+        .to_owned();
+    let reply = daemon.cancel(&id).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{reply:?}");
+    daemon.wait_state(&id, "idle").await;
+    wait_noted(&log, &format!("cancelled {request}")).await;
+    let events = daemon.log(&id).await;
+    let result = tool_results(&events)[0];
+    assert_eq!(result["synthetic"], true, "{result}");
+    assert!(
+        events
+            .iter()
+            .any(|event| kind(event) == "turn_interrupted" && event["reason"] == "cancelled"),
+        "{events:#?}"
+    );
+    // The server goes on serving.
+    let other = daemon.create(&site, json!({"mcp_servers": ["slow"]})).await;
+    daemon
+        .send(
+            &other,
+            r#"call: mcp__slow__echo {"message": "still there"}"#,
+        )
+        .await;
+    let events = daemon.wait_turn_done(&other, 1).await;
+    assert_eq!(tool_results(&events)[0]["content"], "still there");
+    assert_eq!(
+        server_pids(&log).len(),
+        1,
+        "the same server: {}",
+        noted(&log)
+    );
+}
+
+/// The server dies mid-call: the call's result is an error naming it and
+/// what it printed last; the next call starts it again and works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_survives_an_mcp_server_that_dies_mid_call() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let (daemon, log) = start(&site, &mock);
+    let id = daemon.create(&site, json!({"mcp_servers": ["slow"]})).await;
+    daemon.send(&id, "call: mcp__slow__crash").await;
+    let events = daemon.wait_turn_done(&id, 1).await;
+    let result = tool_results(&events)[0];
+    assert_eq!(result["is_error"], true, "{result}");
+    let content = result["content"].as_str().unwrap_or_default();
+    assert!(content.contains("\"slow\""), "{content}");
+    assert!(content.contains("last words"), "{content}");
+    assert_eq!(
+        of_kind(&events, "turn_completed").len(),
+        1,
+        "the turn goes on: {events:#?}"
+    );
+
+    daemon
+        .send(&id, r#"call: mcp__slow__echo {"message": "back again"}"#)
+        .await;
+    let events = daemon.wait_turn_done(&id, 2).await;
+    assert_eq!(
+        tool_results(&events)[1]["content"],
+        "back again",
+        "{events:#?}"
+    );
+    assert!(server_pids(&log).len() >= 2, "{}", noted(&log));
+}
+
+/// An `approve` policy covers an MCP tool by its full name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_an_mcp_tool_waits_for_approval() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let (daemon, _) = start(&site, &mock);
+    let id = daemon
+        .create(
+            &site,
+            json!({"mcp_servers": ["slow"], "tools": {"mcp__slow__echo": "approve", "mcp__slow__crash": "deny"}}),
+        )
+        .await;
+    daemon
+        .send(&id, r#"call: mcp__slow__echo {"message": "approved"}"#)
+        .await;
+    let waiting = daemon.wait_state(&id, "awaiting_input").await;
+    let call = waiting["pending"][0]["tool_call_id"]
+        .as_str()
+        .expect("a pending call")
+        .to_owned();
+    let reply = daemon.resolve(&id, &call, "approve").await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    let events = daemon.wait_turn_done(&id, 1).await;
+    assert_eq!(tool_results(&events)[0]["content"], "approved");
+
+    // A denied tool is not offered, and a call of it anyway is refused.
+    let offered = mock.requests().await[0]["body"]["tools"].to_string();
+    assert!(!offered.contains("mcp__slow__crash"), "{offered}");
+    daemon.send(&id, "call: mcp__slow__crash").await;
+    let events = daemon.wait_turn_done(&id, 2).await;
+    let refused = tool_results(&events)[1];
+    assert!(
+        refused["content"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("denied"),
+        "{refused}"
+    );
+}
+
+/// A daemon killed mid-call leaves no MCP server running once it is
+/// back: the server's process group was in the ledger and is reaped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_killed_mid_mcp_call_leaves_no_server_running() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let (daemon, log) = start(&site, &mock);
+    let id = daemon.create(&site, json!({"mcp_servers": ["slow"]})).await;
+    daemon
+        .send(&id, r#"call: mcp__slow__slow {"seconds": 60}"#)
+        .await;
+    wait_noted(&log, "started ").await;
+    let first = server_pids(&log);
+    assert!(!first.is_empty());
+    daemon.sigkill();
+    let mut daemon = daemon;
+    daemon.wait_exit();
+    let daemon = daemon.restart();
+    for pid in first {
+        super::wait_process_gone(pid).await;
+    }
+    // The call in flight is recovered like any tool call: under the
+    // default `recovery = resume` it is dispatched again (same id), on a
+    // server started again; a cancel then ends it.
+    let events = daemon
+        .wait_log(&id, "the call dispatched again", |event| {
+            kind(event) == "recovered" && event["action"] == "redispatch"
+        })
+        .await;
+    assert!(tool_results(&events).is_empty(), "{events:#?}");
+    wait_noted(&log, "started ").await;
+    let started = noted(&log).matches("started ").count();
+    let deadline = std::time::Instant::now() + super::PATIENCE;
+    while noted(&log).matches("started ").count() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not started again: {}",
+            noted(&log)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(started >= 1);
+    assert_eq!(server_pids(&log).len(), 2, "{}", noted(&log));
+    daemon.cancel(&id).await;
+    daemon.wait_state(&id, "idle").await;
+}
+
+/// Configuration a daemon cannot use stops it at start, naming the server.
+#[test]
+fn daemon_refuses_an_mcp_server_it_cannot_start() {
+    for servers in [
+        json!({"gone": {"command": "/no/such/mcp-server"}}),
+        json!({"web": {"url": "ftp://example.com/mcp"}}),
+        json!({"both": {"command": "true", "url": "http://127.0.0.1:1/mcp"}}),
+        json!({"bad__name": {"command": "true"}}),
+    ] {
+        let site = Site::new();
+        let mut env = super::base_env(&site);
+        env.push(("KEEL_MCP_SERVERS".to_owned(), servers.to_string()));
+        let output = std::process::Command::new(keel_bin())
+            .arg("serve")
+            .envs(env)
+            .output()
+            .expect("keel serve runs");
+        assert!(!output.status.success(), "{servers}");
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert!(said.contains("KEEL_MCP_SERVERS"), "{servers}: {said}");
+    }
+}
