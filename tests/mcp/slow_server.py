@@ -44,6 +44,13 @@ async def slow(seconds: float, ctx: Context) -> str:
 
 
 @server.tool()
+async def whoami(ctx: Context) -> str:
+    """The Authorization header of the request (streamable HTTP only)."""
+    headers = ctx.headers or {}
+    return headers.get("authorization", "no authorization header")
+
+
+@server.tool()
 def crash() -> str:
     """Exit at once, as a server that dies mid-call."""
     print("about to die: last words on stderr", file=sys.stderr, flush=True)

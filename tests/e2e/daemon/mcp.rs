@@ -328,3 +328,99 @@ fn daemon_refuses_an_mcp_server_it_cannot_start() {
         assert!(said.contains("KEEL_MCP_SERVERS"), "{servers}: {said}");
     }
 }
+
+/// The slow server over streamable HTTP, as a process of the test's,
+/// killed with the test.
+struct HttpServer {
+    child: std::process::Child,
+    url: String,
+    log: PathBuf,
+}
+
+impl HttpServer {
+    async fn start(site: &Site) -> HttpServer {
+        let port = crate::cli::free_port();
+        let log = site.run_dir().join("http.log");
+        let child = std::process::Command::new(mcp_python())
+            .arg(mcp_slow_server())
+            .arg("http")
+            .env("PORT", port.to_string())
+            .env("SLOW_LOG", &log)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("the MCP server starts");
+        let deadline = std::time::Instant::now() + super::PATIENCE;
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the MCP server never listened on {port}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        HttpServer {
+            child,
+            url: format!("http://127.0.0.1:{port}/mcp"),
+            log,
+        }
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Over streamable HTTP: the bearer token from the environment reaches the
+/// server, a call's result is recorded, and a cancel reaches the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_uses_an_mcp_server_over_streamable_http() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let server = HttpServer::start(&site).await;
+    let servers = json!({
+        "web": {"url": server.url, "bearer_token_env": "WEB_MCP_TOKEN", "headers": {"X-Team": "keel"}}
+    })
+    .to_string();
+    let daemon = Daemon::start(
+        &site,
+        Wire::OpenAi,
+        &mock,
+        &[
+            ("KEEL_MCP_SERVERS", &servers),
+            ("WEB_MCP_TOKEN", "s3cret-token"),
+        ],
+    );
+    let id = daemon.create(&site, json!({"mcp_servers": ["web"]})).await;
+    daemon.send(&id, "call: mcp__web__whoami").await;
+    let events = daemon.wait_turn_done(&id, 1).await;
+    assert_eq!(
+        tool_results(&events)[0]["content"],
+        "Bearer s3cret-token",
+        "{events:#?}"
+    );
+    // The token is in no event of the log but the tool's own answer (and
+    // the model's, which repeats it).
+    for event in daemon.log(&id).await {
+        if !matches!(kind(&event), "tool_result" | "assistant_message") {
+            assert!(!event.to_string().contains("s3cret-token"), "{event}");
+        }
+    }
+
+    let other = daemon.create(&site, json!({"mcp_servers": ["web"]})).await;
+    daemon
+        .send(&other, r#"call: mcp__web__slow {"seconds": 60}"#)
+        .await;
+    let started = wait_noted(&server.log, "started ").await;
+    let request = started
+        .lines()
+        .find_map(|line| line.strip_prefix("started "))
+        .expect("a started line")
+        .trim()
+        .to_owned();
+    daemon.cancel(&other).await;
+    daemon.wait_state(&other, "idle").await;
+    wait_noted(&server.log, &format!("cancelled {request}")).await;
+}
