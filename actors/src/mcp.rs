@@ -27,12 +27,15 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use keel_core::wire::ToolSpec;
+use rmcp::handler::client::progress::ProgressDispatcher;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ContentBlock,
-    Implementation, ProtocolVersion, ResourceContents,
+    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam,
+    ClientCapabilities, ClientConfig, ClientRequest, ContentBlock, Implementation,
+    ProgressNotificationParam, ProtocolVersion, RequestId, ResourceContents, ServerResult,
 };
-use rmcp::service::{NotificationContext, RunningService};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientHandler, Peer, RoleClient, ServiceError, ServiceExt};
@@ -187,6 +190,7 @@ impl McpHub {
         let servers = configs
             .into_iter()
             .map(|(name, config)| {
+                crate::metrics::register_mcp_server(&name);
                 let server = Server {
                     name: name.clone(),
                     config,
@@ -405,7 +409,11 @@ impl Server {
     async fn start(self: &Arc<Self>) -> Result<Connection, String> {
         let name = &self.name;
         let (changed, changes) = mpsc::unbounded_channel();
-        let handler = Handler { changed };
+        let progress = ProgressDispatcher::new();
+        let handler = Handler {
+            changed,
+            progress: progress.clone(),
+        };
         let stderr = Arc::new(Mutex::new(VecDeque::new()));
         let (running, pgid) = match &self.config {
             McpServerConfig::Stdio {
@@ -483,7 +491,7 @@ impl Server {
             }
         };
         let peer = running.peer().clone();
-        let tools = list_tools(name, &peer, &stderr)
+        let tools = list_tools(name, &peer, &stderr, &progress)
             .await
             .inspect_err(|_| kill_group(pgid, &self.ledger))?;
         let (stop, stopped) = oneshot::channel();
@@ -494,7 +502,7 @@ impl Server {
             _stop: stop,
         };
         tracing::info!(server = %name, "MCP server ready");
-        self.supervise(running, pgid, stopped, peer, changes, stderr);
+        self.supervise(running, pgid, stopped, peer, changes, (stderr, progress));
         Ok(connection)
     }
 
@@ -507,7 +515,7 @@ impl Server {
         stopped: oneshot::Receiver<()>,
         peer: Peer<RoleClient>,
         mut changes: mpsc::UnboundedReceiver<()>,
-        stderr: Arc<Mutex<VecDeque<String>>>,
+        (stderr, progress): (Arc<Mutex<VecDeque<String>>>, ProgressDispatcher),
     ) {
         let server = self.clone();
         tokio::spawn(async move {
@@ -523,7 +531,7 @@ impl Server {
                         if change.is_none() {
                             continue;
                         }
-                        match list_tools(&server.name, &peer, &stderr).await {
+                        match list_tools(&server.name, &peer, &stderr, &progress).await {
                             Ok(tools) => server.replace_tools(tools).await,
                             Err(error) => tracing::warn!(server = %server.name, %error, "listing the tools again failed"),
                         }
@@ -603,6 +611,7 @@ async fn list_tools(
     server: &str,
     peer: &Peer<RoleClient>,
     stderr: &Arc<Mutex<VecDeque<String>>>,
+    progress: &ProgressDispatcher,
 ) -> Result<ToolSet, String> {
     let listed = peer
         .list_all_tools()
@@ -641,6 +650,7 @@ async fn list_tools(
             spec: spec.clone(),
             peer: peer.clone(),
             stderr: stderr.clone(),
+            progress: progress.clone(),
         };
         tools.insert(full, Arc::new(Checked::new(Arc::new(call))));
         specs.push(spec);
@@ -656,15 +666,25 @@ async fn list_tools(
     })
 }
 
-/// The client side of a connection: it only listens for a changed tool list.
+/// The client side of a connection: it listens for a changed tool list
+/// and for the progress of calls.
 #[derive(Clone)]
 struct Handler {
     changed: mpsc::UnboundedSender<()>,
+    progress: ProgressDispatcher,
 }
 
 impl ClientHandler for Handler {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         let _ = self.changed.send(());
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.progress.handle_notification(params).await;
     }
 
     fn get_info(&self) -> ClientConfig {
@@ -684,6 +704,36 @@ struct McpTool {
     peer: Peer<RoleClient>,
     /// The server's last stderr lines (stdio), for a call it died in.
     stderr: Arc<Mutex<VecDeque<String>>>,
+    /// Where the server's progress notifications go, by the call's token.
+    progress: ProgressDispatcher,
+}
+
+/// Tells the server a call is cancelled when the call is dropped before
+/// its answer (a cancel stops the tool worker): dropping rmcp's request
+/// handle alone tells it nothing.
+struct CancelOnDrop {
+    peer: Peer<RoleClient>,
+    server: String,
+    id: Option<RequestId>,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else {
+            return;
+        };
+        crate::metrics::mcp_call(&self.server, "cancelled");
+        let peer = self.peer.clone();
+        // The tool worker is stopping; the notice goes out on its own.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let reason = Some("cancelled by keel".to_owned());
+                let _ = peer
+                    .notify_cancelled(CancelledNotificationParam::new(Some(id), reason))
+                    .await;
+            });
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -709,18 +759,77 @@ impl Tool for McpTool {
         if let Some(arguments) = arguments {
             params = params.with_arguments(arguments);
         }
-        match self.peer.call_tool(params).await {
-            Ok(result) => outcome(result),
-            Err(ServiceError::TransportClosed) => ToolOutcome::error(format!(
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let handle = match self
+            .peer
+            .send_cancellable_request(request, PeerRequestOptions::no_options())
+            .await
+        {
+            Ok(handle) => handle,
+            Err(error) => return self.failed(error),
+        };
+        let mut progress = self.progress.subscribe(handle.progress_token.clone()).await;
+        let mut guard = CancelOnDrop {
+            peer: self.peer.clone(),
+            server: self.server.clone(),
+            id: Some(handle.id.clone()),
+        };
+        let response = handle.await_response();
+        tokio::pin!(response);
+        let answered = loop {
+            tokio::select! {
+                answered = &mut response => break answered,
+                Some(update) = progress.next() => ctx.output.send(progress_line(&update)),
+            }
+        };
+        guard.id = None;
+        match answered {
+            Ok(ServerResult::CallToolResult(result)) => {
+                let outcome = outcome(result);
+                let label = if outcome.is_error { "error" } else { "ok" };
+                crate::metrics::mcp_call(&self.server, label);
+                outcome
+            }
+            Ok(_) => ToolOutcome::error(format!(
+                "the MCP server {:?} answered the call with something other than a result",
+                self.server
+            )),
+            Err(error) => self.failed(error),
+        }
+    }
+}
+
+impl McpTool {
+    /// The error result of a call that got no answer.
+    fn failed(&self, error: ServiceError) -> ToolOutcome {
+        let label = match error {
+            ServiceError::TransportClosed => "server_stopped",
+            _ => "failed",
+        };
+        crate::metrics::mcp_call(&self.server, label);
+        match error {
+            ServiceError::TransportClosed => ToolOutcome::error(format!(
                 "the MCP server {:?} stopped during the call (it is started again for the next one){}",
                 self.server,
                 last_words(&self.stderr)
             )),
-            Err(error) => ToolOutcome::error(format!(
+            error => ToolOutcome::error(format!(
                 "the MCP server {:?} failed the call: {error}",
                 self.server
             )),
         }
+    }
+}
+
+/// A progress notification as a line of the call's live output.
+fn progress_line(update: &ProgressNotificationParam) -> String {
+    let done = match update.total {
+        Some(total) => format!("{}/{}", update.progress, total),
+        None => update.progress.to_string(),
+    };
+    match &update.message {
+        Some(message) => format!("[progress {done}] {message}\n"),
+        None => format!("[progress {done}]\n"),
     }
 }
 

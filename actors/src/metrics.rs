@@ -43,9 +43,10 @@ pub const CANCELS_TOTAL: &str = "keel_cancels_total";
 pub const APPEND_SECONDS: &str = "keel_append_seconds";
 pub const TOKEN_USAGE: &str = "gen_ai_client_token_usage";
 pub const STORE_ERRORS_TOTAL: &str = "keel_store_errors_total";
+pub const MCP_CALLS_TOTAL: &str = "keel_mcp_calls_total";
 
 /// Every metric name above, for an exporter to check or document.
-pub const ALL: [&str; 11] = [
+pub const ALL: [&str; 12] = [
     TURNS_TOTAL,
     TURN_DURATION_SECONDS,
     LLM_RETRIES_TOTAL,
@@ -57,6 +58,7 @@ pub const ALL: [&str; 11] = [
     CANCELS_TOTAL,
     APPEND_SECONDS,
     STORE_ERRORS_TOTAL,
+    MCP_CALLS_TOTAL,
 ];
 
 /// Every provider, for the `provider` labels registered up front.
@@ -202,6 +204,10 @@ pub fn describe() {
         "Tool runs that returned, by tool and outcome."
     );
     describe_counter!(CANCELS_TOTAL, "Cancels asked for by clients.");
+    describe_counter!(
+        MCP_CALLS_TOTAL,
+        "MCP tool calls, by server and outcome (ok, error, cancelled, server_stopped, failed)."
+    );
     describe_histogram!(
         APPEND_SECONDS,
         Unit::Seconds,
@@ -315,6 +321,23 @@ pub fn llm_first_token(provider: ProviderKind, elapsed: Duration) {
 pub fn tool_run(tool: &str, is_error: bool) {
     let outcome = if is_error { "error" } else { "ok" };
     metrics::counter!(TOOL_RUNS_TOTAL, "tool" => tool.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
+/// The outcomes of an MCP call.
+pub const MCP_OUTCOMES: [&str; 5] = ["ok", "error", "cancelled", "server_stopped", "failed"];
+
+/// Registers the MCP call series of `server` at zero.
+pub fn register_mcp_server(server: &str) {
+    for outcome in MCP_OUTCOMES {
+        metrics::counter!(MCP_CALLS_TOTAL, "server" => server.to_owned(), "outcome" => outcome)
+            .increment(0);
+    }
+}
+
+/// An MCP call to `server` ended with `outcome` (one of [`MCP_OUTCOMES`]).
+pub fn mcp_call(server: &str, outcome: &'static str) {
+    metrics::counter!(MCP_CALLS_TOTAL, "server" => server.to_owned(), "outcome" => outcome)
         .increment(1);
 }
 

@@ -112,6 +112,20 @@ async fn daemon_offers_and_calls_an_mcp_servers_tools() {
         .map(|record| record["body"]["tools"].to_string());
     assert!(!offered.unwrap_or_default().contains("mcp__"));
 
+    // `/metrics` counts the call by server and outcome.
+    let metrics = daemon.get("/metrics").await;
+    let text = metrics.body.as_str().unwrap_or_default().to_owned();
+    let counted = text.lines().find(|line| {
+        line.starts_with("keel_mcp_calls_total{")
+            && line.contains(r#"server="slow""#)
+            && line.contains(r#"outcome="ok""#)
+    });
+    assert_eq!(
+        counted.and_then(|line| line.rsplit(' ').next()),
+        Some("1"),
+        "{text}"
+    );
+
     // `GET /admin/mcp` says what runs.
     let servers = daemon.get("/admin/mcp").await;
     assert_eq!(servers.status, StatusCode::OK, "{servers:?}");
@@ -162,6 +176,9 @@ async fn daemon_cancel_reaches_the_mcp_server() {
     let events = daemon.log(&id).await;
     let result = tool_results(&events)[0];
     assert_eq!(result["synthetic"], true, "{result}");
+    // The server's progress was the call's live output, kept in its result.
+    let content = result["content"].as_str().unwrap_or_default();
+    assert!(content.contains("[progress "), "{content}");
     assert!(
         events
             .iter()
