@@ -366,6 +366,7 @@ mod tests {
         metrics::append(Duration::from_micros(200));
         metrics::token_usage(ProviderKind::Anthropic, 1200, 80);
         metrics::store_error(StoreOp::Write);
+        metrics::mcp_call("files", "cancelled");
 
         let text = again.render();
         for name in metrics::ALL {
@@ -385,6 +386,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("# HELP keel_cancels_total"), "{text}");
+        assert!(
+            text.contains(r#"keel_mcp_calls_total{server="files",outcome="cancelled"} 1"#),
+            "{text}"
+        );
         assert!(
             text.contains(
                 r#"gen_ai_client_token_usage_sum{gen_ai_token_type="input",gen_ai_provider_name="anthropic"} 1200"#
