@@ -44,6 +44,19 @@ async def slow(seconds: float, ctx: Context) -> str:
 
 
 @server.tool()
+async def add_tool(ctx: Context) -> str:
+    """Add the tool `extra`, and tell the client its tool list changed."""
+
+    @server.tool()
+    def extra() -> str:
+        """A tool added while the server runs."""
+        return "extra"
+
+    await ctx.session.send_tool_list_changed()
+    return "added"
+
+
+@server.tool()
 async def whoami(ctx: Context) -> str:
     """The Authorization header of the request (streamable HTTP only)."""
     headers = ctx.headers or {}

@@ -38,8 +38,23 @@ pub fn summary(entry: IndexEntry, actor_state: Option<StateName>) -> Conversatio
 }
 
 /// What `GET /v1/conversations/{id}` answers for an inspected conversation.
-pub fn detail(inspection: Inspection) -> ConversationDetail {
+/// `mcp` is what the daemon's MCP servers are doing (`McpHub::statuses`).
+pub fn detail(inspection: Inspection, mcp: &[keel_actors::McpServerStatus]) -> ConversationDetail {
+    let mcp_servers = inspection
+        .config
+        .mcp_servers
+        .iter()
+        .map(|name| keel_api::types::ApiMcpServerState {
+            name: name.clone(),
+            state: mcp
+                .iter()
+                .find(|status| status.name == *name)
+                .map_or("unknown", |status| status.state)
+                .to_owned(),
+        })
+        .collect();
     ConversationDetail {
+        mcp_servers,
         id: inspection.id.to_string(),
         state: inspection.state.into(),
         error: inspection.error,

@@ -126,6 +126,14 @@ async fn daemon_offers_and_calls_an_mcp_servers_tools() {
         "{text}"
     );
 
+    // The conversation shows the servers it uses.
+    let detail = daemon.conversation(&id).await;
+    assert_eq!(
+        detail["mcp_servers"],
+        json!([{"name": "slow", "state": "ready"}]),
+        "{detail:#}"
+    );
+
     // `GET /admin/mcp` says what runs.
     let servers = daemon.get("/admin/mcp").await;
     assert_eq!(servers.status, StatusCode::OK, "{servers:?}");
@@ -440,4 +448,38 @@ async fn daemon_uses_an_mcp_server_over_streamable_http() {
     daemon.cancel(&other).await;
     daemon.wait_state(&other, "idle").await;
     wait_noted(&server.log, &format!("cancelled {request}")).await;
+}
+
+/// A server that changes its tools says so; the next request offers the
+/// new list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_follows_an_mcp_servers_changed_tool_list() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let (daemon, _) = start(&site, &mock);
+    let id = daemon.create(&site, json!({"mcp_servers": ["slow"]})).await;
+    daemon.send(&id, "call: mcp__slow__add_tool").await;
+    daemon.wait_turn_done(&id, 1).await;
+    let deadline = std::time::Instant::now() + super::PATIENCE;
+    loop {
+        let servers = daemon.get("/admin/mcp").await;
+        if servers.body["servers"][0]["tools"]
+            .to_string()
+            .contains("mcp__slow__extra")
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{servers:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    daemon.send(&id, "call: mcp__slow__extra").await;
+    let events = daemon.wait_turn_done(&id, 2).await;
+    assert_eq!(tool_results(&events)[1]["content"], "extra", "{events:#?}");
+    let offered = mock
+        .requests()
+        .await
+        .last()
+        .map(|record| record["body"]["tools"].to_string())
+        .unwrap_or_default();
+    assert!(offered.contains("mcp__slow__extra"), "{offered}");
 }

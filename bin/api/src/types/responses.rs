@@ -187,6 +187,9 @@ pub struct ConversationDetail {
     /// Set for a fork: where its history came from.
     #[serde(default)]
     pub forked_from: Option<super::events::ApiForkOrigin>,
+    /// The MCP servers it may use, and what each is doing now.
+    #[serde(default)]
+    pub mcp_servers: Vec<ApiMcpServerState>,
     pub context_window: u64,
     /// The percentage of the context window past which the prompt is
     /// compacted before it is sent; 0: only when a provider refuses it.
@@ -509,4 +512,12 @@ pub struct ApiMcpServer {
     pub tools: Vec<String>,
     /// Tools left out, and why (a name or schema a provider would refuse).
     pub problems: Vec<String>,
+}
+
+/// An MCP server a conversation uses, and its state (`idle`, `ready`,
+/// `failed`, or `unknown` for one the daemon no longer has).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ApiMcpServerState {
+    pub name: String,
+    pub state: String,
 }

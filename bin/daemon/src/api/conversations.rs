@@ -237,7 +237,10 @@ pub async fn get_one(
         .inspect()
         .await
         .map_err(|error| ApiError::from_runtime(id.as_str(), error))?;
-    Ok(Json(crate::convert::detail(inspection)))
+    Ok(Json(crate::convert::detail(
+        inspection,
+        &state.runtime.mcp().statuses(),
+    )))
 }
 
 /// Send a user message. Accepted once it is durable; the reply streams on

@@ -45,7 +45,10 @@ pub async fn update(
     apply(&mut config, update)?;
     handle.change_config(config).await.map_err(runtime_error)?;
     let inspection = handle.inspect().await.map_err(runtime_error)?;
-    Ok(Json(crate::convert::detail(inspection)))
+    Ok(Json(crate::convert::detail(
+        inspection,
+        &state.runtime.mcp().statuses(),
+    )))
 }
 
 /// Check the settings `update` gives and apply them to `config`; the first

@@ -251,6 +251,14 @@ pub async fn inspect(client: &Client, id: &str, json: bool) -> anyhow::Result<Ex
             ),
         ));
     }
+    if !detail.mcp_servers.is_empty() {
+        let servers: Vec<String> = detail
+            .mcp_servers
+            .iter()
+            .map(|server| format!("{} ({})", server.name, server.state))
+            .collect();
+        rows.push(("mcp servers", servers.join(", ")));
+    }
     if let Some(origin) = &detail.forked_from {
         rows.push((
             "forked from",
