@@ -263,3 +263,55 @@ pub fn mcp_python() -> PathBuf {
 pub fn mcp_slow_server() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/slow_server.py")
 }
+
+/// The version of `@modelcontextprotocol/server-everything` (npm) the MCP
+/// tests run: the reference server of the protocol's own authors.
+pub const EVERYTHING_VERSION: &str = "2026.8.31";
+
+/// `@modelcontextprotocol/server-everything`'s entry point, installed once
+/// with npm under the target directory (`KEEL_TEST_EVERYTHING` names one
+/// installed elsewhere); run it with `node`.
+pub fn everything_server() -> PathBuf {
+    static SERVER: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    SERVER
+        .get_or_init(|| {
+            if let Some(server) = std::env::var_os("KEEL_TEST_EVERYTHING") {
+                return PathBuf::from(server);
+            }
+            let prefix = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mcp-node");
+            let entry =
+                prefix.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+            let ready = prefix.join("installed");
+            if std::fs::read_to_string(&ready).ok().as_deref() == Some(EVERYTHING_VERSION) {
+                return entry;
+            }
+            std::fs::create_dir_all(&prefix).expect("the npm prefix");
+            let output = Command::new("npm")
+                .args(["install", "--no-audit", "--no-fund", "--silent", "--prefix"])
+                .arg(&prefix)
+                .arg(format!(
+                    "@modelcontextprotocol/server-everything@{EVERYTHING_VERSION}"
+                ))
+                .output()
+                .unwrap_or_else(|error| panic!("npm: {error} (the MCP tests need node and npm)"));
+            assert!(
+                output.status.success() && entry.is_file(),
+                "npm install of server-everything failed:\n{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            std::fs::write(&ready, EVERYTHING_VERSION).expect("the install's marker");
+            entry
+        })
+        .clone()
+}
+
+/// The `node` that runs npm's servers: the one on `PATH`, as a path (the
+/// daemon checks a server's command exists).
+pub fn node() -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("node"))
+        .find(|candidate| candidate.is_file())
+        .expect("node on PATH (the MCP tests need node and npm)")
+}

@@ -483,3 +483,122 @@ async fn daemon_follows_an_mcp_servers_changed_tool_list() {
         .unwrap_or_default();
     assert!(offered.contains("mcp__slow__extra"), "{offered}");
 }
+
+/// The protocol authors' reference server over stdio: a call's text and
+/// image content, and a long operation whose progress is the call's live
+/// output, cancelled mid-way with the turn idle and nothing left running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_uses_the_reference_mcp_server_over_stdio() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let servers = json!({
+        "everything": {
+            "command": crate::harness::node().display().to_string(),
+            "args": [crate::harness::everything_server().display().to_string(), "stdio"],
+        }
+    })
+    .to_string();
+    let daemon = Daemon::start(
+        &site,
+        Wire::Anthropic,
+        &mock,
+        &[("KEEL_MCP_SERVERS", &servers)],
+    );
+    let id = daemon
+        .create(&site, json!({"mcp_servers": ["everything"]}))
+        .await;
+    daemon
+        .send(
+            &id,
+            r#"call: mcp__everything__echo {"message": "hi there"}"#,
+        )
+        .await;
+    let events = daemon.wait_turn_done(&id, 1).await;
+    let echoed = tool_results(&events)[0]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(echoed.contains("hi there"), "{events:#?}");
+
+    daemon
+        .send(&id, "call: mcp__everything__get-tiny-image")
+        .await;
+    let events = daemon.wait_turn_done(&id, 2).await;
+    let image = tool_results(&events)[1]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(image.contains("[an image, image/png"), "{image}");
+
+    let long = daemon
+        .create(&site, json!({"mcp_servers": ["everything"]}))
+        .await;
+    daemon
+        .send(
+            &long,
+            r#"call: mcp__everything__trigger-long-running-operation {"duration": 60, "steps": 120}"#,
+        )
+        .await;
+    // Running once its first progress is out (a step is half a second).
+    let mut stream = daemon.events(&long, super::Resume::Now).await;
+    stream
+        .until("the operation's progress", |frame| {
+            format!("{frame:?}").contains("[progress ")
+        })
+        .await;
+    daemon.cancel(&long).await;
+    daemon.wait_state(&long, "idle").await;
+    let events = daemon.log(&long).await;
+    let result = tool_results(&events)[0];
+    assert_eq!(result["synthetic"], true, "{result}");
+    assert!(
+        result["content"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("[progress "),
+        "{result}"
+    );
+}
+
+/// The reference server over streamable HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_uses_the_reference_mcp_server_over_streamable_http() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let port = crate::cli::free_port();
+    let mut server = std::process::Command::new(crate::harness::node())
+        .arg(crate::harness::everything_server())
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the reference server starts");
+    let deadline = std::time::Instant::now() + super::PATIENCE;
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "it never listened");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let servers =
+        json!({"everything": {"url": format!("http://127.0.0.1:{port}/mcp")}}).to_string();
+    let daemon = Daemon::start(
+        &site,
+        Wire::OpenAi,
+        &mock,
+        &[("KEEL_MCP_SERVERS", &servers)],
+    );
+    let id = daemon
+        .create(&site, json!({"mcp_servers": ["everything"]}))
+        .await;
+    daemon
+        .send(&id, r#"call: mcp__everything__get-sum {"a": 2, "b": 40}"#)
+        .await;
+    let events = daemon.wait_turn_done(&id, 1).await;
+    let sum = tool_results(&events)[0]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(sum.contains("42"), "{events:#?}");
+    let _ = server.kill();
+    let _ = server.wait();
+}
