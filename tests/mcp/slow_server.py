@@ -63,6 +63,12 @@ async def whoami(ctx: Context) -> str:
     return headers.get("authorization", "no authorization header")
 
 
+@server.tool(name="a_tool_whose_name_is_far_too_long_for_any_provider_to_take_in_a_tool_list")
+def too_long() -> str:
+    """Never offered: its full name passes the 64 characters providers take."""
+    return "never"
+
+
 @server.tool()
 def crash() -> str:
     """Exit at once, as a server that dies mid-call."""

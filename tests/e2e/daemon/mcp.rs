@@ -144,6 +144,16 @@ async fn daemon_offers_and_calls_an_mcp_servers_tools() {
         slow["tools"].to_string().contains("mcp__slow__crash"),
         "{slow}"
     );
+    // A tool whose name a provider would refuse is left out, and said so.
+    assert!(
+        !slow["tools"].to_string().contains("far_too_long"),
+        "{slow}"
+    );
+    let problems = slow["problems"].to_string();
+    assert!(
+        problems.contains("far_too_long") && problems.contains("64"),
+        "{slow}"
+    );
 
     // An unknown server is refused at creation.
     let refused = daemon
