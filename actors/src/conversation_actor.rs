@@ -148,6 +148,8 @@ impl Actor for ConversationActor {
         state.publisher.flush();
         tracing::debug!(parent: &state.span, "conversation actor stopped");
         registry::forget_control(&state.shared, &state.id, &state.control);
+        // MCP servers started for this conversation alone stop with it.
+        state.shared.mcp.release(&state.id);
         Ok(())
     }
 

@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use keel_core::ids::ConversationId;
 use keel_core::wire::ToolSpec;
 use rmcp::handler::client::progress::ProgressDispatcher;
 use rmcp::model::{
@@ -74,6 +75,9 @@ pub enum McpServerConfig {
         args: Vec<String>,
         env: BTreeMap<String, String>,
         cwd: Option<PathBuf>,
+        /// One server process per conversation that uses it, stopped with
+        /// the conversation's actor, instead of one shared by all.
+        per_conversation: bool,
     },
     /// A remote server over streamable HTTP.
     Http {
@@ -131,6 +135,8 @@ pub struct McpServerStatus {
 /// Every configured MCP server of a runtime.
 pub struct McpHub {
     servers: BTreeMap<String, Arc<Server>>,
+    /// The servers started for one conversation (`per_conversation`).
+    private: Mutex<BTreeMap<(String, ConversationId), Arc<Server>>>,
 }
 
 impl std::fmt::Debug for McpHub {
@@ -201,7 +207,61 @@ impl McpHub {
                 (name, Arc::new(server))
             })
             .collect();
-        McpHub { servers }
+        McpHub {
+            servers,
+            private: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The server named `name` as `conversation` uses it: the shared one,
+    /// or its own when the server runs one per conversation.
+    fn server_for(&self, name: &str, conversation: &ConversationId) -> Option<Arc<Server>> {
+        let server = self.servers.get(name)?;
+        if !server.per_conversation() {
+            return Some(server.clone());
+        }
+        let mut private = self
+            .private
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let own = private
+            .entry((name.to_owned(), conversation.clone()))
+            .or_insert_with(|| {
+                Arc::new(Server {
+                    name: server.name.clone(),
+                    config: server.config.clone(),
+                    ledger: server.ledger.clone(),
+                    slot: tokio::sync::Mutex::new(Slot::Idle),
+                    seen: Mutex::new(Seen::default()),
+                })
+            });
+        Some(own.clone())
+    }
+
+    /// `conversation`'s actor stopped: the servers started for it alone
+    /// stop too. They leave the hub at once (a conversation started again
+    /// right away starts its own anew); they stop in the background.
+    pub fn release(&self, conversation: &ConversationId) {
+        let own: Vec<Arc<Server>> = {
+            let mut private = self
+                .private
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let keys: Vec<(String, ConversationId)> = private
+                .keys()
+                .filter(|(_, owner)| owner == conversation)
+                .cloned()
+                .collect();
+            keys.iter().filter_map(|key| private.remove(key)).collect()
+        };
+        if own.is_empty() {
+            return;
+        }
+        tokio::spawn(async move {
+            for server in own {
+                *server.slot.lock().await = Slot::Idle;
+            }
+        });
     }
 
     /// The configured servers' names.
@@ -224,10 +284,10 @@ impl McpHub {
     /// The tools of `servers` to offer the model, each server started if it
     /// is not running. A server that cannot start is logged and its tools
     /// left out: the turn goes on without them.
-    pub async fn specs(&self, servers: &[String]) -> Vec<ToolSpec> {
+    pub async fn specs(&self, servers: &[String], conversation: &ConversationId) -> Vec<ToolSpec> {
         let mut specs = Vec::new();
         for name in servers {
-            let Some(server) = self.servers.get(name) else {
+            let Some(server) = self.server_for(name, conversation) else {
                 continue;
             };
             match server.connect().await {
@@ -242,7 +302,12 @@ impl McpHub {
 
     /// The tool a call of `full_name` runs, for a conversation that may
     /// use `servers`; `Err` says why there is none.
-    pub async fn tool(&self, full_name: &str, servers: &[String]) -> Result<Arc<dyn Tool>, String> {
+    pub async fn tool(
+        &self,
+        full_name: &str,
+        servers: &[String],
+        conversation: &ConversationId,
+    ) -> Result<Arc<dyn Tool>, String> {
         let Some((server_name, _)) = split_name(full_name) else {
             return Err(format!("{full_name} is not an MCP tool"));
         };
@@ -252,8 +317,7 @@ impl McpHub {
             ));
         }
         let server = self
-            .servers
-            .get(server_name)
+            .server_for(server_name, conversation)
             .ok_or_else(|| format!("no MCP server is named {server_name:?}"))?;
         let connection = server.connect().await?;
         let tools = connection.tool_set();
@@ -270,7 +334,11 @@ impl McpHub {
     /// the daemon's start (logged, and in [`statuses`](Self::statuses))
     /// rather than at the first request that needs it.
     pub async fn probe(&self) {
-        for server in self.servers.values() {
+        for server in self
+            .servers
+            .values()
+            .filter(|server| !server.per_conversation())
+        {
             if let Ok(connection) = server.connect().await {
                 for problem in &connection.tool_set().problems {
                     tracing::warn!(server = %server.name, %problem, "MCP tool left out");
@@ -283,7 +351,15 @@ impl McpHub {
     /// SIGTERM, then SIGKILL if it is still there after a grace.
     pub async fn shutdown(&self) {
         let mut groups = Vec::new();
-        for server in self.servers.values() {
+        let private: Vec<Arc<Server>> = std::mem::take(
+            &mut *self
+                .private
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
+        .into_values()
+        .collect();
+        for server in self.servers.values().chain(private.iter()) {
             let mut slot = server.slot.lock().await;
             if let Slot::Ready(connection) = &*slot {
                 if let Some(pgid) = connection.pgid {
@@ -313,6 +389,16 @@ impl McpHub {
 }
 
 impl Server {
+    fn per_conversation(&self) -> bool {
+        matches!(
+            self.config,
+            McpServerConfig::Stdio {
+                per_conversation: true,
+                ..
+            }
+        )
+    }
+
     fn status(&self) -> McpServerStatus {
         let seen = self
             .seen
@@ -421,6 +507,7 @@ impl Server {
                 args,
                 env,
                 cwd,
+                ..
             } => {
                 let mut process = tokio::process::Command::new(command);
                 process.args(args).envs(env).process_group(0);
@@ -875,11 +962,17 @@ fn outcome(result: CallToolResult) -> ToolOutcome {
 
 /// The tool a call of `name` runs, found when it runs (in the tool's
 /// worker, which a cancel stops): the server may have to start first.
-pub(crate) fn deferred(hub: Arc<McpHub>, name: &str, servers: Vec<String>) -> Arc<dyn Tool> {
+pub(crate) fn deferred(
+    hub: Arc<McpHub>,
+    name: &str,
+    servers: Vec<String>,
+    conversation: ConversationId,
+) -> Arc<dyn Tool> {
     Arc::new(Deferred {
         hub,
         name: name.to_owned(),
         servers,
+        conversation,
     })
 }
 
@@ -887,6 +980,7 @@ struct Deferred {
     hub: Arc<McpHub>,
     name: String,
     servers: Vec<String>,
+    conversation: ConversationId,
 }
 
 #[async_trait::async_trait]
@@ -900,7 +994,11 @@ impl Tool for Deferred {
     }
 
     async fn run(&self, ctx: ToolContext) -> ToolOutcome {
-        match self.hub.tool(&self.name, &self.servers).await {
+        match self
+            .hub
+            .tool(&self.name, &self.servers, &self.conversation)
+            .await
+        {
             Ok(tool) => tool.run(ctx).await,
             Err(error) => ToolOutcome::error(error),
         }

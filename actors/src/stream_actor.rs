@@ -46,6 +46,8 @@ pub(crate) struct StreamRequest {
     /// tools a `deny` policy keeps from the model.
     pub(crate) mcp_servers: Vec<String>,
     pub(crate) denied: Vec<String>,
+    /// Whose request this is: a server may run one per conversation.
+    pub(crate) conversation: keel_core::ConversationId,
     pub(crate) max_tokens: u32,
     pub(crate) timeout_ms: u64,
 }
@@ -130,7 +132,12 @@ async fn run(args: StreamArgs) -> Result<AssistantResponse, LlmFailure> {
     } = args;
     if !request.mcp_servers.is_empty() || !request.denied.is_empty() {
         let mut tools: Vec<ToolSpec> = request.tools.to_vec();
-        tools.extend(shared.mcp.specs(&request.mcp_servers).await);
+        tools.extend(
+            shared
+                .mcp
+                .specs(&request.mcp_servers, &request.conversation)
+                .await,
+        );
         tools.retain(|spec| !request.denied.contains(&spec.name));
         tools.sort_by(|left, right| left.name.cmp(&right.name));
         request.tools = tools.into();

@@ -356,6 +356,7 @@ async fn start_stream(
                 tools: Arc::from(Vec::new()),
                 mcp_servers: Vec::new(),
                 denied: Vec::new(),
+                conversation: state.id.clone(),
                 max_tokens: working.config.max_tokens,
                 timeout_ms,
             }
@@ -366,6 +367,7 @@ async fn start_stream(
             messages: working.messages.clone(),
             tools: state.shared.tools.offered(working.is_sub_agent()),
             mcp_servers: working.config.mcp_servers.clone(),
+            conversation: state.id.clone(),
             denied: working
                 .config
                 .tools
@@ -428,6 +430,7 @@ async fn start_tool(
             state.shared.mcp.clone(),
             &call.name,
             mcp_servers,
+            state.id.clone(),
         )),
         None => None,
     };

@@ -140,6 +140,10 @@ struct McpSection {
     headers: BTreeMap<String, String>,
     /// The environment variable holding a bearer token for `url`.
     bearer_token_env: Option<String>,
+    /// A `command` started once per conversation that uses it, instead of
+    /// one shared by all.
+    #[serde(default)]
+    per_conversation: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -399,6 +403,7 @@ fn mcp_servers(
                     args: section.args,
                     env: section.env,
                     cwd,
+                    per_conversation: section.per_conversation,
                 }
             }
             (None, Some(url)) => {
@@ -408,10 +413,14 @@ fn mcp_servers(
                         format!("url {url:?} is not an http:// or https:// URL"),
                     ));
                 }
-                if !section.args.is_empty() || !section.env.is_empty() || section.cwd.is_some() {
+                if !section.args.is_empty()
+                    || !section.env.is_empty()
+                    || section.cwd.is_some()
+                    || section.per_conversation
+                {
                     return Err(invalid(
                         &at,
-                        "args, env and cwd are for a command, not a url",
+                        "args, env, cwd and per_conversation are for a command, not a url",
                     ));
                 }
                 let bearer_token = match section.bearer_token_env {

@@ -612,3 +612,53 @@ async fn daemon_uses_the_reference_mcp_server_over_streamable_http() {
     let _ = server.kill();
     let _ = server.wait();
 }
+
+/// `per_conversation`: each conversation gets its own server process,
+/// which stops with the conversation's actor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_runs_a_per_conversation_mcp_server_for_each() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let log = site.run_dir().join("own.log");
+    let servers = json!({
+        "own": {
+            "command": mcp_python().display().to_string(),
+            "args": [mcp_slow_server().display().to_string()],
+            "env": {"SLOW_LOG": log.display().to_string()},
+            "per_conversation": true,
+        }
+    })
+    .to_string();
+    let daemon = Daemon::start(
+        &site,
+        Wire::Anthropic,
+        &mock,
+        &[("KEEL_MCP_SERVERS", &servers)],
+    );
+    let first = daemon.create(&site, json!({"mcp_servers": ["own"]})).await;
+    let second = daemon.create(&site, json!({"mcp_servers": ["own"]})).await;
+    for id in [&first, &second] {
+        daemon
+            .send(id, r#"call: mcp__own__echo {"message": "mine"}"#)
+            .await;
+        let events = daemon.wait_turn_done(id, 1).await;
+        assert_eq!(tool_results(&events)[0]["content"], "mine");
+    }
+    let pids = server_pids(&log);
+    assert_eq!(pids.len(), 2, "one server each: {}", noted(&log));
+
+    let evicted = daemon
+        .post_raw(&format!("/admin/actors/{first}/evict"), Vec::new(), None)
+        .await;
+    assert_eq!(evicted.status, StatusCode::OK, "{evicted:?}");
+    super::wait_process_gone(pids[0]).await;
+    assert!(
+        !super::process_is_gone(pids[1]),
+        "the other conversation's server runs on"
+    );
+    daemon
+        .send(&second, r#"call: mcp__own__echo {"message": "still mine"}"#)
+        .await;
+    let events = daemon.wait_turn_done(&second, 2).await;
+    assert_eq!(tool_results(&events)[1]["content"], "still mine");
+}
