@@ -662,3 +662,50 @@ async fn daemon_runs_a_per_conversation_mcp_server_for_each() {
     let events = daemon.wait_turn_done(&second, 2).await;
     assert_eq!(tool_results(&events)[1]["content"], "still mine");
 }
+
+/// A server's own children (what `npx` and `uvx` leave) go with it: the
+/// whole process group is killed when the daemon stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_stop_takes_an_mcp_servers_children_too() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let log = site.run_dir().join("slow.log");
+    let children = site.run_dir().join("children");
+    let script = format!(
+        "sleep 600 & echo $! > {children}; exec {python} {server}",
+        children = children.display(),
+        python = mcp_python().display(),
+        server = mcp_slow_server().display(),
+    );
+    let servers = json!({
+        "slow": {
+            "command": "/bin/sh",
+            "args": ["-c", script],
+            "env": {"SLOW_LOG": log.display().to_string()},
+        }
+    })
+    .to_string();
+    let daemon = Daemon::start(
+        &site,
+        Wire::Anthropic,
+        &mock,
+        &[("KEEL_MCP_SERVERS", &servers)],
+    );
+    let id = daemon.create(&site, json!({"mcp_servers": ["slow"]})).await;
+    daemon
+        .send(&id, r#"call: mcp__slow__echo {"message": "hi"}"#)
+        .await;
+    daemon.wait_turn_done(&id, 1).await;
+    let child: i32 = std::fs::read_to_string(&children)
+        .expect("the server's child noted its pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    let server = server_pids(&log)[0];
+    assert!(!super::process_is_gone(child));
+    let mut daemon = daemon;
+    daemon.sigterm();
+    daemon.wait_exit();
+    super::wait_process_gone(server).await;
+    super::wait_process_gone(child).await;
+}
