@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use keel_core::event::{
-    Decision, Event, EventKind, ForkOrigin, InterruptReason, NudgeReason, RecoveryAction,
+    Decision, Event, EventKind, InterruptReason, NudgeReason, RecoveryAction,
     SubAgentOutcome, TurnNote,
 };
 use keel_core::live::{ContextWarning, LiveEvent, StreamDelta};
@@ -160,22 +160,6 @@ pub enum ApiEventKind {
     },
 }
 
-/// Where a fork's history came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct ApiForkOrigin {
-    pub conversation: String,
-    /// The last seq of the source's log the fork copied.
-    pub seq: u64,
-}
-
-impl From<ForkOrigin> for ApiForkOrigin {
-    fn from(origin: ForkOrigin) -> ApiForkOrigin {
-        ApiForkOrigin {
-            conversation: origin.conversation.into(),
-            seq: origin.seq,
-        }
-    }
-}
 
 impl From<EventKind> for ApiEventKind {
     fn from(kind: EventKind) -> ApiEventKind {

@@ -186,7 +186,7 @@ pub struct ConversationDetail {
     pub last_compaction: Option<ApiCompaction>,
     /// Set for a fork: where its history came from.
     #[serde(default)]
-    pub forked_from: Option<super::events::ApiForkOrigin>,
+    pub forked_from: Option<ApiForkOrigin>,
     /// The MCP servers it may use, and what each is doing now.
     #[serde(default)]
     pub mcp_servers: Vec<ApiMcpServerState>,
@@ -442,7 +442,7 @@ pub struct CompactAccepted {
 pub struct ForkedConversation {
     /// The new conversation.
     pub id: String,
-    pub forked_from: super::events::ApiForkOrigin,
+    pub forked_from: ApiForkOrigin,
 }
 
 /// `POST /v1/conversations/{id}/rewind`.
@@ -520,4 +520,21 @@ pub struct ApiMcpServer {
 pub struct ApiMcpServerState {
     pub name: String,
     pub state: String,
+}
+
+/// Where a fork's history came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ApiForkOrigin {
+    pub conversation: String,
+    /// The last seq of the source's log the fork copied.
+    pub seq: u64,
+}
+
+impl From<keel_core::event::ForkOrigin> for ApiForkOrigin {
+    fn from(origin: keel_core::event::ForkOrigin) -> ApiForkOrigin {
+        ApiForkOrigin {
+            conversation: origin.conversation.into(),
+            seq: origin.seq,
+        }
+    }
 }
