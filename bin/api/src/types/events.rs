@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use keel_core::event::{
-    Decision, Event, EventKind, InterruptReason, NudgeReason, RecoveryAction,
-    SubAgentOutcome, TurnNote,
+    Decision, Event, EventKind, InterruptReason, NudgeReason, RecoveryAction, SubAgentOutcome,
+    TurnNote,
 };
 use keel_core::live::{ContextWarning, LiveEvent, StreamDelta};
 use keel_core::message::StopReason;
@@ -159,7 +159,6 @@ pub enum ApiEventKind {
         messages: usize,
     },
 }
-
 
 impl From<EventKind> for ApiEventKind {
     fn from(kind: EventKind) -> ApiEventKind {
