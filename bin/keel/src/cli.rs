@@ -125,10 +125,17 @@ pub enum Command {
         mock_url: Option<String>,
         /// Only these runs (text, tool, shaped: client-shaped tool turns,
         /// crowded: tool turns among open streams, compaction: compacting
-        /// 100k tokens of history), and nothing else; repeat or separate
-        /// with commas.
+        /// 100k tokens of history, mcp: MCP tool calls, which the full run
+        /// leaves out), and nothing else; repeat or separate with commas.
         #[arg(long, value_enum, value_delimiter = ',')]
         only: Vec<bench::TurnKind>,
+        /// For --only mcp: the MCP server to measure, one server's table of
+        /// KEEL_MCP_SERVERS as JSON ('{"command": "python", "args":
+        /// ["tests/mcp/slow_server.py"]}'), which the bench's daemon gets as
+        /// `bench`; default $KEEL_BENCH_MCP_SERVER. At --addr the daemon
+        /// must have its own server named `bench`.
+        #[arg(long, value_name = "JSON")]
+        mcp_server: Option<String>,
     },
     /// Drills that prove keel's promises against a real daemon and the fake
     /// provider, both started in this process on a temporary data dir.
@@ -486,6 +493,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
             pid,
             mock_url,
             only,
+            mcp_server,
         } => {
             let stdout = io::stdout().lock();
             let options = bench::Options {
@@ -495,6 +503,9 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
                 pid,
                 mock_url,
                 only,
+                mcp_server: mcp_server
+                    .or_else(|| std::env::var("KEEL_BENCH_MCP_SERVER").ok())
+                    .filter(|json| !json.trim().is_empty()),
             };
             bench::run(io::LineWriter::new(stdout), options).map(|_| Exit::Ok)
         }

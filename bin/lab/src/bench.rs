@@ -13,20 +13,25 @@
 //! stored; loading one cold conversation; cancel to idle for a stream and
 //! for a process tree; SSE delivery of a message to many subscribers of
 //! one conversation; on-demand compaction of a conversation with 100,000
-//! tokens of history, until its `compacted` event is read.
+//! tokens of history, until its `compacted` event is read. Apart from the
+//! full run, `--only mcp`: tool turns that call an MCP server's tool, and
+//! cancel to idle with an MCP call in flight (`mcp`).
 
 use std::io::Write;
 use std::time::Instant;
 
-use anyhow::Context as _;
+use anyhow::{anyhow, Context as _};
 use serde::Serialize;
 
 use keel_api::client::Client;
 use keel_api::types::ApiProvider;
 use keel_test_support::{self as rig, ChildDaemon};
 
+mod mcp;
 mod runs;
 
+use mcp::McpSizes;
+pub use mcp::{McpCancels, McpReport, McpTurns};
 use runs::{
     cancels, compaction_run, crowded_run, fanout, idle_memory, latency, ms, shaped_run, turn_run,
 };
@@ -47,10 +52,15 @@ pub struct Options {
     /// The fake provider the daemon at `addr` uses, which cancel to idle
     /// while streaming needs to script a held answer.
     pub mock_url: Option<String>,
-    /// Only these runs of turns (or compaction), and nothing else (no
-    /// memory, restart, cold loads, cancels or delivery); empty for
-    /// everything.
+    /// Only these runs of turns (or compaction, or MCP), and nothing else
+    /// (no memory, restart, cold loads, cancels or delivery); empty for
+    /// everything but MCP.
     pub only: Vec<TurnKind>,
+    /// For `mcp`: the MCP server to measure, one server's table of
+    /// `KEEL_MCP_SERVERS` as JSON (`{"command": …, "args": […]}`), which a
+    /// daemon the bench starts gets as `bench`; a daemon at `addr` must
+    /// have its own server named `bench`, and this is not used.
+    pub mcp_server: Option<String>,
 }
 
 /// A kind of turn run (or the compaction run), for `--only`.
@@ -64,6 +74,9 @@ pub enum TurnKind {
     Crowded,
     /// On-demand compaction of a long history (`compaction_run`).
     Compaction,
+    /// MCP tool turns beside `bash` ones, and cancel to idle of an MCP call
+    /// (`mcp`); never part of the full run, as it needs an MCP server.
+    Mcp,
 }
 
 struct Sizes {
@@ -79,6 +92,8 @@ struct Sizes {
     /// (conversations, tokens of history each, rounds) for on-demand
     /// compaction (`compaction_run`); `None` for none.
     compaction: Option<(usize, u64, usize)>,
+    /// MCP tool turns and cancels; `None` for none.
+    mcp: Option<McpSizes>,
     cancels: usize,
     cold_loads: usize,
     /// Subscribers of one conversation, and messages sent to it.
@@ -96,6 +111,10 @@ impl Sizes {
             shaped: vec![(1, 100), (100, 3)],
             crowded: vec![(10_000, 100)],
             compaction: Some((5, 100_000, 20)),
+            mcp: Some(McpSizes {
+                turns: vec![(1, 200), (20, 10)],
+                cancels: 50,
+            }),
             cancels: 20,
             cold_loads: 200,
             fanout: (1_000, 30),
@@ -103,8 +122,11 @@ impl Sizes {
         }
     }
 
-    /// Only the turn runs of `kinds` (all of everything when empty).
+    /// Only the turn runs of `kinds` (everything but MCP when empty).
     fn keep_only(&mut self, kinds: &[TurnKind]) {
+        if !kinds.contains(&TurnKind::Mcp) {
+            self.mcp = None;
+        }
         if kinds.is_empty() {
             return;
         }
@@ -131,6 +153,10 @@ impl Sizes {
             shaped: vec![(1, 3)],
             crowded: vec![(20, 3)],
             compaction: Some((1, 5_000, 2)),
+            mcp: Some(McpSizes {
+                turns: vec![(1, 5), (5, 1)],
+                cancels: 3,
+            }),
             cancels: 3,
             cold_loads: 10,
             fanout: (50, 3),
@@ -150,6 +176,8 @@ pub struct Report {
     /// On-demand compactions of long histories; `None` when `--only` left
     /// them out.
     pub compaction: Option<Compactions>,
+    /// MCP tool calls; `None` unless `--only` named `mcp`.
+    pub mcp: Option<McpReport>,
     /// Growth of keel's resident memory per live idle conversation, with
     /// this many live; `None` when the process is unknown.
     pub rss_per_idle_conversation_bytes: Option<f64>,
@@ -241,6 +269,9 @@ fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
     }
     if let Some(compactions) = &report.compaction {
         print_compactions(out, compactions)?;
+    }
+    if let Some(mcp) = &report.mcp {
+        mcp::print(out, mcp)?;
     }
     if report.fanout.is_none() {
         // `--only`: turns alone.
@@ -365,11 +396,19 @@ struct Target {
 }
 
 impl Target {
-    async fn start(options: &Options, dir: &std::path::Path) -> anyhow::Result<Target> {
+    /// `mcp_servers`: the daemon's `KEEL_MCP_SERVERS`, if the bench starts
+    /// it (set even when `{}`, so that none comes from the bench's own
+    /// environment, which the daemon inherits).
+    async fn start(
+        options: &Options,
+        dir: &std::path::Path,
+        mcp_servers: &str,
+    ) -> anyhow::Result<Target> {
         let Some(addr) = &options.addr else {
             let mock_url =
                 crate::mock_llm::start_in_process(crate::mock_llm::Settings::default()).await?;
             let mut daemon = ChildDaemon::new(dir, &mock_url, "keel-bench")?;
+            daemon.env("KEEL_MCP_SERVERS", mcp_servers);
             daemon.spawn()?;
             let client = daemon.client();
             daemon.ready(&client).await?;
@@ -412,7 +451,26 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
         .context("creating a temporary directory")?;
     let workdir = temp.path().join("work");
     std::fs::create_dir_all(&workdir).context("creating the conversations' directory")?;
-    let mut target = Target::start(options, temp.path()).await?;
+    // The MCP server a daemon of the bench's own gets, and where it notes
+    // what it does.
+    let (mcp_table, mcp_notes) = match (&sizes.mcp, &options.addr, &options.mcp_server) {
+        (Some(_), None, Some(json)) => {
+            let here = std::env::current_dir().context("reading the current directory")?;
+            let (table, notes) = mcp::prepare(json, &here, &temp.path().join("mcp-notes"))?;
+            (Some(table), notes)
+        }
+        (Some(_), None, None) => {
+            return Err(anyhow!(
+                "--only mcp needs the MCP server to measure: --mcp-server '{{\"command\": \"python\", \"args\": [\"tests/mcp/slow_server.py\"]}}' or KEEL_BENCH_MCP_SERVER (docs/bench.md)"
+            ));
+        }
+        _ => (None, None),
+    };
+    let mcp_servers = match &mcp_table {
+        Some(table) => serde_json::json!({ mcp::SERVER: table }).to_string(),
+        None => "{}".to_owned(),
+    };
+    let mut target = Target::start(options, temp.path(), &mcp_servers).await?;
     let client = target.client.clone();
     let quiet = options.json;
     let mut progress = |line: String| -> anyhow::Result<()> {
@@ -521,15 +579,54 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
         None => None,
     };
 
+    let mut mcp = match &sizes.mcp {
+        Some(mcp_sizes) => {
+            if options.addr.is_some() && options.mcp_server.is_some() {
+                progress(format!(
+                    "--mcp-server is not used at --addr: the daemon's own MCP server `{}` is measured",
+                    mcp::SERVER
+                ))?;
+            }
+            Some(
+                mcp::run(
+                    &client,
+                    target.pid(),
+                    &cwd,
+                    mcp_table,
+                    mcp_notes.as_deref(),
+                    mcp_sizes,
+                    &mut progress,
+                )
+                .await?,
+            )
+        }
+        None => None,
+    };
+
     if !sizes.rest {
         if let Some(daemon) = target.own.as_mut() {
+            // The MCP server's processes must end with the daemon.
+            let servers = match (&mcp, daemon.pid()) {
+                (Some(_), Some(pid)) => Some(mcp::server_processes(pid)),
+                _ => None,
+            };
             daemon.stop()?;
+            if let (Some(servers), Some(run)) = (servers, mcp.as_mut()) {
+                let (left, gone) = mcp::left_running(&servers).await;
+                progress(format!(
+                    "the MCP server's processes when the daemon stopped: {servers:?}; still running after: {left:?}"
+                ))?;
+                run.server_processes_at_stop = Some(servers);
+                run.server_processes_left = Some(left);
+                run.server_gone_after_stop_ms = gone;
+            }
         }
         return Ok(Report {
             addr: options.addr.clone(),
             pid: target.pid_at,
             turns,
             compaction,
+            mcp,
             rss_per_idle_conversation_bytes: None,
             live_conversations: 0,
             restart_to_ready_ms: None,
@@ -601,6 +698,7 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
         pid: target.pid_at,
         turns,
         compaction,
+        mcp,
         rss_per_idle_conversation_bytes: per_conversation,
         live_conversations: live,
         restart_to_ready_ms: restart.map(|(ready, _)| ready),

@@ -198,6 +198,17 @@ pub(super) async fn create_many(
     cwd: &str,
     count: usize,
 ) -> anyhow::Result<Vec<String>> {
+    create_many_with(client, cwd, count, &[]).await
+}
+
+/// [`create_many`] of conversations that may use the daemon's MCP servers
+/// `mcp_servers`.
+pub(super) async fn create_many_with(
+    client: &Client,
+    cwd: &str,
+    count: usize,
+    mcp_servers: &[String],
+) -> anyhow::Result<Vec<String>> {
     at_most_opening(count, |_| {
         let client = client.clone();
         // The fake provider, named: a daemon at `--addr` with a real
@@ -205,6 +216,7 @@ pub(super) async fn create_many(
         let request = CreateConversation {
             cwd: Some(cwd.to_owned()),
             provider: Some(ApiProvider::Mock),
+            mcp_servers: mcp_servers.to_vec(),
             ..CreateConversation::default()
         };
         async move { Ok(client.create(&request).await?.id) }
@@ -407,13 +419,29 @@ pub(super) async fn turn_run(
     each: usize,
 ) -> anyhow::Result<(Turns, Vec<String>)> {
     let ids = create_many(client, cwd, conversations).await?;
+    let text = if kind == "tool" { "run: true" } else { "hello" };
+    let run = turns_of(client, pid, kind, &ids, text, each).await?;
+    Ok((run, ids))
+}
+
+/// The conversations `ids`, each doing `each` turns of `text` one after
+/// the other, all at once; keel's CPU over the turns alone (opening the
+/// streams is left out). [`turn_run`] of conversations already created.
+pub(super) async fn turns_of(
+    client: &Client,
+    pid: Option<u32>,
+    kind: &'static str,
+    ids: &[String],
+    text: &str,
+    each: usize,
+) -> anyhow::Result<Turns> {
+    let conversations = ids.len();
     let streams = at_most_opening(ids.len(), |index| {
         let client = client.clone();
         let id = ids[index].clone();
         async move { open(&client, &id).await.map(|events| (id, events)) }
     })
     .await?;
-    let text = if kind == "tool" { "run: true" } else { "hello" };
     // Sends take turns as the openings did.
     let gate = Arc::new(Semaphore::new(OPENING));
     let measuring = Measuring::start(pid)?;
@@ -421,10 +449,11 @@ pub(super) async fn turn_run(
     for (id, mut events) in streams {
         let client = client.clone();
         let sending = gate.clone();
+        let text = text.to_owned();
         working.spawn(async move {
             let mut latencies = Vec::with_capacity(each);
             for _ in 0..each {
-                latencies.push(one_turn(&client, &sending, &mut events, &id, text).await?);
+                latencies.push(one_turn(&client, &sending, &mut events, &id, &text).await?);
             }
             Ok::<_, anyhow::Error>(latencies)
         });
@@ -433,7 +462,7 @@ pub(super) async fn turn_run(
     while let Some(joined) = working.join_next().await {
         latencies.extend(joined.context("a turn task failed")??);
     }
-    Ok((measuring.turns(kind, conversations, latencies)?, ids))
+    measuring.turns(kind, conversations, latencies)
 }
 
 /// A run of turns being measured: its start, and the daemon's CPU time
