@@ -101,6 +101,8 @@ impl ChildDaemon {
             .env_remove("ANTHROPIC_API_KEY")
             .env_remove("OPENAI_API_KEY")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            // The caller's MCP servers are not the drill's.
+            .env_remove("KEEL_MCP_SERVERS")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
