@@ -709,21 +709,9 @@ async fn list_tools(
     let mut problems = Vec::new();
     for tool in listed {
         let full = format!("{PREFIX}{server}__{}", tool.name);
-        if full.len() > 64
-            || !full
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-        {
-            problems.push(format!(
-                "{full}: providers take tool names of at most 64 letters, digits, '_' and '-'"
-            ));
-            continue;
-        }
         let schema = Value::Object((*tool.input_schema).clone());
-        if schema.get("type").and_then(Value::as_str) != Some("object") {
-            problems.push(format!(
-                "{full}: its input schema is not of type \"object\", which providers require"
-            ));
+        if let Err(problem) = offerable(&full, &schema) {
+            problems.push(format!("{full}: {problem}"));
             continue;
         }
         let spec = ToolSpec {
@@ -751,6 +739,32 @@ async fn list_tools(
         tools,
         problems,
     })
+}
+
+/// Whether a provider would take a tool named `full` with input `schema`:
+/// a name of at most 64 letters, digits, `_` and `-` (Anthropic's and
+/// OpenAI's rule), and an object schema that compiles.
+fn offerable(full: &str, schema: &Value) -> Result<(), String> {
+    if full.len() > 64
+        || !full
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return Err(
+            "providers take tool names of at most 64 letters, digits, '_' and '-'".to_owned(),
+        );
+    }
+    if schema.get("type").and_then(Value::as_str) != Some("object") {
+        return Err(
+            "its input schema is not of type \"object\", which providers require".to_owned(),
+        );
+    }
+    if let Some(error) = crate::tool::schema::compile_error(schema) {
+        return Err(format!(
+            "its input schema is not a valid JSON schema: {error}"
+        ));
+    }
+    Ok(())
 }
 
 /// The client side of a connection: it listens for a changed tool list
@@ -1002,5 +1016,43 @@ impl Tool for Deferred {
             Ok(tool) => tool.run(ctx).await,
             Err(error) => ToolOutcome::error(error),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_tool_is_offered_only_with_a_name_and_schema_providers_take() {
+        let object = json!({"type": "object", "properties": {"a": {"type": "string"}}});
+        assert_eq!(offerable("mcp__files__read", &object), Ok(()));
+        let long = format!("mcp__files__{}", "x".repeat(60));
+        assert!(offerable(&long, &object).unwrap_err().contains("64"));
+        assert!(offerable("mcp__files__read.all", &object).is_err());
+        let array = json!({"type": "array"});
+        assert!(offerable("mcp__files__list", &array)
+            .unwrap_err()
+            .contains("object"));
+        let broken = json!({"type": "object", "properties": {"a": {"type": "strang"}}});
+        assert!(offerable("mcp__files__read", &broken)
+            .unwrap_err()
+            .contains("not a valid JSON schema"));
+    }
+
+    #[test]
+    fn server_names_hold_what_a_tool_name_may() {
+        assert!(valid_server_name("files").is_ok());
+        assert!(valid_server_name("my-files_2").is_ok());
+        assert!(valid_server_name("").is_err());
+        assert!(valid_server_name("two__parts").is_err());
+        assert!(valid_server_name("dots.not").is_err());
+        assert!(valid_server_name(&"x".repeat(33)).is_err());
+        assert_eq!(
+            split_name("mcp__files__read_all"),
+            Some(("files", "read_all"))
+        );
+        assert_eq!(split_name("bash"), None);
     }
 }

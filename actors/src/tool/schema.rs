@@ -78,6 +78,12 @@ fn leaves(error: &boon::ValidationError<'_, '_>, found: &mut Vec<(String, String
     }
 }
 
+/// Why `schema` does not compile as a JSON schema, if it does not: a
+/// schema a provider would refuse along with the tool.
+pub(crate) fn compile_error(schema: &Value) -> Option<String> {
+    Validator::compile(schema).err()
+}
+
 impl Checked {
     pub(crate) fn new(tool: Arc<dyn Tool>) -> Checked {
         let spec = tool.spec();
