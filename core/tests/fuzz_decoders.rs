@@ -793,3 +793,46 @@ fn seed_corpus() {
         }
     }
 }
+
+/// A number in a tool call's input reads back from the log exactly, in
+/// both record versions: the fuzz test above once found one that JSON
+/// records changed in its last digit (serde_json needs `float_roundtrip`).
+#[test]
+fn a_tool_inputs_numbers_read_back_exactly() {
+    for number in [
+        -6.601467273491322e-159,
+        0.1 + 0.2,
+        1e300,
+        -2.2250738585072014e-308,
+    ] {
+        let event = Event {
+            seq: 5,
+            at: Timestamp(1_700_000_005_000),
+            parent: Some(4),
+            triggers_turn: false,
+            kind: keel_core::event::EventKind::AssistantMessage {
+                blocks: vec![AssistantBlock::ToolUse {
+                    call: ToolCall {
+                        id: ToolCallId::new("toolu_1"),
+                        name: "bash".to_owned(),
+                        input: serde_json::json!({"n": number}),
+                    },
+                }],
+                stop_reason: StopReason::ToolUse,
+                usage: Usage::default(),
+                provider: keel_core::config::ProviderKind::Anthropic,
+                model: "claude-test".to_owned(),
+            },
+        };
+        assert_eq!(
+            codec::decode(&codec::encode_v1(&event)),
+            Ok(event.clone()),
+            "{number:e}"
+        );
+        assert_eq!(
+            codec::decode(&codec::encode(&event)),
+            Ok(event),
+            "{number:e}"
+        );
+    }
+}
