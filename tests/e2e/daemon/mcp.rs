@@ -51,6 +51,30 @@ async fn wait_noted(log: &Path, wanted: &str) -> String {
     }
 }
 
+/// Waits until the server notes a `slow` call running; its request id.
+async fn wait_started(log: &Path) -> String {
+    let started = wait_noted(log, "started ").await;
+    started
+        .lines()
+        .find_map(|line| line.strip_prefix("started "))
+        .expect("a started line")
+        .trim()
+        .to_owned()
+}
+
+/// Waits until the server has noted `wanted` `times` times.
+async fn wait_noted_times(log: &Path, wanted: &str, times: usize) {
+    let deadline = std::time::Instant::now() + super::PATIENCE;
+    while noted(log).matches(wanted).count() < times {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the MCP server never noted {wanted:?} {times} times: {}",
+            noted(log)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// The pids the server noted at its starts.
 fn server_pids(log: &Path) -> Vec<i32> {
     noted(log)
@@ -180,13 +204,7 @@ async fn daemon_cancel_reaches_the_mcp_server() {
     daemon
         .send(&id, r#"call: mcp__slow__slow {"seconds": 60}"#)
         .await;
-    let started = wait_noted(&log, "started ").await;
-    let request = started
-        .lines()
-        .find_map(|line| line.strip_prefix("started "))
-        .expect("a started line")
-        .trim()
-        .to_owned();
+    let request = wait_started(&log).await;
     let reply = daemon.cancel(&id).await;
     assert_eq!(reply.status, StatusCode::ACCEPTED, "{reply:?}");
     daemon.wait_state(&id, "idle").await;
@@ -324,18 +342,7 @@ async fn daemon_killed_mid_mcp_call_leaves_no_server_running() {
         })
         .await;
     assert!(tool_results(&events).is_empty(), "{events:#?}");
-    wait_noted(&log, "started ").await;
-    let started = noted(&log).matches("started ").count();
-    let deadline = std::time::Instant::now() + super::PATIENCE;
-    while noted(&log).matches("started ").count() < 2 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not started again: {}",
-            noted(&log)
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    assert!(started >= 1);
+    wait_noted_times(&log, "started ", 2).await;
     assert_eq!(server_pids(&log).len(), 2, "{}", noted(&log));
     daemon.cancel(&id).await;
     daemon.wait_state(&id, "idle").await;
@@ -364,23 +371,20 @@ fn daemon_refuses_an_mcp_server_it_cannot_start() {
     }
 }
 
-/// The slow server over streamable HTTP, as a process of the test's,
+/// An MCP server over streamable HTTP, as a process of the test's,
 /// killed with the test.
 struct HttpServer {
     child: std::process::Child,
     url: String,
-    log: PathBuf,
 }
 
 impl HttpServer {
-    async fn start(site: &Site) -> HttpServer {
+    /// `command` serving on a free port (given as `$PORT`) at `/mcp`,
+    /// once it listens.
+    async fn start(mut command: std::process::Command) -> HttpServer {
         let port = crate::cli::free_port();
-        let log = site.run_dir().join("http.log");
-        let child = std::process::Command::new(mcp_python())
-            .arg(mcp_slow_server())
-            .arg("http")
+        let child = command
             .env("PORT", port.to_string())
-            .env("SLOW_LOG", &log)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -396,7 +400,6 @@ impl HttpServer {
         HttpServer {
             child,
             url: format!("http://127.0.0.1:{port}/mcp"),
-            log,
         }
     }
 }
@@ -414,7 +417,13 @@ impl Drop for HttpServer {
 async fn daemon_uses_an_mcp_server_over_streamable_http() {
     let mock = MockLlm::start();
     let site = Site::new();
-    let server = HttpServer::start(&site).await;
+    let log = site.run_dir().join("http.log");
+    let mut command = std::process::Command::new(mcp_python());
+    command
+        .arg(mcp_slow_server())
+        .arg("http")
+        .env("SLOW_LOG", &log);
+    let server = HttpServer::start(command).await;
     let servers = json!({
         "web": {"url": server.url, "bearer_token_env": "WEB_MCP_TOKEN", "headers": {"X-Team": "keel"}}
     })
@@ -448,16 +457,10 @@ async fn daemon_uses_an_mcp_server_over_streamable_http() {
     daemon
         .send(&other, r#"call: mcp__web__slow {"seconds": 60}"#)
         .await;
-    let started = wait_noted(&server.log, "started ").await;
-    let request = started
-        .lines()
-        .find_map(|line| line.strip_prefix("started "))
-        .expect("a started line")
-        .trim()
-        .to_owned();
+    let request = wait_started(&log).await;
     daemon.cancel(&other).await;
     daemon.wait_state(&other, "idle").await;
-    wait_noted(&server.log, &format!("cancelled {request}")).await;
+    wait_noted(&log, &format!("cancelled {request}")).await;
 }
 
 /// A server that changes its tools says so; the next request offers the
@@ -575,22 +578,12 @@ async fn daemon_uses_the_reference_mcp_server_over_stdio() {
 async fn daemon_uses_the_reference_mcp_server_over_streamable_http() {
     let mock = MockLlm::start();
     let site = Site::new();
-    let port = crate::cli::free_port();
-    let mut server = std::process::Command::new(crate::harness::node())
+    let mut command = std::process::Command::new(crate::harness::node());
+    command
         .arg(crate::harness::everything_server())
-        .arg("streamableHttp")
-        .env("PORT", port.to_string())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("the reference server starts");
-    let deadline = std::time::Instant::now() + super::PATIENCE;
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(std::time::Instant::now() < deadline, "it never listened");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    let servers =
-        json!({"everything": {"url": format!("http://127.0.0.1:{port}/mcp")}}).to_string();
+        .arg("streamableHttp");
+    let server = HttpServer::start(command).await;
+    let servers = json!({"everything": {"url": server.url}}).to_string();
     let daemon = Daemon::start(
         &site,
         Wire::OpenAi,
@@ -609,8 +602,6 @@ async fn daemon_uses_the_reference_mcp_server_over_streamable_http() {
         .unwrap_or_default()
         .to_owned();
     assert!(sum.contains("42"), "{events:#?}");
-    let _ = server.kill();
-    let _ = server.wait();
 }
 
 /// `per_conversation`: each conversation gets its own server process,
