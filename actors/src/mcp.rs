@@ -173,7 +173,6 @@ enum Slot {
 /// A running server.
 struct Connection {
     peer: Peer<RoleClient>,
-    tools: Mutex<Arc<ToolSet>>,
     /// A stdio server's process group.
     pgid: Option<u32>,
     /// Dropped (or sent) to stop the server.
@@ -291,7 +290,7 @@ impl McpHub {
                 continue;
             };
             match server.connect().await {
-                Ok(connection) => specs.extend(connection.tool_set().specs.iter().cloned()),
+                Ok(tools) => specs.extend(tools.specs.iter().cloned()),
                 Err(error) => {
                     tracing::warn!(server = %name, %error, "MCP server unavailable; its tools are not offered")
                 }
@@ -319,8 +318,7 @@ impl McpHub {
         let server = self
             .server_for(server_name, conversation)
             .ok_or_else(|| format!("no MCP server is named {server_name:?}"))?;
-        let connection = server.connect().await?;
-        let tools = connection.tool_set();
+        let tools = server.connect().await?;
         tools.tools.get(full_name).cloned().ok_or_else(|| {
             format!(
                 "the MCP server {server_name:?} has no tool {full_name:?}; it offers: {}",
@@ -339,8 +337,8 @@ impl McpHub {
             .values()
             .filter(|server| !server.per_conversation())
         {
-            if let Ok(connection) = server.connect().await {
-                for problem in &connection.tool_set().problems {
+            if let Ok(tools) = server.connect().await {
+                for problem in &tools.problems {
                     tracing::warn!(server = %server.name, %problem, "MCP tool left out");
                 }
             }
@@ -440,13 +438,16 @@ impl Server {
         );
     }
 
-    /// The running connection, started now if there is none (and the
-    /// backoff after the last failure has passed).
-    async fn connect(self: &Arc<Self>) -> Result<Arc<Connection>, String> {
+    /// The tools of the running server, started now if it is not running
+    /// (and the backoff after the last failure has passed).
+    async fn connect(self: &Arc<Self>) -> Result<Arc<ToolSet>, String> {
         let mut slot = self.slot.lock().await;
         let backoff = match &*slot {
             Slot::Ready(connection) if !connection.peer.is_transport_closed() => {
-                return Ok(connection.clone());
+                if let Some(tools) = self.tool_set() {
+                    return Ok(tools);
+                }
+                FIRST_BACKOFF
             }
             Slot::Ready(_) | Slot::Idle => FIRST_BACKOFF,
             Slot::Failed { error, at, backoff } => {
@@ -460,15 +461,14 @@ impl Server {
             }
         };
         match tokio::time::timeout(START_TIMEOUT, self.start()).await {
-            Ok(Ok(connection)) => {
-                let connection = Arc::new(connection);
-                let tools = connection.tool_set();
+            Ok(Ok((connection, tools))) => {
+                let tools = Arc::new(tools);
                 self.see(|seen| {
-                    seen.tools = Some(tools);
+                    seen.tools = Some(tools.clone());
                     seen.error = None;
                 });
-                *slot = Slot::Ready(connection.clone());
-                Ok(connection)
+                *slot = Slot::Ready(Arc::new(connection));
+                Ok(tools)
             }
             outcome => {
                 let error = match outcome {
@@ -492,7 +492,7 @@ impl Server {
     }
 
     /// Start the server, initialise it and list its tools.
-    async fn start(self: &Arc<Self>) -> Result<Connection, String> {
+    async fn start(self: &Arc<Self>) -> Result<(Connection, ToolSet), String> {
         let name = &self.name;
         let (changed, changes) = mpsc::unbounded_channel();
         let progress = ProgressDispatcher::new();
@@ -584,13 +584,12 @@ impl Server {
         let (stop, stopped) = oneshot::channel();
         let connection = Connection {
             peer: peer.clone(),
-            tools: Mutex::new(Arc::new(tools)),
             pgid,
             _stop: stop,
         };
         tracing::info!(server = %name, "MCP server ready");
         self.supervise(running, pgid, stopped, peer, changes, (stderr, progress));
-        Ok(connection)
+        Ok((connection, tools))
     }
 
     /// Follow the running server: list its tools again when they change,
@@ -619,7 +618,7 @@ impl Server {
                             continue;
                         }
                         match list_tools(&server.name, &peer, &stderr, &progress).await {
-                            Ok(tools) => server.replace_tools(tools).await,
+                            Ok(tools) => server.replace_tools(tools),
                             Err(error) => tracing::warn!(server = %server.name, %error, "listing the tools again failed"),
                         }
                     }
@@ -636,23 +635,16 @@ impl Server {
         });
     }
 
-    async fn replace_tools(&self, tools: ToolSet) {
-        let tools = Arc::new(tools);
-        if let Slot::Ready(connection) = &*self.slot.lock().await {
-            *connection
-                .tools
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()) = tools.clone();
-        }
-        self.see(|seen| seen.tools = Some(tools));
+    fn replace_tools(&self, tools: ToolSet) {
+        self.see(|seen| seen.tools = Some(Arc::new(tools)));
     }
-}
 
-impl Connection {
-    fn tool_set(&self) -> Arc<ToolSet> {
-        self.tools
+    /// The latest tool list, if the server ever ran.
+    fn tool_set(&self) -> Option<Arc<ToolSet>> {
+        self.seen
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .tools
             .clone()
     }
 }
