@@ -366,12 +366,14 @@ impl Actor for ConversationActor {
             ConversationMsg::ToolFinished {
                 tool_call_id,
                 outcome,
+                images,
             } => {
                 effects::finish_tool(state, &tool_call_id);
                 let input = Input::ToolFinished {
                     tool_call_id,
                     content: outcome.content,
                     is_error: outcome.is_error,
+                    images,
                 };
                 effects::step(&myself, state, input).await?;
             }
@@ -489,6 +491,7 @@ impl Actor for ConversationActor {
                 tool_call_id,
                 content: format!("the tool {why}"),
                 is_error: true,
+                images: Vec::new(),
             };
             effects::step(&myself, state, input).await?;
         }

@@ -21,6 +21,7 @@
 //! and what it last printed; the next call starts it again, no sooner than
 //! a backoff after the last failure.
 
+use base64::Engine as _;
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -44,6 +45,7 @@ use serde_json::Value;
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::image::ImageUpload;
 use crate::process_group::ProcessLedger;
 use crate::tool::{schema::Checked, Tool, ToolContext, ToolOutcome};
 
@@ -926,22 +928,35 @@ fn progress_line(update: &ProgressNotificationParam) -> String {
     }
 }
 
-/// A call's result as the model reads it: the text of its content, other
-/// content named, structured content as JSON text when there is no text.
+/// A call's result as the model reads it: the text of its content, its
+/// images (and image resources) as images, other content named,
+/// structured content as JSON text when there is no text.
 fn outcome(result: CallToolResult) -> ToolOutcome {
     let mut parts = Vec::new();
+    let mut images = Vec::new();
     for block in &result.content {
         match block {
             ContentBlock::Text(text) => parts.push(text.text.clone()),
-            ContentBlock::Image(image) => parts.push(format!(
-                "[an image, {}, {} bytes of base64]",
-                image.mime_type,
-                image.data.len()
-            )),
+            ContentBlock::Image(image) => match image_upload(&image.mime_type, &image.data) {
+                Ok(upload) => images.push(upload),
+                Err(why) => parts.push(format!("[an image keel could not read: {why}]")),
+            },
             ContentBlock::Resource(embedded) => match &embedded.resource {
                 ResourceContents::TextResourceContents { uri, text, .. } => {
                     parts.push(format!("[resource {uri}]\n{text}"))
                 }
+                ResourceContents::BlobResourceContents {
+                    uri,
+                    mime_type: Some(mime_type),
+                    blob,
+                    ..
+                } if mime_type.starts_with("image/") => match image_upload(mime_type, blob) {
+                    Ok(upload) => {
+                        parts.push(format!("[resource {uri}: the image below]"));
+                        images.push(upload);
+                    }
+                    Err(why) => parts.push(format!("[resource {uri}: {why}]")),
+                },
                 ResourceContents::BlobResourceContents { uri, blob, .. } => {
                     parts.push(format!("[resource {uri}: {} bytes of base64]", blob.len()))
                 }
@@ -959,11 +974,21 @@ fn outcome(result: CallToolResult) -> ToolOutcome {
         }
     }
     let content = parts.join("\n");
-    if result.is_error == Some(true) {
+    let outcome = if result.is_error == Some(true) {
         ToolOutcome::error(content)
     } else {
         ToolOutcome::ok(content)
-    }
+    };
+    outcome.with_images(images)
+}
+
+/// An MCP image's bytes (base64 on the wire) as an upload; the tool's
+/// worker checks what they are, as it does for any tool's images.
+fn image_upload(mime_type: &str, data: &str) -> Result<ImageUpload, String> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(data.trim())
+        .map_err(|error| format!("its data is not base64 ({error})"))?;
+    Ok(ImageUpload::new(mime_type, bytes))
 }
 
 /// The tool a call of `name` runs, found when it runs (in the tool's

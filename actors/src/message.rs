@@ -153,7 +153,9 @@ pub(crate) enum ConversationMsg {
     },
     ToolFinished {
         tool_call_id: ToolCallId,
+        /// Its `images` are empty: the worker stored them, as `images`.
         outcome: ToolOutcome,
+        images: Vec<ImageRef>,
     },
     /// A sub-agent of the running `spawn_agents` call changed state
     /// (`LiveEvent::ChildState`): published to this conversation's

@@ -236,10 +236,12 @@ async fn load_images(
     let refs: Vec<ImageRef> = messages
         .iter()
         .flat_map(|message| &message.content)
-        .filter_map(|block| match block {
-            ContentBlock::Image { image } => Some(image.clone()),
-            _ => None,
+        .flat_map(|block| match block {
+            ContentBlock::Image { image } => std::slice::from_ref(image),
+            ContentBlock::ToolResult { result } => result.images.as_slice(),
+            _ => &[],
         })
+        .cloned()
         .collect();
     let limits = ImageLimits::for_request(provider, refs.len());
     let mut images = BTreeMap::new();
@@ -264,7 +266,9 @@ async fn load_images(
     Ok(images)
 }
 
-/// Every image block of `messages` whose hash has a note becomes that note.
+/// Every image block of `messages` whose hash has a note becomes that note;
+/// a tool result's image with a note leaves the result, the note joining
+/// its text.
 fn replace_images(messages: &mut [Message], notes: &BTreeMap<String, String>) {
     if notes.is_empty() {
         return;
@@ -272,6 +276,17 @@ fn replace_images(messages: &mut [Message], notes: &BTreeMap<String, String>) {
     for block in messages.iter_mut().flat_map(|message| &mut message.content) {
         let note = match block {
             ContentBlock::Image { image } => notes.get(&image.hash).cloned(),
+            ContentBlock::ToolResult { result } => {
+                result.images.retain(|image| match notes.get(&image.hash) {
+                    Some(note) => {
+                        result.content.push('\n');
+                        result.content.push_str(note);
+                        false
+                    }
+                    None => true,
+                });
+                None
+            }
             _ => None,
         };
         if let Some(text) = note {
@@ -316,7 +331,8 @@ fn omission_note(hash: &str, reason: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use keel_core::message::Role;
+    use keel_core::ids::ToolCallId;
+    use keel_core::message::{Role, ToolResult};
 
     use super::*;
 
@@ -363,5 +379,41 @@ mod tests {
         assert_eq!(messages[0].content[1], text);
         assert_eq!(messages[0].content[2], image(&kept));
         assert_eq!(messages[1].content, vec![text]);
+    }
+
+    #[test]
+    fn a_tool_results_image_with_a_note_leaves_the_result_and_the_note_joins_its_text() {
+        let gone = "ab".repeat(32);
+        let kept = "cd".repeat(32);
+        let refs = |hashes: &[&String]| -> Vec<ImageRef> {
+            hashes
+                .iter()
+                .map(|hash| match image(hash) {
+                    ContentBlock::Image { image } => image,
+                    _ => unreachable!("image() makes image blocks"),
+                })
+                .collect()
+        };
+        let mut messages = vec![Message {
+            role: Role::User,
+            content: vec![ContentBlock::ToolResult {
+                result: ToolResult {
+                    tool_call_id: ToolCallId::new("call_1"),
+                    content: "two screenshots".to_owned(),
+                    is_error: false,
+                    images: refs(&[&gone, &kept]),
+                },
+            }],
+        }];
+        let note = omission_note(&gone, "it is too large");
+        let notes = BTreeMap::from([(gone.clone(), note.clone())]);
+
+        replace_images(&mut messages, &notes);
+
+        let ContentBlock::ToolResult { result } = &messages[0].content[0] else {
+            panic!("the result stays a result: {:?}", messages[0].content);
+        };
+        assert_eq!(result.content, format!("two screenshots\n{note}"));
+        assert_eq!(result.images, refs(&[&kept]));
     }
 }

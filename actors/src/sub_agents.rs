@@ -273,6 +273,7 @@ async fn run(args: SpawnArgs, tasks: Vec<SpawnTask>, children: Vec<ConversationI
     let _ = args.report.cast(ConversationMsg::ToolFinished {
         tool_call_id: args.call.id.clone(),
         outcome,
+        images: Vec::new(),
     });
 }
 
@@ -593,6 +594,7 @@ fn aggregate(tasks: &[SpawnTask], children: &[ConversationId], ends: &[ChildEnd]
     ToolOutcome {
         content: text,
         is_error: n_completed == 0,
+        images: Vec::new(),
     }
 }
 

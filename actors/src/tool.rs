@@ -47,6 +47,7 @@ pub use grep::Grep;
 pub use read_file::ReadFile;
 pub use write_file::WriteFile;
 
+use crate::image::ImageUpload;
 use crate::process_group::ProcessLedger;
 use crate::spawner::Spawner;
 pub use crate::tool_groups::GroupNotes;
@@ -124,6 +125,11 @@ impl ToolOutput {
 pub struct ToolOutcome {
     pub content: String,
     pub is_error: bool,
+    /// Images that go with the result, as the tool got them. The tool's
+    /// worker checks, scales and stores each like a user's attachment
+    /// before the result is recorded; one that fails is left out, with a
+    /// note in `content` saying why (docs/mcp.md, "Images").
+    pub images: Vec<ImageUpload>,
 }
 
 impl ToolOutcome {
@@ -131,6 +137,7 @@ impl ToolOutcome {
         ToolOutcome {
             content: content.into(),
             is_error: false,
+            images: Vec::new(),
         }
     }
 
@@ -138,7 +145,14 @@ impl ToolOutcome {
         ToolOutcome {
             content: content.into(),
             is_error: true,
+            images: Vec::new(),
         }
+    }
+
+    /// The outcome with `images` going with it.
+    pub fn with_images(mut self, images: Vec<ImageUpload>) -> Self {
+        self.images = images;
+        self
     }
 }
 

@@ -13,8 +13,10 @@ use futures_util::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::Instrument;
 
-use keel_core::message::ToolCall;
+use keel_core::message::{ImageRef, ToolCall};
+use keel_store::EventLog;
 
+use crate::image::{prepare_blocking, ImageLimits};
 use crate::mailbox::Mailbox;
 use crate::message::ConversationMsg;
 use crate::metrics;
@@ -34,6 +36,8 @@ pub(crate) struct ToolArgs {
     pub(crate) spawner: Spawner,
     /// Where the tool notes its process groups (the lease's notes).
     pub(crate) groups: GroupNotes,
+    /// Where the images a tool returns are stored.
+    pub(crate) store: Arc<dyn EventLog>,
     pub(crate) report: Mailbox,
     pub(crate) span: tracing::Span,
 }
@@ -95,6 +99,7 @@ async fn run(args: ToolArgs) {
         ledger,
         spawner,
         groups,
+        store,
         report,
         span,
     } = args;
@@ -127,7 +132,7 @@ async fn run(args: ToolArgs) {
     while let Ok(chunk) = chunks.try_recv() {
         forward(chunk);
     }
-    let outcome = outcome.unwrap_or_else(|panic| {
+    let mut outcome = outcome.unwrap_or_else(|panic| {
         let why = panic
             .downcast_ref::<&str>()
             .map(|text| (*text).to_owned())
@@ -142,8 +147,108 @@ async fn run(args: ToolArgs) {
         span.record("error.type", "tool_error");
         span.record("otel.status_code", "error");
     }
+    let images = store_images(store.as_ref(), &mut outcome).await;
     let _ = report.cast(ConversationMsg::ToolFinished {
         tool_call_id,
         outcome,
+        images,
     });
+}
+
+/// The most images one result keeps; more are left out with a note. Each
+/// costs the model about as much as a page of text, on every later turn.
+pub(crate) const MAX_RESULT_IMAGES: usize = 8;
+
+/// Check, scale and store the images `outcome` carries, as a user's
+/// attachments are (`image.rs`), and hand back what is stored. An image
+/// that fails any step is left out of the result and named in its text,
+/// so the model knows it was there; the call itself stands.
+async fn store_images(store: &dyn EventLog, outcome: &mut ToolOutcome) -> Vec<ImageRef> {
+    let uploads = std::mem::take(&mut outcome.images);
+    let count = uploads.len();
+    let mut stored = Vec::new();
+    for (index, upload) in uploads.into_iter().enumerate() {
+        let why = if stored.len() == MAX_RESULT_IMAGES {
+            format!("a result keeps at most {MAX_RESULT_IMAGES} images")
+        } else {
+            match prepare_blocking(upload.bytes, upload.media_type, ImageLimits::for_upload()).await
+            {
+                Ok(prepared) => match store.put_blob(prepared.bytes).await {
+                    Ok(_) => {
+                        stored.push(prepared.image);
+                        continue;
+                    }
+                    Err(error) => format!("it could not be stored: {error}"),
+                },
+                Err(problem) => problem.to_string(),
+            }
+        };
+        tracing::warn!(image = index + 1, count, %why, "tool image left out");
+        if !outcome.content.is_empty() {
+            outcome.content.push('\n');
+        }
+        outcome
+            .content
+            .push_str(&format!("[image {} of {count} left out: {why}]", index + 1));
+    }
+    stored
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use image::{ImageFormat, RgbImage};
+
+    use super::*;
+    use crate::image::ImageUpload;
+
+    fn png(width: u32, shade: u8) -> Vec<u8> {
+        let mut bytes = std::io::Cursor::new(Vec::new());
+        RgbImage::from_pixel(width, 4, image::Rgb([shade, 0, 0]))
+            .write_to(&mut bytes, ImageFormat::Png)
+            .unwrap();
+        bytes.into_inner()
+    }
+
+    /// Good images are stored and handed back in order; one that is not
+    /// what it claims, and any past the cap, are left out and named in
+    /// the text, and the call's outcome otherwise stands.
+    #[tokio::test]
+    async fn a_tools_images_are_stored_or_named_as_left_out() {
+        let store: Arc<dyn EventLog> = Arc::new(keel_store::open_memory().unwrap());
+        let mut uploads = vec![
+            ImageUpload::new("image/png", png(8, 1)),
+            ImageUpload::new("image/png", b"not a picture".to_vec()),
+        ];
+        uploads.extend(
+            (0..MAX_RESULT_IMAGES as u8).map(|n| ImageUpload::new("image/png", png(8, n + 2))),
+        );
+        let mut outcome = ToolOutcome::ok("two screens").with_images(uploads);
+
+        let stored = store_images(store.as_ref(), &mut outcome).await;
+
+        assert_eq!(stored.len(), MAX_RESULT_IMAGES);
+        assert!(outcome.images.is_empty());
+        assert!(!outcome.is_error);
+        for image in &stored {
+            assert_eq!(image.media_type, "image/png");
+            assert!(store.get_blob(&image.hash).await.unwrap().is_some());
+        }
+        let count = MAX_RESULT_IMAGES + 2;
+        assert!(
+            outcome
+                .content
+                .starts_with("two screens\n[image 2 of 10 left out: "),
+            "{}",
+            outcome.content
+        );
+        assert!(
+            outcome.content.ends_with(&format!(
+                "\n[image {count} of {count} left out: a result keeps at most {MAX_RESULT_IMAGES} images]"
+            )),
+            "{}",
+            outcome.content
+        );
+    }
 }

@@ -163,6 +163,7 @@ impl Driver {
                 tool_call_id: id,
                 content,
                 is_error,
+                images: Vec::new(),
             });
             self.tool_calls += 1;
         }

@@ -227,6 +227,7 @@ impl Driver {
             tool_call_id: id,
             content,
             is_error,
+            images: Vec::new(),
         });
     }
 

@@ -75,7 +75,10 @@ pub fn message_tokens(message: &Message) -> u64 {
             ContentBlock::ToolUse { call } => {
                 chars += call.name.len() as u64 + json_len(&call.input);
             }
-            ContentBlock::ToolResult { result } => chars += result.content.len() as u64,
+            ContentBlock::ToolResult { result } => {
+                chars += result.content.len() as u64;
+                images += result.images.len() as u64;
+            }
         }
     }
     MESSAGE_TOKENS + chars.div_ceil(CHARS_PER_TOKEN) + images * IMAGE_TOKENS
@@ -268,6 +271,12 @@ pub fn transcript(messages: &[Message]) -> String {
                     let content = clip(&result.content, RESULT_CHARS_IN_TRANSCRIPT);
                     let error = if result.is_error { " (an error)" } else { "" };
                     out.push_str(&format!("Tool result{error}: {content}\n\n"));
+                    for image in &result.images {
+                        out.push_str(&format!(
+                            "Tool result: [an image, {}x{}]\n\n",
+                            image.width, image.height
+                        ));
+                    }
                 }
             }
         }

@@ -73,6 +73,11 @@ pub enum EventKind {
         is_error: bool,
         /// Made by keel (cancel, restart, a rule), not by the tool.
         synthetic: bool,
+        /// Images the tool returned (an MCP tool's image content), stored
+        /// as blobs like a user's attachments: the model sees them with
+        /// the result (docs/mcp.md).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        images: Vec<ImageRef>,
     },
     /// Tool calls now wait for a human or a client.
     Suspended {

@@ -44,6 +44,9 @@ pub enum Input {
         tool_call_id: ToolCallId,
         content: String,
         is_error: bool,
+        /// Images the tool returned, already stored as blobs.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        images: Vec<ImageRef>,
     },
     /// Decide a pending call. Exactly once: the same decision again is
     /// accepted and changes nothing (a client retrying after a lost

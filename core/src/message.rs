@@ -76,6 +76,10 @@ pub struct ToolResult {
     pub tool_call_id: ToolCallId,
     pub content: String,
     pub is_error: bool,
+    /// Images that came with the result (an MCP tool's image content),
+    /// shown to the model inside the result where the provider allows it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<ImageRef>,
 }
 
 /// What an assistant message may contain.

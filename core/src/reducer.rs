@@ -448,6 +448,7 @@ impl WorkingSet {
                 tool_call_id,
                 content,
                 is_error,
+                images,
             } => {
                 self.open_calls.retain(|call| call.id != *tool_call_id);
                 self.pending
@@ -460,6 +461,7 @@ impl WorkingSet {
                             tool_call_id: tool_call_id.into_owned(),
                             content: content.into_owned(),
                             is_error,
+                            images: images.into_owned(),
                         },
                     },
                 );
@@ -665,6 +667,7 @@ enum Payload<'a> {
         tool_call_id: Cow<'a, ToolCallId>,
         content: Cow<'a, str>,
         is_error: bool,
+        images: Cow<'a, [ImageRef]>,
     },
     Suspended {
         pending: Cow<'a, [PendingCall]>,
@@ -727,11 +730,13 @@ impl<'a> Payload<'a> {
                 tool_call_id,
                 content,
                 is_error,
+                images,
                 ..
             } => Payload::ToolResult {
                 tool_call_id: Cow::Borrowed(tool_call_id),
                 content: Cow::Borrowed(content.as_str()),
                 is_error: *is_error,
+                images: Cow::Borrowed(images.as_slice()),
             },
             EventKind::Suspended { pending } => Payload::Suspended {
                 pending: Cow::Borrowed(pending.as_slice()),
@@ -806,11 +811,13 @@ impl<'a> Payload<'a> {
                 tool_call_id,
                 content,
                 is_error,
+                images,
                 ..
             } => Payload::ToolResult {
                 tool_call_id: Cow::Owned(tool_call_id),
                 content: Cow::Owned(content),
                 is_error,
+                images: Cow::Owned(images),
             },
             EventKind::Suspended { pending } => Payload::Suspended {
                 pending: Cow::Owned(pending),

@@ -74,7 +74,8 @@ pub fn transition(state: Conversation, input: Input, now: Timestamp) -> Step {
             tool_call_id,
             content,
             is_error,
-        } => tools::finished(&mut ctx, tool_call_id, content, is_error),
+            images,
+        } => tools::finished(&mut ctx, tool_call_id, content, is_error, images),
         Input::Resolve {
             tool_call_id,
             decision,

@@ -564,6 +564,7 @@ fn sample_log() -> Vec<Event> {
             tool_call_id: call_id.clone(),
             content: "sunny, 24°C".to_owned(),
             is_error: false,
+            images: Vec::new(),
         }),
         Box::new(|generation| Input::StreamDelta {
             generation: generation.unwrap(),
@@ -792,6 +793,38 @@ fn seed_corpus() {
             }
         }
     }
+}
+
+/// A tool result's images read back in both record versions, and a
+/// result without any is written as before they existed.
+#[test]
+fn a_tool_results_images_read_back() {
+    let result = |images: Vec<keel_core::message::ImageRef>| Event {
+        seq: 7,
+        at: Timestamp(1_700_000_007_000),
+        parent: Some(6),
+        triggers_turn: false,
+        kind: keel_core::event::EventKind::ToolResult {
+            tool_call_id: ToolCallId::new("toolu_1"),
+            content: "the screen".to_owned(),
+            is_error: false,
+            synthetic: false,
+            images,
+        },
+    };
+    let with = result(vec![keel_core::message::ImageRef {
+        hash: "ab".repeat(32),
+        media_type: "image/png".to_owned(),
+        width: 8,
+        height: 6,
+        size: 99,
+    }]);
+    assert_eq!(codec::decode(&codec::encode_v1(&with)), Ok(with.clone()));
+    assert_eq!(codec::decode(&codec::encode(&with)), Ok(with));
+    let without = result(Vec::new());
+    let v1 = String::from_utf8(codec::encode_v1(&without)).unwrap_or_default();
+    assert!(!v1.contains("images"), "{v1}");
+    assert_eq!(codec::decode(&codec::encode(&without)), Ok(without));
 }
 
 /// A number in a tool call's input reads back from the log exactly, in

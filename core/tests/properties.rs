@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use keel_core::config::SubAgentLimits;
-use keel_core::message::{AssistantBlock, ContentBlock, StopReason, ToolCall, Usage};
+use keel_core::message::{AssistantBlock, ContentBlock, ImageRef, StopReason, ToolCall, Usage};
 use keel_core::recovery::MAX_CONSECUTIVE_RESUMES;
 use keel_core::retry::RetryPolicy;
 use keel_core::state::Request;
@@ -171,9 +171,10 @@ enum Action {
     Delta,
     /// A stream message for an older generation.
     StaleStream(StreamMessage),
-    /// The latest started tool finishes.
+    /// The latest started tool finishes, with this many images.
     ToolFinished {
         is_error: bool,
+        images: usize,
     },
     /// The latest started tool writes output (`big`: more than the kept tail).
     ToolOutput {
@@ -334,7 +335,7 @@ fn action(restart_weight: u32) -> impl Strategy<Value = Action> {
             }),
         2 => Just(Action::Delta),
         1 => stream_message().prop_map(Action::StaleStream),
-        5 => any::<bool>().prop_map(|is_error| Action::ToolFinished { is_error }),
+        5 => (any::<bool>(), 0usize..3).prop_map(|(is_error, images)| Action::ToolFinished { is_error, images }),
         2 => prop::bool::weighted(0.2).prop_map(|big| Action::ToolOutput { big }),
         1 => any::<bool>().prop_map(|finished| Action::StaleTool { finished }),
         5 => (0usize..4, decision_kind())
@@ -532,13 +533,14 @@ impl Driver {
                 };
                 stream_message_for(*message, generation)
             }
-            Action::ToolFinished { is_error } => Input::ToolFinished {
+            Action::ToolFinished { is_error, images } => Input::ToolFinished {
                 tool_call_id: self
                     .running_tool
                     .clone()
                     .unwrap_or_else(|| ToolCallId::new("call-none")),
                 content: "tool output".to_owned(),
                 is_error: *is_error,
+                images: (0..*images).map(tool_image).collect(),
             },
             Action::ToolOutput { big } => Input::ToolOutput {
                 tool_call_id: self
@@ -559,6 +561,7 @@ impl Driver {
                         tool_call_id,
                         content: "late".to_owned(),
                         is_error: false,
+                        images: Vec::new(),
                     }
                 } else {
                     Input::ToolOutput {
@@ -783,6 +786,7 @@ impl Driver {
                 tool_call_id: tool,
                 content: "probe".to_owned(),
                 is_error: false,
+                images: Vec::new(),
             },
             Input::Resolve {
                 tool_call_id: ToolCallId::new("call-unknown"),
@@ -1439,7 +1443,7 @@ proptest! {
             }
             for tool_call_id in stale_tool_ids(driver) {
                 stale.push(Input::ToolOutput { tool_call_id: tool_call_id.clone(), chunk: "late".to_owned() });
-                stale.push(Input::ToolFinished { tool_call_id, content: "late".to_owned(), is_error: false });
+                stale.push(Input::ToolFinished { tool_call_id, content: "late".to_owned(), is_error: false, images: Vec::new() });
             }
             for input in stale {
                 let step = driver.probe(input.clone());
@@ -1742,5 +1746,16 @@ proptest! {
             }));
             Ok(())
         })?;
+    }
+}
+
+/// The `n`th image a tool returns: distinct per `n`, the same every run.
+fn tool_image(n: usize) -> ImageRef {
+    ImageRef {
+        hash: format!("{n:064x}"),
+        media_type: "image/png".to_owned(),
+        width: 16,
+        height: 16,
+        size: 64,
     }
 }

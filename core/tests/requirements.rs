@@ -157,6 +157,7 @@ impl Harness {
             tool_call_id: ToolCallId::new(id),
             content: content.to_owned(),
             is_error,
+            images: Vec::new(),
         })
     }
 
@@ -268,6 +269,7 @@ fn tool_results(step: &Step) -> Vec<(String, String, bool, bool)> {
                 content,
                 is_error,
                 synthetic,
+                ..
             } => Some((
                 tool_call_id.0.clone(),
                 content.clone(),

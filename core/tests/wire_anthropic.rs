@@ -457,6 +457,7 @@ fn encode_tool_use_and_tool_results() {
             tool_call_id: ToolCallId::new(id),
             content: content.to_owned(),
             is_error,
+            images: Vec::new(),
         },
     };
     let messages = [
@@ -506,6 +507,66 @@ fn encode_tool_use_and_tool_results() {
                 {"type": "tool_result", "tool_use_id": "toolu_02", "content": "weather service timed out", "is_error": true},
             ]},
         ])
+    );
+}
+
+#[test]
+fn a_tool_results_images_go_inside_the_result_after_its_text() {
+    let result = |id: &str, content: &str, hashes: &[&str]| ContentBlock::ToolResult {
+        result: ToolResult {
+            tool_call_id: ToolCallId::new(id),
+            content: content.to_owned(),
+            is_error: false,
+            images: hashes
+                .iter()
+                .map(|hash| image_ref(hash, "image/png"))
+                .collect(),
+        },
+    };
+    let messages = [Message {
+        role: Role::User,
+        content: vec![
+            result("toolu_01", "the screen:", &["aa11"]),
+            result("toolu_02", "", &["aa11"]),
+            result("toolu_03", "no picture", &[]),
+        ],
+    }];
+    let mut images = BTreeMap::new();
+    images.insert(
+        "aa11".to_owned(),
+        ImageData {
+            media_type: "image/png".to_owned(),
+            base64: "iVBORw0KGgo=".to_owned(),
+        },
+    );
+    let body = encode_request(&request(&messages, &[], &images, None)).unwrap();
+    let sent: Value = serde_json::from_slice(
+        &encode_request_bytes(&request(&messages, &[], &images, None)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(sent, body, "the bytes sent are the body");
+    let png = json!({"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo=",
+    }});
+    assert_eq!(
+        body["messages"],
+        json!([{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_01", "is_error": false, "content": [
+                {"type": "text", "text": "the screen:"},
+                png,
+            ]},
+            // No empty text block: the API refuses those.
+            {"type": "tool_result", "tool_use_id": "toolu_02", "is_error": false, "content": [png]},
+            {"type": "tool_result", "tool_use_id": "toolu_03", "is_error": false, "content": "no picture"},
+        ]}])
+    );
+
+    images.clear();
+    assert_eq!(
+        encode_request(&request(&messages, &[], &images, None)),
+        Err(EncodeError::MissingImage {
+            hash: "aa11".to_owned()
+        })
     );
 }
 

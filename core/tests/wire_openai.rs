@@ -516,6 +516,7 @@ fn result_block(id: &str, content: &str, is_error: bool) -> ContentBlock {
             tool_call_id: ToolCallId::new(id),
             content: content.into(),
             is_error,
+            images: Vec::new(),
         },
     }
 }
@@ -632,6 +633,62 @@ fn empty_text_blocks_are_left_out_of_a_user_message() {
                 ],
             },
         ])
+    );
+}
+
+#[test]
+fn a_tool_results_images_follow_the_tool_messages_in_a_user_message() {
+    let with_image = ContentBlock::ToolResult {
+        result: ToolResult {
+            tool_call_id: ToolCallId::new("call_1"),
+            content: "the screen:".into(),
+            is_error: false,
+            images: match image_block(PNG_HASH) {
+                ContentBlock::Image { image } => vec![image],
+                _ => unreachable!("image_block makes an image"),
+            },
+        },
+    };
+    let messages = [
+        user(vec![text_block("look")]),
+        Message {
+            role: Role::Assistant,
+            content: vec![
+                call_block("call_1", "screenshot", json!({})),
+                call_block("call_2", "echo", json!({})),
+            ],
+        },
+        user(vec![with_image, result_block("call_2", "hi", false)]),
+    ];
+    let images = images();
+    let body = encode_request(&request("gpt-4o", None, &messages, &[], &images)).unwrap();
+    let sent: Value = serde_json::from_slice(
+        &encode_request_bytes(&request("gpt-4o", None, &messages, &[], &images)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(sent, body, "the bytes sent are the body");
+    let sent_messages = body["messages"].as_array().cloned().unwrap_or_default();
+    assert_eq!(
+        sent_messages[2..],
+        [
+            json!({ "role": "tool", "tool_call_id": "call_1", "content": "the screen:" }),
+            json!({ "role": "tool", "tool_call_id": "call_2", "content": "hi" }),
+            json!({
+                "role": "user",
+                "content": [
+                    { "type": "text", "text": "The images returned by tool call call_1:" },
+                    { "type": "image_url", "image_url": { "url": "data:image/png;base64,iVBORw0KGgo=" } },
+                ],
+            }),
+        ]
+    );
+
+    let none = BTreeMap::new();
+    assert_eq!(
+        encode_request(&request("gpt-4o", None, &messages, &[], &none)),
+        Err(EncodeError::MissingImage {
+            hash: PNG_HASH.to_owned()
+        })
     );
 }
 

@@ -341,6 +341,7 @@ mod tests {
             tool_call_id: ToolCallId::new("t1"),
             content: "done".to_owned(),
             is_error: false,
+            images: Vec::new(),
         });
         let text = AssistantBlock::Text {
             text: "ok".to_owned(),

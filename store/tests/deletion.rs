@@ -170,6 +170,41 @@ pub async fn a_shared_blob_stays_until_its_last_referrer_goes(log: &dyn EventLog
     assert!(log.get_blob(&shared).await.unwrap().is_none());
 }
 
+/// An image a tool returned is named by its result, and keeps its blob as
+/// a message's image does.
+pub async fn a_tool_results_image_keeps_its_blob(log: &dyn EventLog) {
+    seed(log, "tool", 1).await;
+    seed(log, "user", 1).await;
+    let shared = send_image(log, "user", b"a screenshot").await;
+    let seq = log.last_seq(&id("tool")).await.unwrap() + 1;
+    let image = match message(seq, String::new(), &[&shared]).kind {
+        EventKind::UserMessage { images, .. } => images,
+        _ => unreachable!("message() makes user messages"),
+    };
+    let result = Event {
+        seq,
+        at: Timestamp(2_000 + seq),
+        parent: None,
+        triggers_turn: false,
+        kind: EventKind::ToolResult {
+            tool_call_id: keel_core::ids::ToolCallId::new("call_1"),
+            content: "the screen".to_owned(),
+            is_error: false,
+            synthetic: false,
+            images: image,
+        },
+    };
+    log.append(&id("tool"), vec![result]).await.unwrap();
+
+    let deleted = log.delete(&id("user")).await.unwrap();
+    assert_eq!(deleted.blobs_kept, vec![shared.clone()]);
+    assert!(log.get_blob(&shared).await.unwrap().is_some());
+
+    let deleted = log.delete(&id("tool")).await.unwrap();
+    assert_eq!(deleted.blobs_removed, vec![shared.clone()]);
+    assert!(log.get_blob(&shared).await.unwrap().is_none());
+}
+
 pub async fn deleting_an_unknown_conversation_changes_nothing(log: &dyn EventLog) {
     seed(log, "kept", 2).await;
     let image = send_image(log, "kept", b"kept's").await;
@@ -498,6 +533,12 @@ macro_rules! deletion {
             async fn a_shared_blob_stays_until_its_last_referrer_goes() {
                 let (_dir, log) = open();
                 super::a_shared_blob_stays_until_its_last_referrer_goes(&*log).await;
+            }
+
+            #[tokio::test]
+            async fn a_tool_results_image_keeps_its_blob() {
+                let (_dir, log) = open();
+                super::a_tool_results_image_keeps_its_blob(&*log).await;
             }
 
             #[tokio::test]

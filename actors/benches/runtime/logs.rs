@@ -130,6 +130,7 @@ pub(crate) fn history(
                         content: rng.text(WORDS, 100, 500),
                         is_error: false,
                         synthetic: false,
+                        images: Vec::new(),
                     },
                 );
             }

@@ -466,6 +466,7 @@ async fn start_tool(
         may_leave_cwd,
         ledger: state.shared.ledger.clone(),
         spawner: state.shared.spawner.clone(),
+        store: state.shared.store.clone(),
         report: state.mailbox(myself),
         span,
     };
@@ -567,6 +568,7 @@ fn report_tool(mailbox: Mailbox, tool_call_id: ToolCallId, outcome: ToolOutcome)
     let _ = mailbox.cast(ConversationMsg::ToolFinished {
         tool_call_id,
         outcome,
+        images: Vec::new(),
     });
 }
 

@@ -78,6 +78,8 @@ enum Kind {
         content: String,
         is_error: bool,
         synthetic: bool,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        images: Vec<ImageRef>,
     },
     Suspended {
         pending: Vec<PendingCall>,
@@ -240,11 +242,13 @@ macro_rules! map_kinds {
                         content,
                         is_error,
                         synthetic,
+                        images,
                     } => $to::ToolResult {
                         tool_call_id,
                         content,
                         is_error,
                         synthetic,
+                        images,
                     },
                     $from::Suspended { pending } => $to::Suspended { pending },
                     $from::Resolved {

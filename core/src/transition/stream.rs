@@ -119,6 +119,7 @@ pub(super) fn finished(ctx: &mut Ctx, generation: Generation, response: Assistan
                 content: reason.clone(),
                 is_error: true,
                 synthetic: true,
+                images: Vec::new(),
             });
         }
         return turn::next_request(ctx);

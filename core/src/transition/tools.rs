@@ -13,7 +13,7 @@ use crate::event::{
 };
 use crate::ids::ToolCallId;
 use crate::live::LiveEvent;
-use crate::message::ToolCall;
+use crate::message::{ImageRef, ToolCall};
 use crate::rejection::Rejection;
 use crate::state::Phase;
 
@@ -120,6 +120,7 @@ fn refuse(ctx: &mut Ctx, call: ToolCall, why: &str) {
         content: why.to_owned(),
         is_error: true,
         synthetic: true,
+        images: Vec::new(),
     });
 }
 
@@ -131,6 +132,7 @@ fn submit(ctx: &mut Ctx, call: ToolCall) {
         content: "result submitted".to_owned(),
         is_error: false,
         synthetic: false,
+        images: Vec::new(),
     });
     if let Some(turn) = ctx.conv.working.current_turn.clone() {
         ctx.emit(EventKind::TurnCompleted {
@@ -167,7 +169,13 @@ pub(super) fn output(ctx: &mut Ctx, tool_call_id: ToolCallId, chunk: String) {
     });
 }
 
-pub(super) fn finished(ctx: &mut Ctx, tool_call_id: ToolCallId, content: String, is_error: bool) {
+pub(super) fn finished(
+    ctx: &mut Ctx,
+    tool_call_id: ToolCallId,
+    content: String,
+    is_error: bool,
+    images: Vec<ImageRef>,
+) {
     match &ctx.conv.phase {
         Phase::ExecutingTools { current, .. } if *current == tool_call_id => {}
         // A result for a tool that is no longer running (cancelled, or from a
@@ -180,6 +188,7 @@ pub(super) fn finished(ctx: &mut Ctx, tool_call_id: ToolCallId, content: String,
         content,
         is_error,
         synthetic: false,
+        images,
     });
     advance(ctx);
 }
@@ -268,6 +277,7 @@ pub(super) fn resolve(
             content,
             is_error,
             synthetic: false,
+            images: Vec::new(),
         });
     }
     if ctx.conv.working.pending.is_empty() {

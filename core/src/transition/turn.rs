@@ -282,6 +282,7 @@ pub(super) fn end_interrupted(ctx: &mut Ctx, reason: InterruptReason, stopped: S
             content,
             is_error: true,
             synthetic: true,
+            images: Vec::new(),
         });
     }
     close_open_calls(ctx, &why);
@@ -347,6 +348,7 @@ pub(super) fn close_open_calls(ctx: &mut Ctx, why: &str) {
             content: why.to_owned(),
             is_error: true,
             synthetic: true,
+            images: Vec::new(),
         });
     }
 }

@@ -20,7 +20,9 @@ use crate::config::ProviderKind;
 use crate::ids::ToolCallId;
 use crate::input::{AssistantResponse, LlmFailure};
 use crate::live::StreamDelta;
-use crate::message::{AssistantBlock, ContentBlock, Message, Role, StopReason, ToolCall, Usage};
+use crate::message::{
+    AssistantBlock, ContentBlock, ImageRef, Message, Role, StopReason, ToolCall, ToolResult, Usage,
+};
 
 /// The body of `POST /v1/messages` for `request`, streaming.
 ///
@@ -90,9 +92,18 @@ enum WireBlock<'a> {
     },
     ToolResult {
         tool_use_id: &'a str,
-        content: &'a str,
+        content: ResultContent<'a>,
         is_error: bool,
     },
+}
+
+/// A `tool_result`'s content: its text alone, or, when the tool returned
+/// images, text and image blocks (the Messages API takes both forms).
+#[derive(Serialize)]
+#[serde(untagged)]
+enum ResultContent<'a> {
+    Text(&'a str),
+    Blocks(Vec<WireBlock<'a>>),
 }
 
 #[derive(Serialize)]
@@ -173,20 +184,7 @@ fn encode_block<'a>(
             },
             _ => return Ok(None),
         },
-        ContentBlock::Image { image } => {
-            let data = images
-                .get(&image.hash)
-                .ok_or_else(|| EncodeError::MissingImage {
-                    hash: image.hash.clone(),
-                })?;
-            WireBlock::Image {
-                source: ImageSource {
-                    kind: "base64",
-                    media_type: &data.media_type,
-                    data: &data.base64,
-                },
-            }
-        }
+        ContentBlock::Image { image } => encode_image(image, images)?,
         ContentBlock::ToolUse { call } => WireBlock::ToolUse {
             id: call.id.as_str(),
             name: &call.name,
@@ -194,11 +192,50 @@ fn encode_block<'a>(
         },
         ContentBlock::ToolResult { result } => WireBlock::ToolResult {
             tool_use_id: result.tool_call_id.as_str(),
-            content: &result.content,
+            content: encode_result_content(result, images)?,
             is_error: result.is_error,
         },
     };
     Ok(Some(encoded))
+}
+
+fn encode_result_content<'a>(
+    result: &'a ToolResult,
+    images: &'a BTreeMap<String, ImageData>,
+) -> Result<ResultContent<'a>, EncodeError> {
+    if result.images.is_empty() {
+        return Ok(ResultContent::Text(&result.content));
+    }
+    let mut blocks = Vec::with_capacity(result.images.len() + 1);
+    // An empty text block is refused by the API; a result of images alone
+    // is just its images.
+    if !result.content.trim().is_empty() {
+        blocks.push(WireBlock::Text {
+            text: &result.content,
+        });
+    }
+    for image in &result.images {
+        blocks.push(encode_image(image, images)?);
+    }
+    Ok(ResultContent::Blocks(blocks))
+}
+
+fn encode_image<'a>(
+    image: &ImageRef,
+    images: &'a BTreeMap<String, ImageData>,
+) -> Result<WireBlock<'a>, EncodeError> {
+    let data = images
+        .get(&image.hash)
+        .ok_or_else(|| EncodeError::MissingImage {
+            hash: image.hash.clone(),
+        })?;
+    Ok(WireBlock::Image {
+        source: ImageSource {
+            kind: "base64",
+            media_type: &data.media_type,
+            data: &data.base64,
+        },
+    })
 }
 
 /// Decodes one streamed Messages API response.
@@ -1115,6 +1152,7 @@ mod tests {
                 tool_call_id: ToolCallId::new(id),
                 content: format!("out {id}"),
                 is_error: false,
+                images: Vec::new(),
             },
         };
         let messages = [Message {

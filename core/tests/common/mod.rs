@@ -143,6 +143,7 @@ impl Harness {
             tool_call_id: ToolCallId::new(&id),
             content: "compiling… ok\n".repeat(40),
             is_error: false,
+            images: Vec::new(),
         });
         self.summarise_if_asked();
         self.respond(vec![AssistantBlock::Text {

@@ -107,6 +107,7 @@ pub fn realistic_log(conversation: &ConversationId, len: usize) -> Vec<Event> {
                         content: rng.text(WORDS, 100, 500),
                         is_error: false,
                         synthetic: false,
+                        images: Vec::new(),
                     },
                 );
             }

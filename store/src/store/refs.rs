@@ -34,7 +34,9 @@ pub(super) fn named_blobs(events: &[Event]) -> BTreeSet<&str> {
     events
         .iter()
         .filter_map(|event| match &event.kind {
-            EventKind::UserMessage { images, .. } => Some(images),
+            EventKind::UserMessage { images, .. } | EventKind::ToolResult { images, .. } => {
+                Some(images)
+            }
             _ => None,
         })
         .flatten()

@@ -537,11 +537,28 @@ async fn daemon_uses_the_reference_mcp_server_over_stdio() {
         .send(&id, "call: mcp__everything__get-tiny-image")
         .await;
     let events = daemon.wait_turn_done(&id, 2).await;
-    let image = tool_results(&events)[1]["content"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    assert!(image.contains("[an image, image/png"), "{image}");
+    let image = stored_image(tool_results(&events)[1]);
+    // The model got it inside the result: Anthropic's `tool_result`
+    // holds image blocks.
+    let sent = last_request_body(&mock).await;
+    let result = sent["messages"]
+        .as_array()
+        .and_then(|messages| messages.last())
+        .and_then(|message| message["content"].as_array())
+        .and_then(|blocks| blocks.iter().find(|block| block["type"] == "tool_result"))
+        .cloned()
+        .unwrap_or_default();
+    let block = result["content"]
+        .as_array()
+        .and_then(|blocks| blocks.iter().find(|block| block["type"] == "image"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(block["source"]["media_type"], "image/png", "{result}");
+    assert_eq!(
+        base64_sha256(&block["source"]["data"]),
+        image["hash"],
+        "the stored bytes are the bytes sent: {result}"
+    );
 
     let long = daemon
         .create(&site, json!({"mcp_servers": ["everything"]}))
@@ -602,6 +619,70 @@ async fn daemon_uses_the_reference_mcp_server_over_streamable_http() {
         .unwrap_or_default()
         .to_owned();
     assert!(sum.contains("42"), "{events:#?}");
+
+    // OpenAI's `tool` message holds text only: the image follows in a user
+    // message, introduced by the call it came from.
+    daemon
+        .send(&id, "call: mcp__everything__get-tiny-image")
+        .await;
+    let events = daemon.wait_turn_done(&id, 2).await;
+    let result = tool_results(&events)[1];
+    let image = stored_image(result);
+    let sent = last_request_body(&mock).await;
+    let messages = sent["messages"].as_array().cloned().unwrap_or_default();
+    let at = messages
+        .iter()
+        .position(|message| {
+            message["role"] == "tool" && message["tool_call_id"] == result["tool_call_id"]
+        })
+        .unwrap_or_else(|| panic!("the result is sent: {sent}"));
+    let next = &messages.get(at + 1).cloned().unwrap_or_default();
+    assert_eq!(next["role"], "user", "{sent}");
+    let url = next["content"]
+        .as_array()
+        .and_then(|parts| parts.iter().find(|part| part["type"] == "image_url"))
+        .map(|part| part["image_url"]["url"].clone())
+        .unwrap_or_default();
+    let data = url
+        .as_str()
+        .and_then(|url| url.strip_prefix("data:image/png;base64,"))
+        .unwrap_or_else(|| panic!("a PNG data URL: {next}"));
+    assert_eq!(base64_sha256(&json!(data)), image["hash"], "{next}");
+}
+
+/// The one image a tool result of the log holds: stored as PNG, and
+/// nothing of it left in the text.
+fn stored_image(result: &Value) -> Value {
+    let images = result["images"].as_array().cloned().unwrap_or_default();
+    assert_eq!(images.len(), 1, "one image: {result}");
+    assert_eq!(images[0]["media_type"], "image/png", "{result}");
+    assert!(
+        !result["content"].to_string().contains("base64"),
+        "{result}"
+    );
+    images[0].clone()
+}
+
+async fn last_request_body(mock: &MockLlm) -> Value {
+    mock.requests()
+        .await
+        .last()
+        .map(|record| record["body"].clone())
+        .unwrap_or_default()
+}
+
+/// The SHA-256, in hex, of the bytes a base64 string holds.
+fn base64_sha256(data: &Value) -> Value {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(data.as_str().unwrap_or_default())
+        .unwrap_or_default();
+    let hash: String = sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    json!(hash)
 }
 
 /// `per_conversation`: each conversation gets its own server process,

@@ -31,6 +31,7 @@ fn results_by_id(events: &[Event]) -> BTreeMap<String, (String, bool)> {
                 content,
                 is_error,
                 synthetic,
+                ..
             } => {
                 assert!(!synthetic, "a real tool result: {event:?}");
                 Some((tool_call_id.to_string(), (content.clone(), *is_error)))

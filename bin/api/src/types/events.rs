@@ -88,6 +88,10 @@ pub enum ApiEventKind {
         content: String,
         is_error: bool,
         synthetic: bool,
+        /// Images the tool returned (an MCP tool's image content), stored
+        /// like a message's images; absent when there are none.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        images: Vec<ApiImage>,
     },
     Suspended {
         pending: Vec<ApiPendingCall>,
@@ -203,11 +207,13 @@ impl From<EventKind> for ApiEventKind {
                 content,
                 is_error,
                 synthetic,
+                images,
             } => ApiEventKind::ToolResult {
                 tool_call_id: tool_call_id.0,
                 content,
                 is_error,
                 synthetic,
+                images: images.into_iter().map(Into::into).collect(),
             },
             EventKind::Suspended { pending } => ApiEventKind::Suspended {
                 pending: pending.into_iter().map(Into::into).collect(),

@@ -276,6 +276,9 @@ pub enum ApiContent {
         tool_call_id: String,
         content: String,
         is_error: bool,
+        /// Images that came with the result; absent when there are none.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        images: Vec<ApiImage>,
     },
 }
 
@@ -292,6 +295,7 @@ impl From<ContentBlock> for ApiContent {
                 tool_call_id: result.tool_call_id.0,
                 content: result.content,
                 is_error: result.is_error,
+                images: result.images.into_iter().map(Into::into).collect(),
             },
         }
     }

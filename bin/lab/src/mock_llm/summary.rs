@@ -194,6 +194,7 @@ mod tests {
                         tool_call_id: ToolCallId::new("toolu_1"),
                         content: "a.txt\nb.txt".to_owned(),
                         is_error: false,
+                        images: Vec::new(),
                     },
                 }],
             },

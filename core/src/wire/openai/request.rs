@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::message::{ContentBlock, Message, Role, ToolResult};
+use crate::message::{ContentBlock, ImageRef, Message, Role, ToolResult};
 use crate::wire::{EncodeError, ImageData, PromptRequest};
 
 /// Texts of one message, when a server wants a single string, are joined by
@@ -100,7 +100,7 @@ enum UserContent<'a> {
 #[derive(Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 enum WirePart<'a> {
-    Text { text: &'a str },
+    Text { text: Cow<'a, str> },
     ImageUrl { image_url: ImageUrl },
 }
 
@@ -216,28 +216,38 @@ fn encode_user<'a>(
     out: &mut Vec<WireMessage<'a>>,
 ) -> Result<(), EncodeError> {
     let mut parts = Vec::new();
+    // A `tool` message holds text only: the images a tool returned follow
+    // in the user message after the results, each group introduced by
+    // the call it came from.
+    let mut result_images = Vec::new();
     for block in &message.content {
         match block {
-            ContentBlock::ToolResult { result } => out.push(encode_tool_result(result)),
-            ContentBlock::Text { text } if text.is_empty() => {}
-            ContentBlock::Text { text } => parts.push(WirePart::Text { text }),
-            ContentBlock::Image { image } => {
-                let data = images
-                    .get(&image.hash)
-                    .ok_or_else(|| EncodeError::MissingImage {
-                        hash: image.hash.clone(),
-                    })?;
-                parts.push(WirePart::ImageUrl {
-                    image_url: ImageUrl {
-                        url: format!("data:{};base64,{}", data.media_type, data.base64),
-                    },
-                });
+            ContentBlock::ToolResult { result } => {
+                out.push(encode_tool_result(result));
+                if !result.images.is_empty() {
+                    result_images.push(WirePart::Text {
+                        text: Cow::Owned(format!(
+                            "The images returned by tool call {}:",
+                            result.tool_call_id.as_str()
+                        )),
+                    });
+                    for image in &result.images {
+                        result_images.push(image_part(image, images)?);
+                    }
+                }
             }
+            ContentBlock::Text { text } if text.is_empty() => {}
+            ContentBlock::Text { text } => parts.push(WirePart::Text {
+                text: Cow::Borrowed(text),
+            }),
+            ContentBlock::Image { image } => parts.push(image_part(image, images)?),
             // Reasoning is never sent back, and a user message holds no tool
             // calls; neither has a place in a `user` message.
             ContentBlock::Thinking { .. } | ContentBlock::ToolUse { .. } => {}
         }
     }
+    result_images.append(&mut parts);
+    let parts = result_images;
     if parts.is_empty() {
         return Ok(());
     }
@@ -252,14 +262,36 @@ fn encode_user<'a>(
         let texts: Vec<&str> = parts
             .iter()
             .filter_map(|part| match part {
-                WirePart::Text { text } => Some(*text),
-                WirePart::ImageUrl { .. } => None,
+                // Without images every text is the message's own.
+                WirePart::Text {
+                    text: Cow::Borrowed(text),
+                } => Some(*text),
+                WirePart::Text {
+                    text: Cow::Owned(_),
+                }
+                | WirePart::ImageUrl { .. } => None,
             })
             .collect();
         UserContent::Text(joined(&texts))
     };
     out.push(WireMessage::User { content });
     Ok(())
+}
+
+fn image_part<'a>(
+    image: &ImageRef,
+    images: &BTreeMap<String, ImageData>,
+) -> Result<WirePart<'a>, EncodeError> {
+    let data = images
+        .get(&image.hash)
+        .ok_or_else(|| EncodeError::MissingImage {
+            hash: image.hash.clone(),
+        })?;
+    Ok(WirePart::ImageUrl {
+        image_url: ImageUrl {
+            url: format!("data:{};base64,{}", data.media_type, data.base64),
+        },
+    })
 }
 
 fn encode_tool_result(result: &ToolResult) -> WireMessage<'_> {
