@@ -288,6 +288,7 @@ impl Printer {
                 tool_call_id,
                 content,
                 is_error,
+                images,
                 ..
             } => {
                 if !self.streamed_output.contains(tool_call_id) && !content.is_empty() {
@@ -298,6 +299,11 @@ impl Printer {
                     self.paint.red("✗ failed")
                 } else {
                     self.paint.green("✓ done")
+                };
+                let verdict = match images.len() {
+                    0 => verdict,
+                    1 => format!("{verdict} {}", self.paint.dim("(1 image)")),
+                    n => format!("{verdict} {}", self.paint.dim(&format!("({n} images)"))),
                 };
                 self.note(&verdict);
             }
