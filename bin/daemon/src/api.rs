@@ -11,6 +11,7 @@ pub mod conversations;
 pub mod deletion;
 pub mod error;
 pub mod events;
+pub mod follow;
 pub mod history;
 pub mod measure;
 pub mod paging;

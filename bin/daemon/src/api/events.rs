@@ -3,23 +3,10 @@
 //! every canonical event (`event: canonical`, its seq as the SSE `id`) and
 //! the live-only ones between them (`event: live`, no `id`).
 //!
-//! Resuming is the runtime's business: `Last-Event-ID: N` (or `?from=N+1`)
-//! subscribes from seq N+1 (`ConversationHandle::subscribe_from`), which
-//! reads what the client missed from the log and then follows live, with
-//! nothing missed or doubled. A client that falls behind is caught up from
-//! the log by the subscription too. If the conversation's actor stops
-//! (evicted, crashed and restarted), the stream subscribes again from the
-//! next seq it owes, sending a fresh snapshot. A client that disconnects
-//! drops its subscription, and the actor frees the channel.
-//!
-//! A stream never wakes a conversation (docs/daemon.md, "Streams of a
-//! conversation at rest"). Opening one of a conversation no actor serves
-//! (evicted, or not started since the daemon did) sends its snapshot read
-//! from the store and the canonical events the client is owed from the
-//! log, then waits, quiet but for keep-alives, until something else starts
-//! the conversation (a message, a resolution, the supervisor's restart);
-//! then it follows that life from the next seq owed. A stream whose
-//! conversation is evicted waits the same way.
+//! The items come from a [`Follower`] (`follow.rs`), which resumes from
+//! `Last-Event-ID: N` (or `?from=N+1`) with nothing missed or doubled,
+//! follows the conversation's next life when its actor stops, and never
+//! wakes a conversation at rest; this module renders them.
 //!
 //! Frames are bytes rendered whole (`frame`). A wave of updates the
 //! conversation publishes (what one of its steps published) reaches its
@@ -33,13 +20,9 @@
 //! body is the stream of those bytes with a keep-alive comment
 //! (`keep_alive`).
 
-mod frame;
-mod keep_alive;
-mod stop;
+pub(crate) mod frame;
+pub(crate) mod keep_alive;
 
-use std::future::Future as _;
-use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -48,20 +31,16 @@ use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 
-use super::measure::OpenStream;
 use futures_util::stream;
 use serde::{Deserialize, Serialize};
 use utoipa::IntoParams;
 
-use keel_actors::core::{ConversationId, Seq};
-use keel_actors::{ConversationHandle, Following, Received, Subscription, View, Wave};
-
 use super::error::{ApiError, ApiQuery};
+use super::follow::{Follower, Item};
 use super::{AppState, ConversationPath};
 use keel_api::types::{ApiLiveEvent, ErrorBody, Snapshot};
 use keel_api::ErrorCode;
 use keep_alive::KeepAlive;
-use stop::Stop;
 
 /// How often an idle stream sends a comment, so proxies keep it open.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -113,28 +92,8 @@ pub async fn events(
         }
         None => query.from,
     };
-    let handle = state.runtime.handle(id.clone());
-    let following = handle
-        .follow(from)
-        .await
-        .map_err(|error| ApiError::from_runtime(id.as_str(), error))?;
-    let (subscription, at_rest, resume_from) = match following {
-        Following::Live(subscription) => (Some(subscription), None, None),
-        Following::AtRest(view) => {
-            let next = from.unwrap_or(view.last_seq + 1).max(1);
-            (None, Some(view), Some(next))
-        }
-    };
     let follow = Follow {
-        handle,
-        id,
-        subscription,
-        at_rest,
-        snapshot_sent: false,
-        resume_from,
-        stop: Stop::new(state.stopping.clone()),
-        done: false,
-        _open: OpenStream::open(),
+        follower: Follower::open(&state, id, from).await?,
     };
     // Boxed: the state moves into and out of each frame's future, and a
     // pointer moves cheaper than the whole stream's state.
@@ -153,26 +112,10 @@ pub async fn events(
         .into_response())
 }
 
-/// One client's stream.
+/// One client's stream: the follower's items as keel's SSE frames.
 struct Follow {
-    handle: ConversationHandle,
-    id: ConversationId,
-    subscription: Option<Subscription>,
-    /// The conversation rested with no actor when the stream opened: its
-    /// view, sent as the snapshot before anything else.
-    at_rest: Option<View>,
-    snapshot_sent: bool,
-    /// The seq to subscribe from again once the actor's next life answers.
-    resume_from: Option<Seq>,
-    stop: Stop,
-    done: bool,
-    /// Counts this stream in `keel_event_streams_open` while it lives.
-    _open: OpenStream,
+    follower: Follower,
 }
-
-/// Canonical events read from the log per frame batch while a stream of a
-/// conversation at rest sends what its client is owed.
-const LOG_PAGE: usize = 256;
 
 /// An error frame: the stream ends after it; the client reconnects with
 /// its `Last-Event-ID`.
@@ -184,98 +127,26 @@ struct StreamError {
 
 impl Follow {
     async fn next_frame(&mut self) -> Option<Bytes> {
-        loop {
-            if self.done || self.stop.is_stopping() {
-                return None;
+        let id = self.follower.id().clone();
+        Some(match self.follower.next().await? {
+            Item::Snapshot(view) => {
+                frame::render("snapshot", None, &crate::convert::snapshot(view))
             }
-            if self.subscription.is_none() {
-                if let Some(view) = self.at_rest.take() {
-                    self.snapshot_sent = true;
-                    return Some(frame::render(
-                        "snapshot",
-                        None,
-                        &crate::convert::snapshot(view),
-                    ));
-                }
-                match self.owed_from_log().await {
-                    Ok(Some(frames)) => return Some(frames),
-                    Ok(None) => {}
-                    Err(frame) => {
-                        self.done = true;
-                        return frame;
-                    }
-                }
-                if let Err(frame) = self.resubscribe().await {
-                    self.done = true;
-                    return frame;
-                }
+            Item::Logged(updates) => frame::updates(&id, &updates),
+            // Rendered by the first of the conversation's streams to get
+            // there, the same bytes for all.
+            Item::Wave(published) => {
+                published
+                    .rendered(|updates| SseFrame(frame::updates(&id, updates)))
+                    .0
             }
-            let Some(subscription) = self.subscription.as_mut() else {
-                continue;
-            };
-            if !self.snapshot_sent {
-                self.snapshot_sent = true;
-                return Some(frame::render(
-                    "snapshot",
-                    None,
-                    &crate::convert::snapshot(subscription.view.clone()),
-                ));
+            Item::Lagged { missed } => {
+                frame::render("live", None, &ApiLiveEvent::Lagged { missed })
             }
-            // The next update, or the daemon's stop. The subscription is
-            // polled first; the stop (checked above for every frame) only
-            // while no update is ready, and cheaply (`stop`).
-            let received = {
-                let stop = &mut self.stop;
-                let mut next = std::pin::pin!(subscription.next_wave());
-                std::future::poll_fn(|cx| {
-                    if let Poll::Ready(received) = next.as_mut().poll(cx) {
-                        return Poll::Ready(Some(received));
-                    }
-                    stop.poll_stopped(cx).map(|()| None)
-                })
-                .await
-            };
-            // `None`: the daemon is stopping.
-            let received = received?;
-            match received {
-                Received::Update(published) => return Some(self.shared_frame(&published)),
-                Received::Lagged { missed } => {
-                    return Some(frame::render(
-                        "live",
-                        None,
-                        &ApiLiveEvent::Lagged { missed },
-                    ));
-                }
-                Received::CatchUpFailed { error } => {
-                    self.done = true;
-                    return Some(frame::render(
-                        "error",
-                        None,
-                        &StreamError {
-                            code: ErrorCode::CatchUpFailed,
-                            message: format!(
-                                "could not read missed events from the log ({error}); reconnect with Last-Event-ID"
-                            ),
-                        },
-                    ));
-                }
-                Received::Closed => {
-                    // The actor stopped; follow its next life from the
-                    // next seq this client is owed.
-                    let next = subscription.next_seq();
-                    self.subscription = None;
-                    self.resume_from = Some(next);
-                }
+            Item::Failed { code, message } => {
+                frame::render("error", None, &StreamError { code, message })
             }
-        }
-    }
-
-    /// The frames of a wave as the conversation published it: rendered
-    /// by the first of its streams to get there, the same bytes for all.
-    fn shared_frame(&self, published: &Arc<Wave>) -> Bytes {
-        published
-            .rendered(|updates| SseFrame(frame::updates(&self.id, updates)))
-            .0
+        })
     }
 }
 
@@ -284,80 +155,3 @@ impl Follow {
 /// to `Bytes` could take this one's place.
 #[derive(Clone)]
 struct SseFrame(Bytes);
-
-impl Follow {
-    /// The canonical events the client is owed that the log already holds,
-    /// while no actor serves the conversation: the next page of them as
-    /// frames, or `None` once there are none. `Err` ends the stream, with
-    /// the frame to send last.
-    async fn owed_from_log(&mut self) -> Result<Option<Bytes>, Option<Bytes>> {
-        let Some(from) = self.resume_from else {
-            return Ok(None);
-        };
-        let events = match self.handle.log(from, LOG_PAGE).await {
-            Ok(events) => events,
-            Err(keel_actors::Error::NotFound(_)) => return Ok(None),
-            Err(error) => return Err(Some(unavailable(&error))),
-        };
-        let Some(last) = events.last() else {
-            return Ok(None);
-        };
-        self.resume_from = Some(last.seq + 1);
-        let updates: Vec<keel_actors::Update> = events
-            .into_iter()
-            .map(|event| keel_actors::Update::Event {
-                event: Arc::new(event),
-            })
-            .collect();
-        Ok(Some(frame::updates(&self.id, &updates)))
-    }
-
-    /// Follow the conversation again once an actor serves it: started by
-    /// something else (a message, a resolution, its supervisor), never by
-    /// this stream. `Err` ends the stream, with the frame to send last, if
-    /// any.
-    async fn resubscribe(&mut self) -> Result<(), Option<Bytes>> {
-        loop {
-            let woken = {
-                let stop = &mut self.stop;
-                let mut woken = std::pin::pin!(self.handle.woken());
-                std::future::poll_fn(|cx| {
-                    if woken.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(true);
-                    }
-                    stop.poll_stopped(cx).map(|()| false)
-                })
-                .await
-            };
-            if !woken {
-                return Err(None);
-            }
-            match self.handle.follow_live(self.resume_from).await {
-                Ok(Some(subscription)) => {
-                    self.subscription = Some(subscription);
-                    self.snapshot_sent = false;
-                    return Ok(());
-                }
-                // It stopped again before it could be followed: wait for
-                // its next life.
-                Ok(None) => tokio::task::yield_now().await,
-                Err(keel_actors::Error::ShuttingDown) => return Err(None),
-                Err(error) => return Err(Some(unavailable(&error))),
-            }
-        }
-    }
-}
-
-/// The error frame of a stream that cannot follow its conversation.
-fn unavailable(error: &keel_actors::Error) -> Bytes {
-    frame::render(
-        "error",
-        None,
-        &StreamError {
-            code: ErrorCode::ConversationUnavailable,
-            message: format!(
-                "the conversation could not be followed ({error}); reconnect with Last-Event-ID"
-            ),
-        },
-    )
-}
