@@ -175,6 +175,32 @@ impl Runtime {
         Ok(self.handle(id))
     }
 
+    /// [`create`](Runtime::create) under an id the caller chose (a
+    /// LangGraph client naming its thread). An id the store already holds
+    /// is refused with `Error::AlreadyExists`, and so is one created by
+    /// someone else meanwhile: the store takes a conversation's first
+    /// event once.
+    pub async fn create_as(
+        &self,
+        id: ConversationId,
+        cwd: impl AsRef<Path>,
+        config: ConversationConfig,
+    ) -> Result<ConversationHandle, Error> {
+        if self.shared.store.last_seq(&id).await? > 0 {
+            return Err(Error::AlreadyExists(id));
+        }
+        activation::create_as(
+            &self.shared,
+            &self.supervisor.get_cell(),
+            id.clone(),
+            cwd.as_ref(),
+            config,
+            None,
+        )
+        .await?;
+        Ok(self.handle(id))
+    }
+
     /// A handle on conversation `id`. Every call through it goes through
     /// `ensure_started`; an unknown id is an error on first use.
     pub fn handle(&self, id: ConversationId) -> ConversationHandle {

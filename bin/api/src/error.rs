@@ -98,6 +98,15 @@ error_codes! {
     StorageUnavailable => "storage_unavailable",
     /// The runtime did not answer in time.
     Timeout => "timeout",
+    /// A thread (a conversation) with that id exists already.
+    AlreadyExists => "already_exists",
+    /// The run has ended: there is nothing to cancel.
+    NotRunning => "not_running",
+    /// What was asked is a feature keel does not have; the message says
+    /// what to do instead.
+    Unsupported => "unsupported",
+    /// A decision was sent, but nothing waits for one.
+    NothingWaits => "nothing_waits",
     /// Anything else: a bug or an unexpected failure.
     Internal => "internal",
     /// An event stream could not read the log it owed its client.

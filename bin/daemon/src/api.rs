@@ -13,6 +13,7 @@ pub mod error;
 pub mod events;
 pub mod follow;
 pub mod history;
+pub mod langgraph;
 pub mod measure;
 pub mod paging;
 pub mod settings;
@@ -191,6 +192,7 @@ pub fn router(state: AppState) -> Router {
                 async move { Json(api.as_ref().clone()) }
             }),
         )
+        .nest("/langgraph", langgraph::router())
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), storage_guard))
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
@@ -237,7 +239,16 @@ async fn require_token(State(state): State<AppState>, request: Request, next: Ne
         .headers()
         .get(AUTHORIZATION)
         .map(|value| value.as_bytes());
-    if token::authorizes(header, &state.token) {
+    // LangGraph's SDKs send the key as `x-api-key: KEY`; on their routes
+    // that is keel's token too (docs/langgraph.md).
+    let api_key = request
+        .uri()
+        .path()
+        .starts_with("/langgraph/")
+        .then(|| request.headers().get("x-api-key"))
+        .flatten()
+        .is_some_and(|key| token::matches(key.as_bytes(), &state.token));
+    if api_key || token::authorizes(header, &state.token) {
         next.run(request).await
     } else {
         let mut response = ApiError::new(

@@ -67,6 +67,11 @@ pub fn authorizes(header: Option<&[u8]>, token: &str) -> bool {
     let Some(presented) = header.and_then(|value| value.strip_prefix(b"Bearer ")) else {
         return false;
     };
+    matches(presented, token)
+}
+
+/// Whether `presented` is `token`, compared in constant time.
+pub fn matches(presented: &[u8], token: &str) -> bool {
     presented.ct_eq(token.as_bytes()).into()
 }
 
