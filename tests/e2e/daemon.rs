@@ -23,6 +23,7 @@ mod deletion;
 mod file_tools;
 mod full_disk;
 mod history;
+mod langgraph;
 mod mcp;
 mod operations;
 mod refusals;

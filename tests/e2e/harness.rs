@@ -217,46 +217,61 @@ pub fn group_member_states(pgid: i32) -> Vec<char> {
 pub fn mcp_python() -> PathBuf {
     static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     PYTHON
-        .get_or_init(|| {
-            if let Some(python) = std::env::var_os("KEEL_TEST_PYTHON") {
-                return PathBuf::from(python);
-            }
-            let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mcp-python");
-            let python = venv.join("bin").join("python");
-            let requirements = Path::new(env!("CARGO_MANIFEST_DIR")).join("mcp/requirements.txt");
-            let ready = venv.join("installed");
-            let wanted =
-                std::fs::read_to_string(&requirements).expect("tests/mcp/requirements.txt");
-            if std::fs::read_to_string(&ready).ok().as_deref() == Some(wanted.as_str()) {
-                return python;
-            }
-            let run = |command: &mut std::process::Command, what: &str| {
-                let output = command
-                    .output()
-                    .unwrap_or_else(|error| panic!("{what}: {error}"));
-                assert!(
-                    output.status.success(),
-                    "{what} failed (the MCP tests need python3 with venv and pip, and PyPI):\n{}{}",
-                    String::from_utf8_lossy(&output.stdout),
-                    String::from_utf8_lossy(&output.stderr)
-                );
-            };
-            run(
-                std::process::Command::new("python3")
-                    .args(["-m", "venv"])
-                    .arg(&venv),
-                "python3 -m venv",
-            );
-            run(
-                std::process::Command::new(&python)
-                    .args(["-m", "pip", "install", "--quiet", "-r"])
-                    .arg(&requirements),
-                "pip install -r tests/mcp/requirements.txt",
-            );
-            std::fs::write(&ready, wanted).expect("the venv's marker");
-            python
+        .get_or_init(|| match std::env::var_os("KEEL_TEST_PYTHON") {
+            Some(python) => PathBuf::from(python),
+            None => venv_python("mcp-python", "mcp/requirements.txt"),
         })
         .clone()
+}
+
+/// A Python with LangGraph's own SDK (`tests/langgraph/requirements.txt`),
+/// for the LangGraph API's tests (docs/langgraph.md): a virtual
+/// environment made once under the target directory.
+pub fn langgraph_python() -> PathBuf {
+    static PYTHON: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PYTHON
+        .get_or_init(|| venv_python("langgraph-python", "langgraph/requirements.txt"))
+        .clone()
+}
+
+/// The `python` of a virtual environment `name` under the target
+/// directory with `requirements` (relative to `tests/`) installed from
+/// PyPI; made again when the requirements change.
+fn venv_python(name: &str, requirements: &str) -> PathBuf {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let python = venv.join("bin").join("python");
+    let requirements = Path::new(env!("CARGO_MANIFEST_DIR")).join(requirements);
+    let ready = venv.join("installed");
+    let wanted = std::fs::read_to_string(&requirements)
+        .unwrap_or_else(|error| panic!("{}: {error}", requirements.display()));
+    if std::fs::read_to_string(&ready).ok().as_deref() == Some(wanted.as_str()) {
+        return python;
+    }
+    let run = |command: &mut std::process::Command, what: &str| {
+        let output = command
+            .output()
+            .unwrap_or_else(|error| panic!("{what}: {error}"));
+        assert!(
+            output.status.success(),
+            "{what} failed (these tests need python3 with venv and pip, and PyPI):\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    run(
+        std::process::Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv),
+        "python3 -m venv",
+    );
+    run(
+        std::process::Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "-r"])
+            .arg(&requirements),
+        &format!("pip install -r {}", requirements.display()),
+    );
+    std::fs::write(&ready, wanted).expect("the venv's marker");
+    python
 }
 
 /// `tests/mcp/slow_server.py`: the tests' MCP server.

@@ -18,7 +18,7 @@ pub mod project;
 use std::time::{Duration, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -406,7 +406,7 @@ async fn run_wait(
     let id = thread_id(&thread)?;
     let started = start_run(&state, &id, request).await?;
     let values = wait_run(&state, &id, started.run).await?;
-    Ok((run_headers(&id, started.run, false), Json(values)).into_response())
+    Ok((run_headers(&id, started.run, None), Json(values)).into_response())
 }
 
 async fn run_create(
@@ -419,7 +419,7 @@ async fn run_create(
     let events = read_log(&state, &id).await?;
     let run = find_run(&events, started.run)?;
     Ok((
-        run_headers(&id, started.run, false),
+        run_headers(&id, started.run, None),
         Json(run_json(&id, &run)),
     )
         .into_response())
@@ -460,33 +460,32 @@ async fn run_join(
     wait_run(&state, &id, seq).await.map(Json)
 }
 
-#[derive(Debug, Default, Deserialize)]
-struct JoinQuery {
-    stream_mode: Option<String>,
-}
-
 /// Join a run's stream: from the frame after `Last-Event-ID` (the SDK's own
 /// reconnect), or from now.
 async fn run_join_stream(
     State(state): State<AppState>,
     Path((thread, run)): Path<(String, String)>,
-    Query(query): Query<JoinQuery>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let id = thread_id(&thread)?;
     let seq = run_seq(&id, &run)?;
     let events = read_log(&state, &id).await?;
     let found = find_run(&events, seq)?;
-    let modes = match query.stream_mode.as_deref() {
-        Some(modes) => Modes::parse(
-            &modes
-                .split(',')
-                .map(|mode| mode.trim().to_owned())
-                .collect::<Vec<_>>(),
-        ),
+    // `stream_mode` may come once per mode (the SDK's way) or as a list.
+    let named: Vec<String> = query
+        .as_deref()
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|pair| pair.strip_prefix("stream_mode="))
+        .flat_map(|modes| modes.split("%2C").flat_map(|mode| mode.split(',')))
+        .map(str::to_owned)
+        .collect();
+    let modes = match named.is_empty() {
+        false => Modes::parse(&named),
         // A joined run streams what a run started without modes does,
         // and its messages.
-        None => Modes {
+        true => Modes {
             values: true,
             messages_tuple: true,
             ..Modes::default()
@@ -951,7 +950,9 @@ async fn stream_run(
         body,
     )
         .into_response();
-    response.headers_mut().extend(run_headers(&id, run, true));
+    response
+        .headers_mut()
+        .extend(run_headers(&id, run, Some(modes)));
     Ok(response)
 }
 
@@ -1041,16 +1042,24 @@ fn render(frame: &Frame) -> Bytes {
     Bytes::from(out)
 }
 
-/// `Location` (where the SDK reconnects a run's stream) and
-/// `Content-Location` (where it reads the run's id).
-fn run_headers(id: &ConversationId, run: Seq, stream: bool) -> HeaderMap {
+/// `Content-Location` (where the SDK reads the run's id) and, for a
+/// stream in `modes`, `Location`: where the SDK reconnects it, in the same
+/// modes (it sends no body then), relative to the API's base as the SDK
+/// resolves it.
+fn run_headers(id: &ConversationId, run: Seq, modes: Option<Modes>) -> HeaderMap {
     let path = format!("/threads/{}/runs/{}", id.as_str(), run_id(id, run));
     let mut headers = HeaderMap::new();
     if let Ok(value) = HeaderValue::from_str(&path) {
         headers.insert(HeaderName::from_static("content-location"), value);
     }
-    if stream {
-        if let Ok(value) = HeaderValue::from_str(&format!("{path}/stream")) {
+    if let Some(modes) = modes {
+        let query: Vec<String> = modes
+            .names()
+            .iter()
+            .map(|mode| format!("stream_mode={mode}"))
+            .collect();
+        let location = format!("{path}/stream?{}", query.join("&"));
+        if let Ok(value) = HeaderValue::from_str(&location) {
             headers.insert(axum::http::header::LOCATION, value);
         }
     }

@@ -67,6 +67,19 @@ impl Modes {
         }
         modes
     }
+
+    /// The names of these modes, as a request gives them.
+    pub fn names(self) -> Vec<&'static str> {
+        [
+            (self.values, "values"),
+            (self.updates, "updates"),
+            (self.messages_tuple, "messages-tuple"),
+            (self.messages, "messages"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect()
+    }
 }
 
 /// One SSE frame: `event`, its `id` (none for `metadata`), JSON data.
