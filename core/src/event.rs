@@ -215,8 +215,23 @@ pub enum PendingKind {
 #[serde(tag = "decision", rename_all = "snake_case")]
 pub enum Decision {
     Approve,
+    /// Approve the call to run with this input instead of the model's
+    /// (an approval only). The model's history shows the call with the
+    /// input it ran with, as LangChain's human-in-the-loop edit does.
+    Edit {
+        input: serde_json::Value,
+    },
     Deny,
-    Answer { text: String },
+    Answer {
+        text: String,
+    },
+}
+
+impl Decision {
+    /// Whether the call runs: approved as it is, or edited.
+    pub fn runs_call(&self) -> bool {
+        matches!(self, Decision::Approve | Decision::Edit { .. })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -474,7 +474,10 @@ impl WorkingSet {
                 self.pending
                     .retain(|pending| pending.call.id != *tool_call_id);
                 let tool_call_id = tool_call_id.into_owned();
-                if *decision == Decision::Approve {
+                if let Decision::Edit { input } = decision.as_ref() {
+                    self.edit_call(&tool_call_id, input);
+                }
+                if decision.runs_call() {
                     self.approved.push(tool_call_id.clone());
                 }
                 if self.resolved.len() == RESOLUTIONS_KEPT {
@@ -553,6 +556,32 @@ impl WorkingSet {
                 // The provider's count described the prompt before.
                 self.usage = Usage::default();
             }
+        }
+    }
+
+    /// An approval that changed the call's input: the call runs with it,
+    /// and the history shows it so (the model's own message, as recorded,
+    /// stays in the log).
+    fn edit_call(&mut self, tool_call_id: &ToolCallId, input: &serde_json::Value) {
+        for call in self
+            .open_calls
+            .iter_mut()
+            .filter(|call| call.id == *tool_call_id)
+        {
+            call.input = input.clone();
+        }
+        let block = self
+            .messages
+            .iter_mut()
+            .rev()
+            .filter(|message| message.role == Role::Assistant)
+            .flat_map(|message| message.content.iter_mut())
+            .find_map(|block| match block {
+                ContentBlock::ToolUse { call } if call.id == *tool_call_id => Some(call),
+                _ => None,
+            });
+        if let Some(call) = block {
+            call.input = input.clone();
         }
     }
 

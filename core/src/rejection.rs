@@ -124,6 +124,7 @@ impl fmt::Display for Rejection {
 fn decision_name(decision: &Decision) -> &'static str {
     match decision {
         Decision::Approve => "approve",
+        Decision::Edit { .. } => "edit",
         Decision::Deny => "deny",
         Decision::Answer { .. } => "answer",
     }

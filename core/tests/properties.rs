@@ -136,6 +136,7 @@ impl Tool {
 #[derive(Debug, Clone, Copy)]
 enum DecisionKind {
     Approve,
+    Edit,
     Deny,
     Answer,
 }
@@ -300,6 +301,7 @@ fn tool() -> impl Strategy<Value = Tool> {
 fn decision_kind() -> impl Strategy<Value = DecisionKind> {
     prop_oneof![
         Just(DecisionKind::Approve),
+        Just(DecisionKind::Edit),
         Just(DecisionKind::Deny),
         Just(DecisionKind::Answer),
     ]
@@ -832,6 +834,9 @@ impl Driver {
 fn decision_of(kind: DecisionKind) -> Decision {
     match kind {
         DecisionKind::Approve => Decision::Approve,
+        DecisionKind::Edit => Decision::Edit {
+            input: serde_json::json!({"command": "echo edited"}),
+        },
         DecisionKind::Deny => Decision::Deny,
         DecisionKind::Answer => Decision::Answer {
             text: "yes".to_owned(),
@@ -844,6 +849,9 @@ fn decision_of(kind: DecisionKind) -> Decision {
 fn every_decision() -> Vec<Decision> {
     vec![
         Decision::Approve,
+        Decision::Edit {
+            input: serde_json::json!({"command": "echo edited"}),
+        },
         Decision::Deny,
         Decision::Answer {
             text: "yes".to_owned(),

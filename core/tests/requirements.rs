@@ -1391,6 +1391,85 @@ fn seed_003_gated_tool_waits_for_approval_then_runs() {
     assert_eq!(started_tools(&step), vec!["d1"]);
 }
 
+/// An approval with a changed input runs the call with it, records the
+/// decision with the input, and shows the model the call as it ran; the
+/// same edit again is a no-op, another decision is refused, and a replay
+/// of the log makes the same working set.
+#[test]
+fn an_edited_approval_runs_the_call_with_its_new_input() {
+    let mut harness = Harness::new(ConversationConfig {
+        tools: [("deploy".to_owned(), ToolPolicy::Approve)].into(),
+        ..ConversationConfig::default()
+    });
+    harness.send("ship");
+    harness.call_tools(&[("d1", "deploy")]);
+    let edited = json!({"target": "staging"});
+    let edit = Decision::Edit {
+        input: edited.clone(),
+    };
+    let step = harness.resolve("d1", edit.clone());
+    let started: Vec<_> = step
+        .effects
+        .iter()
+        .filter_map(|effect| match effect {
+            Effect::StartTool { call } => Some((call.id.0.clone(), call.input.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(started, vec![("d1".to_owned(), edited.clone())]);
+    assert!(step.appended().iter().any(|event| matches!(
+        &event.kind,
+        EventKind::Resolved { decision, .. } if *decision == edit
+    )));
+    let shown: Vec<_> = harness
+        .working()
+        .messages
+        .iter()
+        .flat_map(|message| &message.content)
+        .filter_map(|block| match block {
+            ContentBlock::ToolUse { call } => Some(call.input.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        vec![edited.clone()],
+        "the model sees the call as it ran"
+    );
+    assert_eq!(
+        WorkingSet::replay(&harness.log).unwrap(),
+        harness.working().clone(),
+        "replay equals live"
+    );
+
+    assert!(
+        harness.resolve("d1", edit).rejection.is_none(),
+        "the same edit again"
+    );
+    assert!(matches!(
+        harness.resolve("d1", Decision::Approve).rejection,
+        Some(Rejection::AlreadyResolved { .. })
+    ));
+}
+
+#[test]
+fn an_edit_is_only_for_approvals() {
+    let mut harness = Harness::new(ConversationConfig::default());
+    harness.send("ask");
+    harness.respond(
+        vec![tool_block("q1", "ask_user", json!({"question": "?"}))],
+        Usage::default(),
+    );
+    let before = harness.conv().clone();
+    assert!(matches!(
+        harness
+            .resolve("q1", Decision::Edit { input: json!({}) })
+            .rejection,
+        Some(Rejection::InvalidDecision { .. })
+    ));
+    assert_eq!(harness.conv(), &before);
+}
+
 #[test]
 fn seed_003_denied_tool_tells_the_model_and_goes_on() {
     let mut harness = Harness::new(ConversationConfig {

@@ -169,6 +169,35 @@ async def approvals():
         f"one decision, by langgraph: {resolved}",
     )
 
+    # Edited: the call runs with the human's arguments, and the thread's
+    # history shows the call as it ran.
+    await collect(
+        lg.runs.stream(
+            thread, "keel", input={"messages": [{"role": "user", "content": "run: echo as-asked"}]}
+        )
+    )
+    values = await lg.runs.wait(
+        thread,
+        "keel",
+        command={
+            "resume": {
+                "decisions": [
+                    {"type": "edit", "edited_action": {"name": "bash", "args": {"command": "echo as-edited"}}}
+                ]
+            }
+        },
+    )
+    tool = [m for m in values["messages"] if m["type"] == "tool"][-1]
+    check(tool["content"] == "as-edited\n", f"the edited call ran: {tool}")
+    call = [m for m in values["messages"] if m["type"] == "ai" and m["tool_calls"]][-1]["tool_calls"][0]
+    check(call["args"] == {"command": "echo as-edited"}, f"the history shows the edit: {call}")
+    log = keel_api("GET", f"/v1/conversations/{thread}/log")["events"]
+    edit = [e for e in log if e["type"] == "resolved"][-1]
+    check(
+        edit["decision"] == "edit" and edit["input"] == {"command": "echo as-edited"},
+        f"recorded as an edit: {edit}",
+    )
+
     # Rejected: the call never runs; the model is told.
     await collect(
         lg.runs.stream(

@@ -322,6 +322,7 @@ impl Client {
             tool_call_id: tool_call_id.to_owned(),
             decision,
             text,
+            input: None,
             by,
         };
         self.resolve(id, &request).await

@@ -609,6 +609,7 @@ impl<'t, W: Write> Demo<'t, W> {
             decision: ApiDecisionKind::Approve,
             text: None,
             by: Some(APPROVER.to_owned()),
+            input: None,
         };
         self.api.resolve(&self.id, &request).await?;
         Ok(())

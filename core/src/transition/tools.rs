@@ -243,7 +243,7 @@ pub(super) fn resolve(
         return ctx.reject(rejection);
     };
     let answer: Option<(String, bool)> = match (pending.kind, &decision) {
-        (PendingKind::Approval, Decision::Approve) => None,
+        (PendingKind::Approval, Decision::Approve | Decision::Edit { .. }) => None,
         (PendingKind::Approval, Decision::Deny) => {
             Some(("the user denied this tool call".to_owned(), true))
         }
@@ -258,7 +258,10 @@ pub(super) fn resolve(
             Some((text.clone(), false))
         }
         (PendingKind::Approval, Decision::Answer { .. })
-        | (PendingKind::Elicitation | PendingKind::ClientExec, Decision::Approve) => {
+        | (
+            PendingKind::Elicitation | PendingKind::ClientExec,
+            Decision::Approve | Decision::Edit { .. },
+        ) => {
             return ctx.reject(Rejection::InvalidDecision {
                 tool_call_id,
                 kind: pending.kind,

@@ -100,6 +100,9 @@ pub enum ApiEventKind {
         tool_call_id: String,
         decision: ApiDecisionKind,
         text: Option<String>,
+        /// The input an `edit` ran the call with.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        input: Option<serde_json::Value>,
         /// Who decided, when the resolve request said.
         by: Option<String>,
     },
@@ -223,11 +226,12 @@ impl From<EventKind> for ApiEventKind {
                 decision,
                 by,
             } => {
-                let (decision, text) = decision_parts(decision);
+                let (decision, text, input) = decision_parts(decision);
                 ApiEventKind::Resolved {
                     tool_call_id: tool_call_id.0,
                     decision,
                     text,
+                    input,
                     by,
                 }
             }
@@ -319,11 +323,14 @@ impl From<EventKind> for ApiEventKind {
     }
 }
 
-fn decision_parts(decision: Decision) -> (ApiDecisionKind, Option<String>) {
+fn decision_parts(
+    decision: Decision,
+) -> (ApiDecisionKind, Option<String>, Option<serde_json::Value>) {
     match decision {
-        Decision::Approve => (ApiDecisionKind::Approve, None),
-        Decision::Deny => (ApiDecisionKind::Deny, None),
-        Decision::Answer { text } => (ApiDecisionKind::Answer, Some(text)),
+        Decision::Approve => (ApiDecisionKind::Approve, None, None),
+        Decision::Edit { input } => (ApiDecisionKind::Edit, None, Some(input)),
+        Decision::Deny => (ApiDecisionKind::Deny, None, None),
+        Decision::Answer { text } => (ApiDecisionKind::Answer, Some(text), None),
     }
 }
 

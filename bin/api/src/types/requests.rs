@@ -209,6 +209,10 @@ pub struct ResolveRequest {
     /// The answer (`decision = answer`): the reply to a question, or a
     /// client-run tool's output.
     pub text: Option<String>,
+    /// The input the call runs with instead of the model's (`decision =
+    /// edit`, an approval only): an object its tool's schema takes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<serde_json::Value>,
     /// Who decided, recorded in the log.
     pub by: Option<String>,
 }
@@ -217,6 +221,8 @@ pub struct ResolveRequest {
 #[serde(rename_all = "snake_case")]
 pub enum ApiDecisionKind {
     Approve,
+    /// Approve with a changed input (`input`).
+    Edit,
     Deny,
     Answer,
 }

@@ -364,18 +364,29 @@ pub async fn resolve(
     ConversationPath(id): ConversationPath,
     ApiJson(request): ApiJson<ResolveRequest>,
 ) -> Result<Json<ResolveAccepted>, ApiError> {
-    let decision = match (request.decision, request.text) {
-        (ApiDecisionKind::Answer, Some(text)) => Decision::Answer { text },
-        (ApiDecisionKind::Answer, None) => {
+    let decision = match (request.decision, request.text, request.input) {
+        (ApiDecisionKind::Edit, None, Some(input)) if input.is_object() => Decision::Edit { input },
+        (ApiDecisionKind::Edit, None, _) => {
+            return Err(ApiError::bad_request(
+                "decision `edit` needs `input`, the call's new input object",
+            ))
+        }
+        (_, _, Some(_)) => {
+            return Err(ApiError::bad_request(
+                "`input` goes only with decision `edit`",
+            ))
+        }
+        (ApiDecisionKind::Answer, Some(text), None) => Decision::Answer { text },
+        (ApiDecisionKind::Answer, None, None) => {
             return Err(ApiError::bad_request("decision `answer` needs `text`"))
         }
-        (_, Some(_)) => {
+        (_, Some(_), None) => {
             return Err(ApiError::bad_request(
                 "`text` goes only with decision `answer`",
             ))
         }
-        (ApiDecisionKind::Approve, None) => Decision::Approve,
-        (ApiDecisionKind::Deny, None) => Decision::Deny,
+        (ApiDecisionKind::Approve, None, None) => Decision::Approve,
+        (ApiDecisionKind::Deny, None, None) => Decision::Deny,
     };
     if request.tool_call_id.is_empty() {
         return Err(ApiError::bad_request("tool_call_id is empty"));

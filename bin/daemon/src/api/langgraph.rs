@@ -779,7 +779,10 @@ async fn resume_run(
     }
     let mut resolutions = Vec::new();
     for (call, decision) in pending.iter().zip(&decisions) {
-        resolutions.push((call.call.id.clone(), decision_of(call.kind, decision)?));
+        resolutions.push((
+            call.call.id.clone(),
+            decision_of(call.kind, &call.call.name, decision)?,
+        ));
     }
     let before = events.last().map_or(0, |event| event.seq);
     for (tool_call_id, decision) in resolutions {
@@ -809,7 +812,7 @@ async fn resume_run(
 }
 
 /// A LangChain decision as keel's, for a call of `kind`.
-fn decision_of(kind: PendingKind, decision: &Value) -> Result<Decision, ApiError> {
+fn decision_of(kind: PendingKind, call_name: &str, decision: &Value) -> Result<Decision, ApiError> {
     let text = |decision: &Value| {
         decision["message"]
             .as_str()
@@ -825,11 +828,27 @@ fn decision_of(kind: PendingKind, decision: &Value) -> Result<Decision, ApiError
                 text: text(decision),
             })
         }
-        (Some("edit"), PendingKind::Approval) => Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            ErrorCode::Unsupported,
-            "keel does not run an approved call with changed arguments yet: approve or reject it",
-        )),
+        (Some("edit"), PendingKind::Approval) => {
+            let input = decision["edited_action"]["args"].clone();
+            if !input.is_object() {
+                return Err(ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    ErrorCode::InvalidDecision,
+                    "an edit needs edited_action.args, the call's new arguments (an object)",
+                ));
+            }
+            if decision["edited_action"]["name"]
+                .as_str()
+                .is_some_and(|name| name != call_name)
+            {
+                return Err(ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    ErrorCode::InvalidDecision,
+                    format!("an edit keeps the tool: edited_action.name must be {call_name:?}"),
+                ));
+            }
+            Ok(Decision::Edit { input })
+        }
         (other, kind) => Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::InvalidDecision,

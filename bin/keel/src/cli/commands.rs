@@ -446,6 +446,7 @@ pub async fn resolve(
     } else {
         let verb = match resolved.decision {
             ApiDecisionKind::Approve => "approved",
+            ApiDecisionKind::Edit => "approved with a changed input",
             ApiDecisionKind::Deny => "denied",
             ApiDecisionKind::Answer => "answered",
         };

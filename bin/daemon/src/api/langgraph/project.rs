@@ -24,7 +24,7 @@
 
 use serde_json::{json, Map, Value};
 
-use keel_actors::core::event::{Event, EventKind, PendingCall, PendingKind};
+use keel_actors::core::event::{Decision, Event, EventKind, PendingCall, PendingKind};
 use keel_actors::core::live::{LiveEvent, StreamDelta};
 use keel_actors::core::message::AssistantBlock;
 use keel_actors::core::Seq;
@@ -312,10 +312,27 @@ impl Projection {
                 }
                 self.values_frame(modes, out);
             }
-            EventKind::Resolved { .. } => {
+            EventKind::Resolved {
+                tool_call_id,
+                decision,
+                ..
+            } => {
                 // The call leaves `pending` with its result (a denial's, an
-                // answer's), or when it runs after an approval: its result
-                // comes then. Either way the interrupt is answered.
+                // answer's, or the run's after an approval). An edit shows
+                // the call as it runs, as keel's own history does.
+                if let Decision::Edit { input } = decision {
+                    let call = self
+                        .messages
+                        .iter_mut()
+                        .rev()
+                        .filter_map(|message| message["tool_calls"].as_array_mut())
+                        .flatten()
+                        .find(|call| call["id"] == tool_call_id.as_str());
+                    if let Some(call) = call {
+                        call["args"] = input.clone();
+                    }
+                    self.values_frame(modes, out);
+                }
             }
             EventKind::TurnCompleted { .. }
             | EventKind::TurnFailed { .. }
