@@ -312,27 +312,25 @@ impl Projection {
                 }
                 self.values_frame(modes, out);
             }
+            // The call leaves `pending` with its result (a denial's, an
+            // answer's, or the run's after an approval). An edit shows the
+            // call as it runs, as keel's own history does.
             EventKind::Resolved {
                 tool_call_id,
-                decision,
+                decision: Decision::Edit { input },
                 ..
             } => {
-                // The call leaves `pending` with its result (a denial's, an
-                // answer's, or the run's after an approval). An edit shows
-                // the call as it runs, as keel's own history does.
-                if let Decision::Edit { input } = decision {
-                    let call = self
-                        .messages
-                        .iter_mut()
-                        .rev()
-                        .filter_map(|message| message["tool_calls"].as_array_mut())
-                        .flatten()
-                        .find(|call| call["id"] == tool_call_id.as_str());
-                    if let Some(call) = call {
-                        call["args"] = input.clone();
-                    }
-                    self.values_frame(modes, out);
+                let call = self
+                    .messages
+                    .iter_mut()
+                    .rev()
+                    .filter_map(|message| message["tool_calls"].as_array_mut())
+                    .flatten()
+                    .find(|call| call["id"] == tool_call_id.as_str());
+                if let Some(call) = call {
+                    call["args"] = input.clone();
                 }
+                self.values_frame(modes, out);
             }
             EventKind::TurnCompleted { .. }
             | EventKind::TurnFailed { .. }
