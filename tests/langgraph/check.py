@@ -256,6 +256,12 @@ async def cancel():
     ended = await lg.runs.get(thread, run["run_id"])
     check(ended["status"] == "interrupted", f"the run was interrupted: {ended}")
     check((await lg.threads.get(thread))["status"] == "idle", "the thread is idle")
+    # SIGKILL is delivered at once, but a process leaves /proc when it is
+    # reaped: wait for that, bounded.
+    for _ in range(1000):
+        if not processes_running(marker):
+            break
+        await asyncio.sleep(0.01)
     check(processes_running(marker) == [], f"the command is gone: {processes_running(marker)}")
     try:
         await lg.runs.cancel(thread, run["run_id"])
