@@ -248,8 +248,12 @@ async def cancel():
         thread, "keel", input={"messages": [{"role": "user", "content": f"run: {marker}"}]}
     )
     check(run["status"] in ("pending", "running"), f"a background run: {run}")
-    # Joined until the call is out: the command runs then.
-    async for part in lg.runs.join_stream(thread, run["run_id"], stream_mode="updates"):
+    # Joined from the run's start (its seq ends its id), until the call is
+    # out: the command runs then.
+    first = int(run["run_id"].rsplit("-", 1)[1], 16)
+    async for part in lg.runs.join_stream(
+        thread, run["run_id"], stream_mode="updates", last_event_id=str(first - 1)
+    ):
         if part.event == "updates" and "model" in part.data:
             break
     await lg.runs.cancel(thread, run["run_id"], wait=True)
