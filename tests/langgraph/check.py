@@ -21,6 +21,11 @@ TOKEN = os.environ["KEEL_TOKEN"]
 MOCK_URL = os.environ["MOCK_URL"]
 ONLY = os.environ.get("ONLY")
 
+# A 1x1 PNG.
+PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+)
+
 
 def check(condition, what):
     if not condition:
@@ -106,6 +111,20 @@ async def text_run():
     check(
         [m["content"] for m in waited["messages"]][-2:] == ["again", "again"],
         f"runs.wait returns the values: {waited}",
+    )
+    # An image, as a data URL beside the text.
+    waited = await lg.runs.wait(
+        thread["thread_id"],
+        "keel",
+        input={"messages": [{"type": "human", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64," + PNG}},
+        ]}]},
+    )
+    sent = [m for m in waited["messages"] if m["type"] == "human"][-1]["content"]
+    check(
+        sent[0] == {"type": "text", "text": "what is this?"} and "an image, 1x1" in sent[1]["text"],
+        f"the image went with the message: {sent}",
     )
     await lg.threads.delete(thread["thread_id"])
     try:
@@ -390,6 +409,24 @@ async def refusals():
         ({"assistant_id": "nobody", "input": {"messages": ["hi"]}}, 404),
         ({"assistant_id": "keel", "input": {"messages": ["hi"]}, "multitask_strategy": "rollback"}, 422),
         ({"assistant_id": "keel", "command": {"resume": {"decisions": []}}}, 409),
+        (
+            {
+                "assistant_id": "keel",
+                "input": {"messages": [{"type": "human", "content": [
+                    {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+                ]}]},
+            },
+            400,
+        ),
+        (
+            {
+                "assistant_id": "keel",
+                "input": {"messages": [{"type": "human", "content": [
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGEgcG5n"}}
+                ]}]},
+            },
+            422,
+        ),
     ]:
         response = httpx.post(
             f"{KEEL_URL}/langgraph/threads/{thread}/runs/wait",

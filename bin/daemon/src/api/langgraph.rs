@@ -18,7 +18,7 @@ pub mod project;
 use std::time::{Duration, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, RawQuery, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, RawQuery, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -39,7 +39,7 @@ use super::error::{ApiError, ApiJson, ApiJsonOrEmpty};
 use super::events::keep_alive::KeepAlive;
 use super::events::KEEP_ALIVE;
 use super::follow::{Follower, Item};
-use super::AppState;
+use super::{AppState, MESSAGE_BODY_LIMIT};
 use project::{Frame, Modes, Projection, Run, RunStart, RunStatus};
 
 /// The one assistant keel serves: the daemon's default agent.
@@ -50,7 +50,14 @@ const DECIDED_BY: &str = "langgraph";
 
 /// The routes, relative to `/langgraph`.
 pub fn router() -> Router<AppState> {
+    // A run's input may carry images, as a message does.
+    let runs = Router::new()
+        .route("/threads/{thread}/runs", post(run_create).get(runs_list))
+        .route("/threads/{thread}/runs/stream", post(run_stream))
+        .route("/threads/{thread}/runs/wait", post(run_wait))
+        .layer(DefaultBodyLimit::max(MESSAGE_BODY_LIMIT));
     Router::new()
+        .merge(runs)
         .route("/assistants/search", post(assistants_search))
         .route("/assistants/{id}", get(assistant))
         .route("/threads", post(thread_create))
@@ -58,9 +65,6 @@ pub fn router() -> Router<AppState> {
         .route("/threads/{thread}", get(thread_get).delete(thread_delete))
         .route("/threads/{thread}/state", get(thread_state))
         .route("/threads/{thread}/history", post(thread_history))
-        .route("/threads/{thread}/runs", post(run_create).get(runs_list))
-        .route("/threads/{thread}/runs/stream", post(run_stream))
-        .route("/threads/{thread}/runs/wait", post(run_wait))
         .route("/threads/{thread}/runs/{run}", get(run_get))
         .route("/threads/{thread}/runs/{run}/join", get(run_join))
         .route("/threads/{thread}/runs/{run}/stream", get(run_join_stream))
@@ -586,6 +590,28 @@ async fn start_run(
         return resume_run(state, &handle, &events, resume).await;
     }
     let (text, images) = new_input(request.input.as_ref(), &events)?;
+    let limit = state.max_message_bytes;
+    if text.len() > limit {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::PayloadTooLarge,
+            format!(
+                "the input's text is {} bytes; at most {limit} (KEEL_MAX_MESSAGE_BYTES)",
+                text.len()
+            ),
+        ));
+    }
+    if images.len() > super::conversations::MAX_IMAGES {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorCode::InvalidImage,
+            format!(
+                "{} images; a run's input may carry at most {}",
+                images.len(),
+                super::conversations::MAX_IMAGES
+            ),
+        ));
+    }
     let mut projection = Projection::new(id.as_str());
     for event in &events {
         projection.absorb(event);
