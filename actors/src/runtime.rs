@@ -175,6 +175,39 @@ impl Runtime {
         Ok(self.handle(id))
     }
 
+    /// Conversation `id`, created as [`create`](Self::create) does if the
+    /// store has none of that name: for a protocol whose clients name their
+    /// threads (AG-UI's `threadId`). The `bool` says whether this call
+    /// created it. Two callers racing to create one id get one
+    /// conversation: the registry admits its actor once, and the loser
+    /// finds it there.
+    pub async fn create_if_absent(
+        &self,
+        id: ConversationId,
+        cwd: impl AsRef<Path>,
+        config: ConversationConfig,
+    ) -> Result<(ConversationHandle, bool), Error> {
+        if self.shared.store.index_entry(&id).await?.is_some() {
+            return Ok((self.handle(id), false));
+        }
+        let created = activation::create_as(
+            &self.shared,
+            &self.supervisor.get_cell(),
+            id.clone(),
+            cwd.as_ref(),
+            config,
+            None,
+        )
+        .await;
+        match created {
+            Ok(()) => Ok((self.handle(id), true)),
+            Err(Error::Spawn(ractor::SpawnErr::ActorAlreadyRegistered(_))) => {
+                Ok((self.handle(id), false))
+            }
+            Err(error) => Err(error),
+        }
+    }
+
     /// A handle on conversation `id`. Every call through it goes through
     /// `ensure_started`; an unknown id is an error on first use.
     pub fn handle(&self, id: ConversationId) -> ConversationHandle {
