@@ -611,10 +611,7 @@ fn close_calls(streaming: &mut Streaming, frames: &mut Vec<Frame>) {
 /// The outcome of a run that rests with `pending` calls: the client's
 /// own tools to run (a success naming them), or interrupts for a human.
 pub fn outcome_of(pending: &[PendingCall]) -> Outcome {
-    let interrupts: Vec<Interrupt> = pending
-        .iter()
-        .filter_map(interrupt)
-        .collect();
+    let interrupts: Vec<Interrupt> = pending.iter().filter_map(interrupt).collect();
     if !interrupts.is_empty() {
         return Outcome::Interrupt { interrupts };
     }

@@ -1,0 +1,299 @@
+//! AG-UI against the real daemon: `tests/agui/run.mjs` drives `POST
+//! /ag-ui` with the unmodified `@ag-ui/client` (npm, pinned in
+//! `tests/agui/package-lock.json`, installed once under the target
+//! directory) through a text answer, a bash call, a frontend tool round
+//! trip and an approval interrupt then its resume, checking every frame
+//! against `@ag-ui/core`'s schemas; this test then reads keel's logs to
+//! see that nothing was taken twice. Reattaching from a seq and refused
+//! inputs are checked over plain HTTP.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+use super::{of_kind, Daemon, Reply, Site, Wire, PATIENCE};
+use crate::harness::{node, MockLlm};
+
+/// The test project, installed once with `npm ci` under the target
+/// directory (`KEEL_TEST_AGUI` names one installed elsewhere); returns
+/// the directory holding `run.mjs` and its `node_modules`.
+fn agui_client() -> PathBuf {
+    static CLIENT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            if let Some(dir) = std::env::var_os("KEEL_TEST_AGUI") {
+                return PathBuf::from(dir);
+            }
+            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("agui");
+            let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("agui-node");
+            std::fs::create_dir_all(&dir).expect("the npm project's directory");
+            for file in ["package.json", "package-lock.json", "run.mjs"] {
+                std::fs::copy(source.join(file), dir.join(file))
+                    .unwrap_or_else(|error| panic!("copying tests/agui/{file}: {error}"));
+            }
+            let lock = std::fs::read_to_string(source.join("package-lock.json"))
+                .expect("tests/agui/package-lock.json");
+            let ready = dir.join("installed");
+            if std::fs::read_to_string(&ready).ok().as_deref() == Some(lock.as_str()) {
+                return dir;
+            }
+            let output = Command::new("npm")
+                .args(["ci", "--no-audit", "--no-fund", "--silent"])
+                .current_dir(&dir)
+                .output()
+                .unwrap_or_else(|error| panic!("npm: {error} (the AG-UI test needs node and npm)"));
+            assert!(
+                output.status.success(),
+                "npm ci of tests/agui failed:\n{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            std::fs::write(&ready, lock).expect("the install's marker");
+            dir
+        })
+        .clone()
+}
+
+fn user_texts(log: &[Value]) -> Vec<String> {
+    of_kind(log, "user_message")
+        .into_iter()
+        .filter_map(|event| event["text"].as_str())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The `(id, data)` of each frame of an SSE body.
+fn frames(body: &str) -> Vec<(Option<u64>, Value)> {
+    body.split("\n\n")
+        .filter_map(|block| {
+            let id = block
+                .lines()
+                .find_map(|line| line.strip_prefix("id: "))
+                .map(|seq| seq.parse().expect("an id is a seq"));
+            let data = block.lines().find_map(|line| line.strip_prefix("data: "))?;
+            Some((id, serde_json::from_str(data).expect("data is JSON")))
+        })
+        .collect()
+}
+
+fn types(frames: &[(Option<u64>, Value)]) -> Vec<&str> {
+    frames
+        .iter()
+        .map(|(_, event)| event["type"].as_str().unwrap_or_default())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agui_client_runs_text_tools_frontend_tools_and_approvals() {
+    let client = agui_client();
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[]);
+    // A thread can be a conversation made with keel's own API: this one's
+    // bash calls wait for approval.
+    let approval_thread = daemon
+        .create(&site, json!({"tools": {"bash": "approve"}}))
+        .await;
+
+    let mut command = Command::new(node());
+    command
+        .arg(client.join("run.mjs"))
+        .current_dir(&client)
+        .env("KEEL_URL", &daemon.url)
+        .env("KEEL_TOKEN", &daemon.token)
+        .env("KEEL_APPROVAL_THREAD", &approval_thread);
+    let output = tokio::time::timeout(
+        PATIENCE * 4,
+        tokio::task::spawn_blocking(move || command.output()),
+    )
+    .await
+    .expect("the AG-UI client finishes")
+    .expect("the client's task")
+    .expect("node runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the AG-UI client failed:\n{stdout}\n{}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        daemon.output()
+    );
+    let summary: Value = serde_json::from_str(stdout.trim()).expect("the client's summary");
+    assert!(summary["checked"].as_u64().unwrap() > 20, "{summary}");
+
+    // The client sent its whole history on every run: keel took each
+    // message once, and each result once.
+    let chat = summary["chatThread"].as_str().unwrap();
+    let log = daemon.log(chat).await;
+    assert_eq!(
+        user_texts(&log),
+        [
+            "hello from ag-ui",
+            "run: echo keel-ran-this",
+            r#"call: pick_color {"options":["teal","red"]}"#,
+        ],
+        "{log:#?}"
+    );
+    let pick = summary["pickCall"].as_str().unwrap();
+    let resolved: Vec<&Value> = of_kind(&log, "resolved")
+        .into_iter()
+        .filter(|event| event["tool_call_id"] == pick)
+        .collect();
+    assert_eq!(resolved.len(), 1, "{log:#?}");
+    assert_eq!(resolved[0]["text"], "teal", "{log:#?}");
+
+    let log = daemon.log(&approval_thread).await;
+    assert_eq!(
+        user_texts(&log),
+        ["run: echo approved-by-ag-ui"],
+        "{log:#?}"
+    );
+    let approval = summary["approvalCall"].as_str().unwrap();
+    let resolved: Vec<&Value> = of_kind(&log, "resolved")
+        .into_iter()
+        .filter(|event| event["tool_call_id"] == approval)
+        .collect();
+    assert_eq!(resolved.len(), 1, "{log:#?}");
+    assert_eq!(resolved[0]["decision"], "approve", "{log:#?}");
+}
+
+/// After a dropped connection, a client reattaches to the run from the
+/// last SSE id it saw and gets every canonical frame after it once, and
+/// the run's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agui_reattach_from_a_seq_misses_nothing_and_repeats_nothing() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[]);
+    let run = json!({
+        "threadId": "agui-reattach",
+        "runId": "run-1",
+        "messages": [{"id": "m1", "role": "user", "content": "run: echo once"}],
+    });
+    let reply = daemon.post("/ag-ui", &run).await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    let original = frames(reply.body.as_str().expect("an SSE body"));
+    let kinds = types(&original);
+    assert_eq!(kinds.first(), Some(&"RUN_STARTED"), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"RUN_FINISHED"), "{kinds:?}");
+    let ids: Vec<u64> = original.iter().filter_map(|(id, _)| *id).collect();
+    assert!(ids.len() >= 3, "{original:#?}");
+    let seen = ids[0];
+
+    let reattached = daemon
+        .http
+        .get(daemon.endpoint("/ag-ui/agui-reattach/runs/run-1/events"))
+        .header("Last-Event-ID", seen.to_string())
+        .timeout(PATIENCE)
+        .send()
+        .await
+        .expect("the daemon answers");
+    assert_eq!(reattached.status(), StatusCode::OK);
+    let body = reattached.text().await.expect("the whole stream");
+    let again = frames(&body);
+    let kinds = types(&again);
+    assert_eq!(kinds.first(), Some(&"RUN_STARTED"), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"RUN_FINISHED"), "{kinds:?}");
+    let again_ids: Vec<u64> = again.iter().filter_map(|(id, _)| *id).collect();
+    let owed: Vec<u64> = ids.into_iter().filter(|id| *id > seen).collect();
+    assert_eq!(again_ids, owed, "{body}");
+    assert_eq!(again.last().unwrap().1["runId"], "run-1");
+    assert_eq!(
+        original.last().unwrap().1["outcome"],
+        again.last().unwrap().1["outcome"]
+    );
+
+    // The same input again: the client lost the answer and retries. keel
+    // has the message; nothing is sent twice, and the run ends at once.
+    let reply = daemon.post("/ag-ui", &run).await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    let log = daemon.log("agui-reattach").await;
+    assert_eq!(user_texts(&log), ["run: echo once"], "{log:#?}");
+}
+
+/// Bad input answers as the rest of the API does, and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agui_refuses_bad_input_and_changes_nothing() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[]);
+
+    let reply = daemon
+        .post_raw("/ag-ui", b"{not json".to_vec(), Some("application/json"))
+        .await;
+    assert_eq!(reply.error(StatusCode::BAD_REQUEST).0, "bad_json");
+
+    let reply = daemon
+        .post("/ag-ui", &json!({"threadId": "agui-bad", "messages": []}))
+        .await;
+    assert_eq!(reply.error(StatusCode::BAD_REQUEST).0, "bad_json");
+
+    let reply = daemon
+        .post(
+            "/ag-ui",
+            &json!({"threadId": "not a thread", "runId": "r", "messages": []}),
+        )
+        .await;
+    assert_eq!(reply.error(StatusCode::BAD_REQUEST).0, "bad_request");
+
+    // A result for a call no thread holds: refused before the thread is
+    // made.
+    let reply = daemon
+        .post(
+            "/ag-ui",
+            &json!({
+                "threadId": "agui-new",
+                "runId": "r",
+                "messages": [{"id": "t1", "role": "tool", "toolCallId": "nope", "content": "x"}],
+            }),
+        )
+        .await;
+    assert_eq!(reply.error(StatusCode::NOT_FOUND).0, "unknown_call");
+    let reply = daemon.get("/v1/conversations/agui-new").await;
+    assert_eq!(reply.error(StatusCode::NOT_FOUND).0, "not_found");
+
+    // A frontend tool named like one of keel's.
+    let reply = daemon
+        .post(
+            "/ag-ui",
+            &json!({
+                "threadId": "agui-new",
+                "runId": "r",
+                "messages": [{"id": "u1", "role": "user", "content": "hi"}],
+                "tools": [{"name": "bash", "description": "mine"}],
+            }),
+        )
+        .await;
+    assert_eq!(reply.error(StatusCode::BAD_REQUEST).0, "bad_request");
+    let reply = daemon.get("/v1/conversations/agui-new").await;
+    assert_eq!(reply.error(StatusCode::NOT_FOUND).0, "not_found");
+
+    // An answer to an interrupt an existing thread does not have.
+    let id = daemon.create(&site, json!({})).await;
+    let before = daemon.log(&id).await.len();
+    let reply = daemon
+        .post(
+            "/ag-ui",
+            &json!({
+                "threadId": id,
+                "runId": "r",
+                "messages": [{"id": "u1", "role": "user", "content": "hi"}],
+                "resume": [{"interruptId": "nope", "status": "resolved", "payload": {"approved": true}}],
+            }),
+        )
+        .await;
+    assert_eq!(reply.error(StatusCode::NOT_FOUND).0, "unknown_call");
+    assert_eq!(daemon.log(&id).await.len(), before, "nothing was written");
+
+    let reply = Reply::of(
+        daemon
+            .anonymous()
+            .post(daemon.endpoint("/ag-ui"))
+            .json(&json!({"threadId": "t", "runId": "r", "messages": []}))
+            .send()
+            .await,
+    )
+    .await;
+    assert_eq!(reply.error(StatusCode::UNAUTHORIZED).0, "unauthorized");
+}
