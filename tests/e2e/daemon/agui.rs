@@ -253,6 +253,24 @@ async fn agui_refuses_bad_input_and_changes_nothing() {
     let reply = daemon.get("/v1/conversations/agui-new").await;
     assert_eq!(reply.error(StatusCode::NOT_FOUND).0, "not_found");
 
+    // History from another thread: a keel id past this one's log.
+    let reply = daemon
+        .post(
+            "/ag-ui",
+            &json!({
+                "threadId": "agui-new",
+                "runId": "r",
+                "messages": [
+                    {"id": "keel-99", "role": "assistant", "content": "elsewhere"},
+                    {"id": "u1", "role": "user", "content": "hi"},
+                ],
+            }),
+        )
+        .await;
+    assert_eq!(reply.error(StatusCode::NOT_FOUND).0, "not_found");
+    let reply = daemon.get("/v1/conversations/agui-new").await;
+    assert_eq!(reply.error(StatusCode::NOT_FOUND).0, "not_found");
+
     // A frontend tool named like one of keel's.
     let reply = daemon
         .post(

@@ -81,6 +81,10 @@ pub async fn run(
         Err(keel_actors::Error::NotFound(_)) => {
             // A new thread holds no calls: anything answering one is
             // refused before the thread is made.
+            let anchor = intake::anchor(&input.messages);
+            if anchor > 0 {
+                return Err(past_the_log(id.as_str(), anchor, 0));
+            }
             let taken = intake::take(&input.messages, &[]).map_err(ApiError::bad_request)?;
             if let Some((call, _)) = taken.answers.first() {
                 return Err(unknown_call(call));
@@ -105,7 +109,7 @@ pub async fn run(
         }
         Err(error) => return Err(ApiError::from_runtime(id.as_str(), error)),
     };
-    let plan = plan(&handle, &inspection, &input).await?;
+    let plan = plan(&handle, &inspection, &input, state.max_message_bytes).await?;
     if inspection.config.client_tools != client_tools {
         let config = ConversationConfig {
             client_tools,
@@ -283,18 +287,12 @@ async fn plan(
     handle: &ConversationHandle,
     inspection: &Inspection,
     input: &RunAgentInput,
+    max_message_bytes: usize,
 ) -> Result<Plan, ApiError> {
     let id = handle.id().as_str();
     let anchor = intake::anchor(&input.messages);
     if anchor > inspection.last_seq {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            ErrorCode::NotFound,
-            format!(
-                "a message id names seq {anchor}, past the end of thread {id}'s log ({}): it is another thread's",
-                inspection.last_seq
-            ),
-        ));
+        return Err(past_the_log(id, anchor, inspection.last_seq));
     }
     let known = user_texts_after(handle, anchor).await?;
     let taken = intake::take(&input.messages, &known).map_err(ApiError::bad_request)?;
@@ -340,7 +338,20 @@ async fn plan(
         }
     }
     if !taken.texts.is_empty() {
-        plan.text = Some(taken.texts.join("\n\n"));
+        let text = taken.texts.join("\n\n");
+        // As `POST …/messages` bounds it: the body limit is sized for
+        // images and a whole history, not for one message's text.
+        if text.len() > max_message_bytes {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ErrorCode::PayloadTooLarge,
+                format!(
+                    "the new message's text is {} bytes; at most {max_message_bytes} (KEEL_MAX_MESSAGE_BYTES)",
+                    text.len()
+                ),
+            ));
+        }
+        plan.text = Some(text);
     }
     for (media_type, data) in taken.images {
         let bytes = base64::engine::general_purpose::STANDARD
@@ -451,6 +462,18 @@ async fn user_texts_after(handle: &ConversationHandle, seq: Seq) -> Result<Vec<S
             _ => None,
         }));
     }
+}
+
+/// A message id keel gave names a seq this thread's log does not reach:
+/// the client holds another thread's history.
+fn past_the_log(id: &str, seq: Seq, last_seq: Seq) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        ErrorCode::NotFound,
+        format!(
+            "a message id names seq {seq}, past the end of thread {id}'s log ({last_seq}): the messages are another thread's"
+        ),
+    )
 }
 
 fn unknown_call(call: &str) -> ApiError {
