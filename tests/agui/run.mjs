@@ -1,7 +1,7 @@
 // keel's AG-UI end-to-end client: the unmodified @ag-ui/client HttpAgent
 // runs an agent on `keel serve` (POST /ag-ui) through a text answer, a
-// keel tool call (bash), a frontend tool round trip and an approval
-// interrupt then its resume. Every frame keel sends is checked against
+// keel tool call (bash), a frontend tool round trip, a question
+// (ask_user) and an approval, each interrupt then its resume. Every frame keel sends is checked against
 // @ag-ui/core's own schemas (EventSchemas, zod) as it arrives, beside the
 // client's own verification of the event order.
 //
@@ -174,6 +174,21 @@ expect(lastAssistantText(chat).includes("teal"), "the model saw the client's res
 const toolMessages = chat.messages.filter((message) => message.role === "tool" && message.toolCallId === pick.toolCallId);
 expect(toolMessages.length === 1, "the client's result is in the thread once", chat.messages);
 
+// A question (keel's ask_user): the run ends with an interrupt carrying
+// it; the next run's resume answers it.
+chat.addMessage({ id: randomUUID(), role: "user", content: 'call: ask_user {"question":"Which size?"}' });
+const question = await run(chat, { tools });
+expect(question.finished.outcome === "interrupt", "a question ends the run with an interrupt", question.finished);
+const [asking] = question.finished.interrupts;
+expect(asking.reason === "input_required" && asking.message === "Which size?", "the interrupt carries the question", asking);
+const answer = await run(chat, {
+  tools,
+  resume: [{ interruptId: asking.id, status: "resolved", payload: { answer: "large" } }],
+});
+expect(answer.finished.outcome === "success", "the answered question's run succeeds", answer.finished);
+const answerResult = ofType(answer.events, "TOOL_CALL_RESULT").find((event) => event.toolCallId === asking.id);
+expect(answerResult?.content.includes("large"), "the answer is the call's result", answer.events);
+
 // 4. An approval: the run ends with an interrupt; a message now is
 // refused (the thread waits); the next run resumes it.
 const gated = agent(approvalThread);
@@ -204,4 +219,13 @@ const approvedResult = ofType(resumed.events, "TOOL_CALL_RESULT").find((event) =
 expect(approvedResult?.content.includes("approved-by-ag-ui"), "the approved call ran", resumed.events);
 expect(gated.pendingInterrupts.length === 0, "no interrupt is left", gated.pendingInterrupts);
 
-console.log(JSON.stringify({ chatThread, approvalThread, checked, pickCall: pick.toolCallId, approvalCall: interrupt.id }));
+console.log(
+  JSON.stringify({
+    chatThread,
+    approvalThread,
+    checked,
+    pickCall: pick.toolCallId,
+    questionCall: asking.id,
+    approvalCall: interrupt.id,
+  }),
+);

@@ -2,7 +2,8 @@
 //! /ag-ui` with the unmodified `@ag-ui/client` (npm, pinned in
 //! `tests/agui/package-lock.json`, installed once under the target
 //! directory) through a text answer, a bash call, a frontend tool round
-//! trip and an approval interrupt then its resume, checking every frame
+//! trip, a question and an approval, each interrupt then its resume,
+//! checking every frame
 //! against `@ag-ui/core`'s schemas; this test then reads keel's logs to
 //! see that nothing was taken twice. Reattaching from a seq and refused
 //! inputs are checked over plain HTTP.
@@ -132,9 +133,17 @@ async fn agui_client_runs_text_tools_frontend_tools_and_approvals() {
             "hello from ag-ui",
             "run: echo keel-ran-this",
             r#"call: pick_color {"options":["teal","red"]}"#,
+            r#"call: ask_user {"question":"Which size?"}"#,
         ],
         "{log:#?}"
     );
+    let question = summary["questionCall"].as_str().unwrap();
+    let answered: Vec<&Value> = of_kind(&log, "resolved")
+        .into_iter()
+        .filter(|event| event["tool_call_id"] == question)
+        .collect();
+    assert_eq!(answered.len(), 1, "{log:#?}");
+    assert_eq!(answered[0]["text"], "large", "{log:#?}");
     let pick = summary["pickCall"].as_str().unwrap();
     let resolved: Vec<&Value> = of_kind(&log, "resolved")
         .into_iter()
@@ -142,6 +151,25 @@ async fn agui_client_runs_text_tools_frontend_tools_and_approvals() {
         .collect();
     assert_eq!(resolved.len(), 1, "{log:#?}");
     assert_eq!(resolved[0]["text"], "teal", "{log:#?}");
+
+    // The frontend's tool was offered to the model, with its schema,
+    // from the run that brought it on; the first run brought none.
+    let requests = mock.requests().await;
+    let offered = |request: &Value| {
+        request["body"]["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|tool| tool["name"] == "pick_color")
+            .cloned()
+    };
+    assert!(offered(&requests[0]).is_none(), "{:#}", requests[0]["body"]);
+    let with_tool: Vec<Value> = requests.iter().filter_map(offered).collect();
+    assert!(with_tool.len() >= 2, "{requests:#?}");
+    assert_eq!(
+        with_tool[0]["input_schema"],
+        json!({"type": "object", "properties": {"options": {"type": "array", "items": {"type": "string"}}}})
+    );
 
     let log = daemon.log(&approval_thread).await;
     assert_eq!(

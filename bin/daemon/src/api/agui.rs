@@ -619,3 +619,50 @@ pub fn render(frames: &[Frame]) -> Bytes {
     }
     Bytes::from(out)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn entry(json: serde_json::Value) -> ResumeEntry {
+        serde_json::from_value(json).unwrap()
+    }
+
+    /// How each resume entry reads as keel's decision, for the kind of
+    /// call that waits (or none, for a call already decided).
+    #[test]
+    fn a_resume_entry_is_the_decision_its_payload_says() {
+        let approve =
+            entry(json!({"interruptId": "c", "status": "resolved", "payload": {"approved": true}}));
+        let deny = entry(
+            json!({"interruptId": "c", "status": "resolved", "payload": {"approved": false}}),
+        );
+        let cancelled = entry(json!({"interruptId": "c", "status": "cancelled"}));
+        let answer = entry(
+            json!({"interruptId": "c", "status": "resolved", "payload": {"answer": "large"}}),
+        );
+        let bare = entry(json!({"interruptId": "c", "status": "resolved", "payload": "large"}));
+        let empty = entry(json!({"interruptId": "c", "status": "resolved"}));
+        let approval = Some(PendingKind::Approval);
+        let question = Some(PendingKind::Elicitation);
+        assert_eq!(decision(&approve, approval).unwrap(), Decision::Approve);
+        assert_eq!(decision(&deny, approval).unwrap(), Decision::Deny);
+        assert_eq!(decision(&cancelled, approval).unwrap(), Decision::Deny);
+        assert_eq!(decision(&cancelled, question).unwrap(), Decision::Deny);
+        let large = Decision::Answer {
+            text: "large".to_owned(),
+        };
+        assert_eq!(decision(&answer, question).unwrap(), large);
+        assert_eq!(decision(&bare, question).unwrap(), large);
+        assert_eq!(decision(&answer, None).unwrap(), large);
+        assert_eq!(decision(&approve, None).unwrap(), Decision::Approve);
+        assert!(decision(&answer, approval).is_err());
+        assert!(decision(&approve, question).is_err());
+        assert!(decision(&empty, approval).is_err());
+        assert!(decision(&empty, None).is_err());
+    }
+}
