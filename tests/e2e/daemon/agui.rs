@@ -343,3 +343,166 @@ async fn agui_refuses_bad_input_and_changes_nothing() {
     .await;
     assert_eq!(reply.error(StatusCode::UNAUTHORIZED).0, "unauthorized");
 }
+
+/// An SSE body read as it comes.
+struct Stream {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl Stream {
+    /// The next frame, or `None` at the body's end.
+    async fn next(&mut self) -> Option<(Option<u64>, Value)> {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                match frames(&block).pop() {
+                    Some(frame) => return Some(frame),
+                    None => continue,
+                }
+            }
+            let chunk = tokio::time::timeout(PATIENCE, self.response.chunk())
+                .await
+                .expect("a frame within PATIENCE")
+                .expect("the stream reads")?;
+            self.buffer
+                .push_str(std::str::from_utf8(&chunk).expect("UTF-8"));
+        }
+    }
+
+    /// Frames up to and including the first `TYPE`.
+    async fn until(&mut self, wanted: &str) -> Vec<(Option<u64>, Value)> {
+        let mut seen = Vec::new();
+        while let Some(frame) = self.next().await {
+            let done = frame.1["type"] == wanted;
+            seen.push(frame);
+            if done {
+                return seen;
+            }
+        }
+        panic!("the stream ended before {wanted}: {seen:#?}");
+    }
+}
+
+async fn run_stream(daemon: &Daemon, body: &Value) -> Stream {
+    let response = daemon
+        .http
+        .post(daemon.endpoint("/ag-ui"))
+        .json(body)
+        .send()
+        .await
+        .expect("the daemon answers");
+    assert_eq!(response.status(), StatusCode::OK);
+    Stream {
+        response,
+        buffer: String::new(),
+    }
+}
+
+/// A bash command that runs until `file` appears in its working
+/// directory: the test decides when the tool ends, with no clock.
+fn until_file(file: &str) -> String {
+    format!("run: while [ ! -f {file} ]; do sleep 0.02; done; echo went")
+}
+
+/// A connection dropped in the middle of a run: the client reattaches
+/// from the last id it saw while the run still goes on, and gets the rest
+/// of it once each, live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agui_reattach_mid_run_follows_the_rest_of_it_live() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[]);
+    let id = daemon.create(&site, json!({})).await;
+    let mut first = run_stream(
+        &daemon,
+        &json!({
+            "threadId": id,
+            "runId": "run-1",
+            "messages": [{"id": "m1", "role": "user", "content": until_file("go")}],
+        }),
+    )
+    .await;
+    let seen = first.until("TOOL_CALL_END").await;
+    let last_id = seen
+        .last()
+        .unwrap()
+        .0
+        .expect("TOOL_CALL_END carries its event's seq");
+    drop(first);
+
+    let response = daemon
+        .http
+        .get(daemon.endpoint(&format!("/ag-ui/{id}/runs/run-1/events")))
+        .header("Last-Event-ID", last_id.to_string())
+        .send()
+        .await
+        .expect("the daemon answers");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut again = Stream {
+        response,
+        buffer: String::new(),
+    };
+    let started = again.next().await.unwrap();
+    assert_eq!(started.1["type"], "RUN_STARTED");
+    std::fs::write(site.cwd().join("go"), "").unwrap();
+    let rest = again.until("RUN_FINISHED").await;
+    assert!(again.next().await.is_none(), "nothing after RUN_FINISHED");
+
+    let kinds = types(&rest);
+    let result = rest
+        .iter()
+        .find(|(_, event)| event["type"] == "TOOL_CALL_RESULT")
+        .expect("the tool's result");
+    assert!(
+        result.1["content"].as_str().unwrap().contains("went"),
+        "{rest:#?}"
+    );
+    assert!(kinds.contains(&"TEXT_MESSAGE_END"), "{kinds:?}");
+    assert_eq!(rest.last().unwrap().1["outcome"]["type"], "success");
+    // Every id after the one seen, once each, in order: the seqs of the
+    // log's events that make frames.
+    let ids: Vec<u64> = rest.iter().filter_map(|(id, _)| *id).collect();
+    let log = daemon.log(&id).await;
+    let owed: Vec<u64> = log
+        .iter()
+        .filter(|event| {
+            matches!(
+                event["type"].as_str(),
+                Some("assistant_message" | "tool_result" | "turn_completed")
+            )
+        })
+        .filter_map(|event| event["seq"].as_u64())
+        .filter(|seq| *seq > last_id)
+        .collect();
+    assert_eq!(ids, owed, "{rest:#?}");
+}
+
+/// A cancel while the run's tool runs ends the run as cancelled, not
+/// failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agui_a_cancelled_run_finishes_cancelled() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[]);
+    let id = daemon.create(&site, json!({})).await;
+    let mut run = run_stream(
+        &daemon,
+        &json!({
+            "threadId": id,
+            "runId": "run-1",
+            "messages": [{"id": "m1", "role": "user", "content": until_file("never")}],
+        }),
+    )
+    .await;
+    run.until("TOOL_CALL_END").await;
+    daemon.wait_state(&id, "executing_tools").await;
+    let reply = daemon.cancel(&id).await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{reply:?}");
+    let rest = run.until("RUN_FINISHED").await;
+    assert_eq!(
+        rest.last().unwrap().1["outcome"],
+        json!({"type": "cancelled"})
+    );
+    assert!(run.next().await.is_none(), "nothing after RUN_FINISHED");
+}
