@@ -299,6 +299,25 @@ async fn agui_refuses_bad_input_and_changes_nothing() {
     let reply = daemon.get("/v1/conversations/agui-new").await;
     assert_eq!(reply.error(StatusCode::NOT_FOUND).0, "not_found");
 
+    // A message over KEEL_MAX_MESSAGE_BYTES (1 MiB), refused as
+    // `POST …/messages` refuses it.
+    let reply = daemon
+        .post(
+            "/ag-ui",
+            &json!({
+                "threadId": "agui-new",
+                "runId": "r",
+                "messages": [{"id": "u1", "role": "user", "content": "x".repeat(1_100_000)}],
+            }),
+        )
+        .await;
+    assert_eq!(
+        reply.error(StatusCode::PAYLOAD_TOO_LARGE).0,
+        "payload_too_large"
+    );
+    let reply = daemon.get("/v1/conversations/agui-new").await;
+    assert_eq!(reply.error(StatusCode::NOT_FOUND).0, "not_found");
+
     // A frontend tool named like one of keel's.
     let reply = daemon
         .post(
@@ -331,6 +350,44 @@ async fn agui_refuses_bad_input_and_changes_nothing() {
         .await;
     assert_eq!(reply.error(StatusCode::NOT_FOUND).0, "unknown_call");
     assert_eq!(daemon.log(&id).await.len(), before, "nothing was written");
+
+    // A message while the thread waits on an approval is busy (keel's
+    // busy policy, `reject` by default), and the tools it brings are not
+    // taken either.
+    let gated = daemon
+        .create(&site, json!({"tools": {"bash": "approve"}}))
+        .await;
+    let reply = daemon
+        .post(
+            "/ag-ui",
+            &json!({
+                "threadId": gated,
+                "runId": "r1",
+                "messages": [{"id": "u1", "role": "user", "content": "run: echo gated"}],
+            }),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    let finished = frames(reply.body.as_str().unwrap()).pop().unwrap().1;
+    assert_eq!(finished["outcome"]["type"], "interrupt", "{finished}");
+    let before = daemon.log(&gated).await.len();
+    let reply = daemon
+        .post(
+            "/ag-ui",
+            &json!({
+                "threadId": gated,
+                "runId": "r2",
+                "messages": [{"id": "u2", "role": "user", "content": "never mind"}],
+                "tools": [{"name": "pick_color", "description": "mine"}],
+            }),
+        )
+        .await;
+    assert_eq!(reply.error(StatusCode::CONFLICT).0, "busy");
+    assert_eq!(
+        daemon.log(&gated).await.len(),
+        before,
+        "nothing was written"
+    );
 
     let reply = Reply::of(
         daemon

@@ -31,7 +31,7 @@ use utoipa::IntoParams;
 use keel_actors::core::builtin;
 use keel_actors::core::config::{BusyPolicy, ClientTool, ConversationConfig};
 use keel_actors::core::event::{Decision, EventKind, PendingCall, PendingKind};
-use keel_actors::core::{ConversationId, Seq, StateName, ToolCallId};
+use keel_actors::core::{ConversationId, Rejection, Seq, StateName, ToolCallId};
 use keel_actors::{ConversationHandle, ImageUpload, Inspection};
 use keel_api::types::ErrorBody;
 use keel_api::ErrorCode;
@@ -92,6 +92,7 @@ pub async fn run(
             if let Some(entry) = input.resume.first() {
                 return Err(unknown_call(&entry.interrupt_id));
             }
+            new_message(&taken, state.max_message_bytes)?;
             let config = ConversationConfig {
                 primary: state.default_model.as_ref().clone(),
                 client_tools: client_tools.clone(),
@@ -303,6 +304,7 @@ async fn plan(
             .find(|pending| pending.call.id.0 == call)
     };
     let mut plan = Plan::default();
+    (plan.text, plan.images) = new_message(&taken, max_message_bytes)?;
     for (call, text) in taken.answers {
         match pending(&call).map(|pending| pending.kind) {
             Some(PendingKind::ClientExec) => plan.answers.push((ToolCallId::new(call), text)),
@@ -337,36 +339,20 @@ async fn plan(
                 .push((ToolCallId::new(call), decision(entry, None)?)),
         }
     }
-    if !taken.texts.is_empty() {
-        let text = taken.texts.join("\n\n");
-        // As `POST …/messages` bounds it: the body limit is sized for
-        // images and a whole history, not for one message's text.
-        if text.len() > max_message_bytes {
-            return Err(ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                ErrorCode::PayloadTooLarge,
-                format!(
-                    "the new message's text is {} bytes; at most {max_message_bytes} (KEEL_MAX_MESSAGE_BYTES)",
-                    text.len()
-                ),
-            ));
-        }
-        plan.text = Some(text);
-    }
-    for (media_type, data) in taken.images {
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(data.trim())
-            .map_err(|error| {
-                ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    ErrorCode::InvalidImage,
-                    format!("an image's data is not standard base64 ({error})"),
-                )
-            })?;
-        plan.images.push(ImageUpload::new(media_type, bytes));
-    }
     let resolves = !plan.answers.is_empty() || !plan.decisions.is_empty();
-    if plan.sends() && resolves && inspection.config.busy_policy == BusyPolicy::Reject {
+    let rejects = inspection.config.busy_policy == BusyPolicy::Reject;
+    let takes_messages = matches!(inspection.state, StateName::Idle | StateName::Error);
+    if plan.sends() && rejects && !takes_messages && !resolves {
+        // Refused here rather than by the send, so that nothing before it
+        // (the tools' update) is written for a run that cannot be.
+        return Err(ApiError::from_rejection(
+            id,
+            Rejection::Busy {
+                state: inspection.state,
+            },
+        ));
+    }
+    if plan.sends() && resolves && rejects {
         let mut error = ApiError::new(
             StatusCode::CONFLICT,
             ErrorCode::Busy,
@@ -378,6 +364,43 @@ async fn plan(
         return Err(error);
     }
     Ok(plan)
+}
+
+/// The new user message a run sends, checked as `POST …/messages` checks
+/// one: its texts joined, within `KEEL_MAX_MESSAGE_BYTES` (the body limit
+/// is sized for images and a whole history, not for one message's text),
+/// and its images decoded.
+fn new_message(
+    taken: &intake::Taken,
+    max_message_bytes: usize,
+) -> Result<(Option<String>, Vec<ImageUpload>), ApiError> {
+    let text = (!taken.texts.is_empty()).then(|| taken.texts.join("\n\n"));
+    if let Some(text) = &text {
+        if text.len() > max_message_bytes {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ErrorCode::PayloadTooLarge,
+                format!(
+                    "the new message's text is {} bytes; at most {max_message_bytes} (KEEL_MAX_MESSAGE_BYTES)",
+                    text.len()
+                ),
+            ));
+        }
+    }
+    let mut images = Vec::with_capacity(taken.images.len());
+    for (media_type, data) in &taken.images {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .map_err(|error| {
+                ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    ErrorCode::InvalidImage,
+                    format!("an image's data is not standard base64 ({error})"),
+                )
+            })?;
+        images.push(ImageUpload::new(media_type.clone(), bytes));
+    }
+    Ok((text, images))
 }
 
 /// A resume entry as keel's decision. `kind` is the pending call's, when
