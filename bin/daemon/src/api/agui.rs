@@ -125,10 +125,16 @@ pub async fn run(
     // could write: nothing it causes is missed.
     let from = inspection.last_seq + 1;
     let follower = Follower::open(&state, id.clone(), Some(from)).await?;
-    let took = carry_out(&handle, plan.clone()).await?;
+    let answered: Vec<String> = plan
+        .answers
+        .iter()
+        .map(|(call, _)| call.0.clone())
+        .collect();
+    let sends = plan.sends();
+    let took = carry_out(&handle, plan).await?;
     let mut map = RunMap::new(input.thread_id.clone(), input.run_id.clone(), from)
-        .answered_by_client(plan.answers.iter().map(|(call, _)| call.0.clone()));
-    if plan.sends() {
+        .answered_by_client(answered);
+    if sends {
         map = map.awaiting_turn();
     }
     let mut opening = vec![map.started()];
@@ -263,7 +269,7 @@ fn client_tools(state: &AppState, tools: &[InputTool]) -> Result<Vec<ClientTool>
 }
 
 /// What a run's input will do, checked against the conversation.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 struct Plan {
     /// Resolutions of calls no longer pending: the same decision again is
     /// a no-op (keel's resolve is exactly once), another one a 409. Made
@@ -284,6 +290,9 @@ impl Plan {
     }
 }
 
+/// What `input` asks of the conversation `inspection` describes, every
+/// part checked against it: which calls it answers (and whether they still
+/// wait), the message it sends, and whether the busy policy lets it.
 async fn plan(
     handle: &ConversationHandle,
     inspection: &Inspection,
