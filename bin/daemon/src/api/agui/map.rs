@@ -16,7 +16,8 @@
 //! Message ids are keel's, so that the next run's history says what the
 //! client already has (docs/ag-ui.md, "History"): `keel-SEQ` for a message
 //! from the log at SEQ, and `keel-SEQ-tTURN.ATTEMPT` for one streamed live
-//! after canonical seq SEQ, before its own seq was known.
+//! after canonical seq SEQ, before its own seq was known (with `+` added
+//! for text that goes on after a tool call, in a message of its own).
 
 use std::collections::BTreeSet;
 

@@ -461,3 +461,39 @@ fn a_rewind_takes_the_later_messages_out_of_the_thread() {
         .collect();
     assert_eq!(ids, ["keel-2", "keel-3"]);
 }
+
+/// A run whose input brings nothing new ends where the thread stands: a
+/// call still waiting is its interrupt again, and a stream that cannot go
+/// on is a run error, with whatever it had open closed first.
+#[test]
+fn a_run_with_nothing_new_rests_where_the_thread_stands() {
+    let script = Script::new(9);
+    let mut map = script.map();
+    let mut frames = vec![map.started()];
+    frames.extend(map.rest(&[PendingCall {
+        call: call("call-2", "bash", json!({"command": "make"})),
+        kind: PendingKind::Approval,
+        prompt: None,
+    }]));
+    frames.extend(map.finished());
+    let rested = String::from_utf8(super::super::render(&frames).to_vec()).unwrap();
+    expect("rest_pending", &rested);
+
+    let mut map = script.map();
+    let mut frames = vec![map.started()];
+    frames.extend(map.update(&Update::Live {
+        event: LiveEvent::Delta {
+            generation: Generation {
+                turn: 3,
+                attempt: 1,
+            },
+            delta: StreamDelta::Text {
+                text: "partial".to_owned(),
+            },
+        },
+    }));
+    frames.extend(map.fail("catch_up_failed", "could not read missed events"));
+    frames.extend(map.finished());
+    let failed = String::from_utf8(super::super::render(&frames).to_vec()).unwrap();
+    expect("stream_failed", &failed);
+}
