@@ -69,9 +69,6 @@ pub enum Error {
     HttpClient(#[source] reqwest::Error),
     #[error("no conversation has id {0}")]
     NotFound(keel_core::ConversationId),
-    /// A conversation with the id asked for exists already.
-    #[error("conversation {0} exists already")]
-    AlreadyExists(keel_core::ConversationId),
     /// The conversation refused the request; the message is safe to show.
     #[error("{0}")]
     Rejected(keel_core::Rejection),

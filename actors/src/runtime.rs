@@ -175,21 +175,22 @@ impl Runtime {
         Ok(self.handle(id))
     }
 
-    /// [`create`](Runtime::create) under an id the caller chose (a
-    /// LangGraph client naming its thread). An id the store already holds
-    /// is refused with `Error::AlreadyExists`, and so is one created by
-    /// someone else meanwhile: the store takes a conversation's first
-    /// event once.
-    pub async fn create_as(
+    /// Conversation `id`, created as [`create`](Self::create) does if the
+    /// store has none of that name: for a protocol whose clients name their
+    /// threads (AG-UI's `threadId`). The `bool` says whether this call
+    /// created it. Two callers racing to create one id get one
+    /// conversation: the registry admits its actor once, and the loser
+    /// finds it there.
+    pub async fn create_if_absent(
         &self,
         id: ConversationId,
         cwd: impl AsRef<Path>,
         config: ConversationConfig,
-    ) -> Result<ConversationHandle, Error> {
-        if self.shared.store.last_seq(&id).await? > 0 {
-            return Err(Error::AlreadyExists(id));
+    ) -> Result<(ConversationHandle, bool), Error> {
+        if self.shared.store.index_entry(&id).await?.is_some() {
+            return Ok((self.handle(id), false));
         }
-        activation::create_as(
+        let created = activation::create_as(
             &self.shared,
             &self.supervisor.get_cell(),
             id.clone(),
@@ -197,8 +198,14 @@ impl Runtime {
             config,
             None,
         )
-        .await?;
-        Ok(self.handle(id))
+        .await;
+        match created {
+            Ok(()) => Ok((self.handle(id), true)),
+            Err(Error::Spawn(ractor::SpawnErr::ActorAlreadyRegistered(_))) => {
+                Ok((self.handle(id), false))
+            }
+            Err(error) => Err(error),
+        }
     }
 
     /// A handle on conversation `id`. Every call through it goes through

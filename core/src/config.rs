@@ -169,6 +169,23 @@ pub struct ConversationConfig {
     /// The daemon's MCP servers this conversation may use, by name
     /// (docs/mcp.md): their tools are offered as `mcp__{server}__{tool}`.
     pub mcp_servers: Vec<String>,
+    /// Tools the client runs (an AG-UI frontend's tools, docs/ag-ui.md):
+    /// offered to the model beside keel's own, and a call of one waits for
+    /// the client's result (pending kind `client_exec`), as
+    /// [`ToolPolicy::Client`] does. Left out of the encoding while empty,
+    /// so configs recorded before it existed read and write the same.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub client_tools: Vec<ClientTool>,
+}
+
+/// A tool that exists only in the client: keel offers it to the model and
+/// hands its calls to the client, which answers with the result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientTool {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the tool's input object, as the client gave it.
+    pub input_schema: serde_json::Value,
 }
 
 impl Default for ConversationConfig {
@@ -192,13 +209,23 @@ impl Default for ConversationConfig {
             sub_agent: SubAgentLimits::default(),
             tools_may_leave_cwd: false,
             mcp_servers: Vec::new(),
+            client_tools: Vec::new(),
         }
     }
 }
 
 impl ConversationConfig {
+    /// How a call of `tool_name` is carried out: its policy if one is set;
+    /// else [`ToolPolicy::Client`] for a client's tool, which only the
+    /// client can run; else [`ToolPolicy::Auto`].
     pub fn tool_policy(&self, tool_name: &str) -> ToolPolicy {
-        self.tools.get(tool_name).copied().unwrap_or_default()
+        if let Some(policy) = self.tools.get(tool_name) {
+            return *policy;
+        }
+        if self.client_tools.iter().any(|tool| tool.name == tool_name) {
+            return ToolPolicy::Client;
+        }
+        ToolPolicy::default()
     }
 }
 
@@ -220,5 +247,30 @@ mod tests {
         let packed = rmp_serde::to_vec_named(&old).unwrap();
         let from_msgpack: ConversationConfig = rmp_serde::from_slice(&packed).unwrap();
         assert_eq!(from_msgpack, ConversationConfig::default());
+    }
+
+    /// A client's tool is run by the client unless a policy says otherwise;
+    /// an empty list leaves the encoding as it was before the field existed.
+    #[test]
+    fn a_client_tool_waits_for_the_client_and_an_empty_list_is_not_written() {
+        let encoded = serde_json::to_value(ConversationConfig::default()).unwrap();
+        assert!(encoded.get("client_tools").is_none(), "{encoded}");
+        let mut config = ConversationConfig {
+            client_tools: vec![ClientTool {
+                name: "confirm_order".to_owned(),
+                description: "Ask the user to confirm".to_owned(),
+                input_schema: serde_json::json!({"type": "object"}),
+            }],
+            ..ConversationConfig::default()
+        };
+        assert_eq!(config.tool_policy("confirm_order"), ToolPolicy::Client);
+        assert_eq!(config.tool_policy("bash"), ToolPolicy::Auto);
+        config
+            .tools
+            .insert("confirm_order".to_owned(), ToolPolicy::Deny);
+        assert_eq!(config.tool_policy("confirm_order"), ToolPolicy::Deny);
+        let packed = rmp_serde::to_vec_named(&config).unwrap();
+        let read: ConversationConfig = rmp_serde::from_slice(&packed).unwrap();
+        assert_eq!(read, config);
     }
 }

@@ -29,7 +29,7 @@ pub mod transition;
 pub mod wire;
 
 pub use config::{
-    BusyPolicy, ConversationConfig, ModelRef, ProviderKind, RecoveryPolicy, ToolPolicy,
+    BusyPolicy, ClientTool, ConversationConfig, ModelRef, ProviderKind, RecoveryPolicy, ToolPolicy,
 };
 pub use effect::Effect;
 pub use event::{

@@ -1522,6 +1522,31 @@ fn client_exec_tools_wait_for_the_client_answer() {
     assert_eq!(started_streams(&step).len(), 1);
 }
 
+/// A client's own tool (an AG-UI frontend's, `client_tools`) has no policy
+/// of its own: a call of it waits for the client like a `client` policy.
+#[test]
+fn a_client_tool_waits_for_the_client_answer() {
+    let mut harness = Harness::new(ConversationConfig {
+        client_tools: vec![keel_core::ClientTool {
+            name: "pick_color".to_owned(),
+            description: "Let the user pick a color".to_owned(),
+            input_schema: serde_json::json!({"type": "object"}),
+        }],
+        ..ConversationConfig::default()
+    });
+    harness.send("pick one");
+    harness.call_tools(&[("p1", "pick_color")]);
+    assert_eq!(harness.working().pending[0].kind, PendingKind::ClientExec);
+    let step = harness.resolve(
+        "p1",
+        Decision::Answer {
+            text: "teal".to_owned(),
+        },
+    );
+    assert_eq!(tool_results(&step)[0].1, "teal");
+    assert_eq!(started_streams(&step).len(), 1);
+}
+
 // --- Resolutions happen exactly once, and record who decided -----------------------
 
 fn gated() -> ConversationConfig {

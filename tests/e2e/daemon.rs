@@ -16,6 +16,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod agui;
 mod approvals;
 mod cancel;
 mod compaction;

@@ -328,6 +328,35 @@ pub(crate) async fn save_checkpoint(state: &mut ConversationState) {
     }
 }
 
+/// The tools a request offers: the runtime's, and the client's own tools
+/// (`ConversationConfig::client_tools`) beside them, a client's tool taking
+/// the place of one of the same name. A sub-agent has no client, so it is
+/// offered none of them.
+fn offered_tools(
+    state: &ConversationState,
+    working: &keel_core::WorkingSet,
+) -> Arc<[keel_core::wire::ToolSpec]> {
+    let offered = state.shared.tools.offered(working.is_sub_agent());
+    let client = &working.config.client_tools;
+    if client.is_empty() || working.is_sub_agent() {
+        return offered;
+    }
+    let mut tools: Vec<keel_core::wire::ToolSpec> = offered
+        .iter()
+        .filter(|spec| !client.iter().any(|tool| tool.name == spec.name))
+        .cloned()
+        .collect();
+    tools.extend(client.iter().map(|tool| keel_core::wire::ToolSpec {
+        name: tool.name.clone(),
+        description: tool.description.clone(),
+        input_schema: tool.input_schema.clone(),
+    }));
+    // Sorted like the registry's, so the prompt's prefix stays the same
+    // from request to request.
+    tools.sort_by(|left, right| left.name.cmp(&right.name));
+    tools.into()
+}
+
 async fn start_stream(
     myself: &ActorRef<ConversationMsg>,
     state: &mut ConversationState,
@@ -365,7 +394,7 @@ async fn start_stream(
             model,
             system: working.config.system.clone(),
             messages: working.messages.clone(),
-            tools: state.shared.tools.offered(working.is_sub_agent()),
+            tools: offered_tools(state, working),
             mcp_servers: working.config.mcp_servers.clone(),
             conversation: state.id.clone(),
             denied: working

@@ -7,6 +7,7 @@
 //! is generated from the same handlers and types that serve requests.
 
 pub mod admin;
+pub mod agui;
 pub mod conversations;
 pub mod deletion;
 pub mod error;
@@ -139,6 +140,12 @@ fn documented() -> OpenApiRouter<AppState> {
                 .routes(routes!(conversations::send))
                 .layer(DefaultBodyLimit::max(MESSAGE_BODY_LIMIT)),
         )
+        .merge(
+            OpenApiRouter::new()
+                .routes(routes!(agui::run))
+                .layer(DefaultBodyLimit::max(MESSAGE_BODY_LIMIT)),
+        )
+        .routes(routes!(agui::reattach))
         .routes(routes!(conversations::cancel))
         .routes(routes!(history::compact))
         .routes(routes!(history::fork))

@@ -27,6 +27,8 @@ const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/conversations/{id}/rewind", &["post"]),
     ("/v1/conversations/{id}/log", &["get"]),
     ("/v1/conversations/{id}/events", &["get"]),
+    ("/ag-ui", &["post"]),
+    ("/ag-ui/{thread_id}/runs/{run_id}/events", &["get"]),
     ("/admin/actors", &["get"]),
     ("/admin/actors/{id}/evict", &["post"]),
     ("/admin/actors/{id}/kill", &["post"]),

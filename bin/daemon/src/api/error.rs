@@ -62,11 +62,6 @@ impl ApiError {
         use keel_actors::Error;
         match error {
             Error::NotFound(_) => ApiError::not_found(id),
-            Error::AlreadyExists(_) => ApiError::new(
-                StatusCode::CONFLICT,
-                ErrorCode::AlreadyExists,
-                error.to_string(),
-            ),
             Error::InvalidImage { .. } => ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 ErrorCode::InvalidImage,

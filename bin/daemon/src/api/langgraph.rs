@@ -127,25 +127,22 @@ async fn thread_create(
         Some(raw) => {
             let id = ConversationId::new(raw.clone())
                 .map_err(|error| ApiError::bad_request(format!("thread_id {raw:?}: {error}")))?;
-            if exists(&state, &id).await? {
-                if request.if_exists.as_deref() == Some("do_nothing") {
-                    return thread_json(&state, &id).await.map(Json);
-                }
-                return Err(ApiError::new(
-                    StatusCode::CONFLICT,
-                    ErrorCode::AlreadyExists,
-                    format!("thread {id} exists (if_exists: \"do_nothing\" returns it)"),
-                ));
-            }
-            state
+            let (_, created) = state
                 .runtime
-                .create_as(
+                .create_if_absent(
                     id.clone(),
                     state.default_cwd.as_ref(),
                     thread_config(&state),
                 )
                 .await
                 .map_err(|error| ApiError::from_runtime(id.as_str(), error))?;
+            if !created && request.if_exists.as_deref() != Some("do_nothing") {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    ErrorCode::AlreadyExists,
+                    format!("thread {id} exists (if_exists: \"do_nothing\" returns it)"),
+                ));
+            }
             id
         }
         None => state
@@ -1173,16 +1170,6 @@ fn thread_hash(id: &ConversationId) -> u32 {
 
 fn thread_id(raw: &str) -> Result<ConversationId, ApiError> {
     ConversationId::new(raw.to_owned()).map_err(|_| ApiError::not_found(raw))
-}
-
-async fn exists(state: &AppState, id: &ConversationId) -> Result<bool, ApiError> {
-    state
-        .runtime
-        .store()
-        .last_seq(id)
-        .await
-        .map(|seq| seq > 0)
-        .map_err(|error| ApiError::from_runtime(id.as_str(), error.into()))
 }
 
 /// The whole log of thread `id`; an unknown thread is 404.
