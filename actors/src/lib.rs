@@ -26,6 +26,7 @@ pub mod provider;
 pub mod pubsub;
 mod registry;
 pub mod runtime;
+pub mod sandbox;
 mod settings;
 mod shared;
 pub mod spawner;
