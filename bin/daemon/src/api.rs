@@ -56,9 +56,17 @@ pub const BODY_LIMIT: usize = 64 * 1024;
 /// Renders the process's metrics in Prometheus text.
 pub type MetricsRender = Arc<dyn Fn() -> String + Send + Sync>;
 
-/// What every handler shares. Cheap to clone.
+/// What every handler shares. One pointer: axum clones the state for
+/// every layer and handler of every request, and a clone of the fields
+/// themselves (a dozen reference counts, two watch receivers) was a few
+/// percent of the daemon's CPU on short requests (docs/benchmarks.md,
+/// "Huge pages zeroed"). The fields read through `Deref`.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+/// The fields of [`AppState`].
+#[derive(Clone)]
+pub struct Shared {
     pub runtime: Runtime,
     token: Arc<str>,
     /// The model a conversation uses unless its creation names another.
@@ -75,6 +83,14 @@ pub struct AppState {
     pub max_message_bytes: usize,
 }
 
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
 impl AppState {
     pub fn new(
         runtime: Runtime,
@@ -84,7 +100,7 @@ impl AppState {
         metrics: Option<MetricsRender>,
         stopping: watch::Receiver<bool>,
     ) -> AppState {
-        AppState {
+        AppState(Arc::new(Shared {
             store: runtime.store().availability(),
             runtime,
             token: token.into(),
@@ -93,13 +109,14 @@ impl AppState {
             metrics,
             stopping,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
-        }
+        }))
     }
 
     /// The same state with messages' text bounded at `bytes`.
-    pub fn with_max_message_bytes(mut self, bytes: usize) -> AppState {
-        self.max_message_bytes = bytes;
-        self
+    pub fn with_max_message_bytes(self, bytes: usize) -> AppState {
+        let mut shared = Arc::unwrap_or_clone(self.0);
+        shared.max_message_bytes = bytes;
+        AppState(Arc::new(shared))
     }
 }
 

@@ -240,6 +240,10 @@ pub enum Command {
     Approve {
         id: String,
         call_id: String,
+        /// Run the call with this input (a JSON object) instead of the
+        /// model's: recorded as an edit, and the model sees the call so.
+        #[arg(long, value_name = "JSON")]
+        input: Option<String>,
         /// Who decided, recorded in the log with the decision.
         #[arg(long, value_name = "NAME")]
         by: Option<String>,
@@ -590,12 +594,18 @@ fn run_client(command: Command) -> anyhow::Result<Exit> {
             Command::Approve {
                 id,
                 call_id,
+                input,
                 by,
                 json,
-            } => {
-                let decision = ApiDecisionKind::Approve;
-                commands::resolve(&client, &id, &call_id, decision, None, by, json).await
-            }
+            } => match input {
+                None => {
+                    let decision = ApiDecisionKind::Approve;
+                    commands::resolve(&client, &id, &call_id, decision, None, by, json).await
+                }
+                Some(input) => {
+                    commands::approve_edited(&client, &id, &call_id, &input, by, json).await
+                }
+            },
             Command::Deny {
                 id,
                 call_id,

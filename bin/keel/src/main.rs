@@ -13,6 +13,12 @@ use clap::Parser;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // No transparent huge pages for this process: mimalloc asks for them
+    // on its arenas, and every fault in a page it had given back then
+    // zeroed 2 MiB, an eighth of the daemon's CPU on client-shaped tool
+    // turns (docs/benchmarks.md, "Huge pages zeroed"). Where the kernel
+    // refuses, nothing else changes.
+    let _ = nix::sys::prctl::set_thp_disable(true);
     match keel::cli::run(keel::cli::Cli::parse()) {
         Ok(exit) => exit.into(),
         Err(error) => {

@@ -223,6 +223,36 @@ async fn cli_send_stops_at_a_pending_call_and_approve_runs_it() {
         .collect();
     assert_eq!(resolved.len(), 1, "{log:#?}");
     assert_eq!(resolved[0]["by"], "ada@ops");
+
+    // Approved with a changed input: the call runs with it.
+    rig.keel(&["send", &id, "run: echo as-asked > edited.txt"]);
+    let detail = rig.json(&["inspect", &id]);
+    let call = detail["conversation"]["pending"][0]["tool_call_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let refused = rig.keel(&["approve", &id, &call, "--input", "not json"]);
+    assert_ne!(refused.status.code(), Some(0), "{}", describe(&refused));
+    assert_eq!(
+        rig.ok(&[
+            "approve",
+            &id,
+            &call,
+            "--input",
+            r#"{"command": "echo as-edited > edited.txt"}"#
+        ])
+        .trim(),
+        format!("approved {call} with a changed input")
+    );
+    let log = rig.daemon.wait_turn_done(&id, 3).await;
+    let written = std::fs::read_to_string(rig.site.cwd().join("edited.txt")).unwrap();
+    assert_eq!(written, "as-edited\n");
+    let edit = log
+        .iter()
+        .find(|event| event["type"] == "resolved" && event["tool_call_id"] == call.as_str())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(edit["decision"], "edit", "{edit}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -430,6 +430,37 @@ pub async fn cancel(client: &Client, id: &str, json: bool) -> anyhow::Result<Exi
     Ok(Exit::Ok)
 }
 
+/// `keel approve --input JSON`: approve the call to run with that input.
+pub async fn approve_edited(
+    client: &Client,
+    id: &str,
+    call: &str,
+    input: &str,
+    by: Option<String>,
+    json: bool,
+) -> anyhow::Result<Exit> {
+    let input: serde_json::Value = serde_json::from_str(input)
+        .map_err(|error| anyhow::anyhow!("--input is not JSON: {error}"))?;
+    anyhow::ensure!(
+        input.is_object(),
+        "--input must be a JSON object, the call's new input"
+    );
+    let request = keel_api::types::ResolveRequest {
+        tool_call_id: call.to_owned(),
+        decision: ApiDecisionKind::Edit,
+        text: None,
+        input: Some(input),
+        by,
+    };
+    let resolved = client.resolve(id, &request).await?;
+    if json {
+        output::json_line(&resolved)?;
+    } else {
+        println!("approved {call} with a changed input");
+    }
+    Ok(Exit::Ok)
+}
+
 /// `keel approve`, `deny` and `answer`.
 pub async fn resolve(
     client: &Client,
