@@ -240,10 +240,7 @@ async fn thread_state(
 ) -> Result<Json<Value>, ApiError> {
     let id = thread_id(&thread)?;
     let events = read_log(&state, &id).await?;
-    let mut projection = Projection::new(id.as_str());
-    for event in &events {
-        projection.absorb(event);
-    }
+    let projection = Projection::of(id.as_str(), &events);
     Ok(Json(state_json(&id, &projection, &events)))
 }
 
@@ -286,16 +283,9 @@ async fn thread_history(
         if states.len() == limit {
             break;
         }
-        let upto: Vec<Event> = events
-            .iter()
-            .take_while(|event| event.seq <= end)
-            .cloned()
-            .collect();
-        let mut projection = Projection::new(id.as_str());
-        for event in &upto {
-            projection.absorb(event);
-        }
-        states.push(state_json(&id, &projection, &upto));
+        let upto = &events[..events.partition_point(|event| event.seq <= end)];
+        let projection = Projection::of(id.as_str(), upto);
+        states.push(state_json(&id, &projection, upto));
     }
     Ok(Json(Value::Array(states)))
 }
@@ -303,10 +293,7 @@ async fn thread_history(
 /// A thread as LangGraph shows it.
 async fn thread_json(state: &AppState, id: &ConversationId) -> Result<Value, ApiError> {
     let events = read_log(state, id).await?;
-    let mut projection = Projection::new(id.as_str());
-    for event in &events {
-        projection.absorb(event);
-    }
+    let projection = Projection::of(id.as_str(), &events);
     let interrupts = projection.interrupts();
     let mut by_task = serde_json::Map::new();
     if !interrupts.is_empty() {
@@ -501,10 +488,8 @@ async fn run_join_stream(
         // From now: nothing of what came before.
         None => events.last().map_or(1, |event| event.seq + 1),
     };
-    let from = from.max(match found.start {
-        RunStart::Message => found.seq,
-        RunStart::Resume => found.seq,
-    });
+    // Nothing from before the run.
+    let from = from.max(found.seq);
     stream_run(state, id, seq, from, resume.map(|(_, bytes)| bytes), modes).await
 }
 
@@ -609,12 +594,11 @@ async fn start_run(
             ),
         ));
     }
-    let mut projection = Projection::new(id.as_str());
-    for event in &events {
-        projection.absorb(event);
-    }
-    let busy = thread_status(&projection, &project::runs(&events)) != "idle"
-        && thread_status(&projection, &project::runs(&events)) != "error";
+    let projection = Projection::of(id.as_str(), &events);
+    let busy = !matches!(
+        thread_status(&projection, &project::runs(&events)),
+        "idle" | "error"
+    );
     match request.multitask_strategy.as_deref().unwrap_or("reject") {
         "reject" if busy => {
             return Err(ApiError::new(
@@ -759,10 +743,7 @@ async fn resume_run(
     resume: &Value,
 ) -> Result<Started, ApiError> {
     let id = handle.id();
-    let mut projection = Projection::new(id.as_str());
-    for event in events {
-        projection.absorb(event);
-    }
+    let projection = Projection::of(id.as_str(), events);
     let pending = projection.pending().to_vec();
     if pending.is_empty() {
         return Err(ApiError::new(
@@ -891,20 +872,18 @@ fn decision_of(kind: PendingKind, call_name: &str, decision: &Value) -> Result<D
 /// The run's values once it has ended (or paused for a decision).
 async fn wait_run(state: &AppState, id: &ConversationId, run: Seq) -> Result<Value, ApiError> {
     let events = read_log(state, id).await?;
-    let mut projection = Projection::new(id.as_str());
-    let mut book = project::RunBook::default();
-    for event in &events {
-        projection.absorb(event);
-        book.absorb(event);
-    }
+    let mut projection = Projection::of(id.as_str(), &events);
+    let mut book = project::RunBook::of(&events);
     if book.status(run).is_some_and(RunStatus::is_done) {
         return Ok(projection.values());
     }
     let mut follower = Follower::open(state, id.clone(), Some(projection.last_seq() + 1)).await?;
     while let Some(item) = follower.next().await {
-        for event in canonical(&item) {
-            projection.absorb(&event);
-            book.absorb(&event);
+        for update in updates(&item) {
+            if let Update::Event { event } = update {
+                projection.absorb(event);
+                book.absorb(event);
+            }
         }
         if let Item::Failed { message, .. } = &item {
             return Err(ApiError::new(
@@ -924,20 +903,14 @@ async fn wait_run(state: &AppState, id: &ConversationId, run: Seq) -> Result<Val
     ))
 }
 
-/// The canonical events of an item, in order.
-fn canonical(item: &Item) -> Vec<Event> {
-    let updates: &[Update] = match item {
+/// The updates an item carries, in order (none for a snapshot, a lag or
+/// a failure).
+fn updates(item: &Item) -> &[Update] {
+    match item {
         Item::Logged(updates) => updates,
         Item::Wave(wave) => wave.updates(),
-        _ => &[],
-    };
-    updates
-        .iter()
-        .filter_map(|update| match update {
-            Update::Event { event } => Some(event.as_ref().clone()),
-            Update::Live { .. } => None,
-        })
-        .collect()
+        Item::Snapshot(_) | Item::Lagged { .. } | Item::Failed { .. } => &[],
+    }
 }
 
 /// A run's stream: `metadata`, then the frames of `modes` from seq `from`
@@ -952,12 +925,9 @@ async fn stream_run(
     modes: Modes,
 ) -> Result<Response, ApiError> {
     let events = read_log(&state, &id).await?;
-    let mut projection = Projection::new(id.as_str());
-    let mut book = project::RunBook::default();
-    for event in events.iter().take_while(|event| event.seq < from) {
-        projection.absorb(event);
-        book.absorb(event);
-    }
+    let history = &events[..events.partition_point(|event| event.seq < from)];
+    let mut projection = Projection::of(id.as_str(), history);
+    let book = project::RunBook::of(history);
     if let Some(bytes) = resume_bytes.filter(|bytes| *bytes > 0) {
         projection.resume_mid_answer(bytes);
     }
@@ -1017,21 +987,15 @@ impl RunStream {
             }
             let item = self.follower.next().await?;
             let mut frames = Vec::new();
-            let updates: &[Update] = match &item {
-                Item::Logged(updates) => updates,
-                Item::Wave(wave) => wave.updates(),
-                Item::Failed { code, message } => {
-                    self.done = true;
-                    frames.push(Frame {
-                        event: "error".to_owned(),
-                        id: None,
-                        data: json!({"error": code.as_str(), "message": message}),
-                    });
-                    &[]
-                }
-                Item::Snapshot(_) | Item::Lagged { .. } => &[],
-            };
-            for update in updates {
+            if let Item::Failed { code, message } = &item {
+                self.done = true;
+                frames.push(Frame {
+                    event: "error".to_owned(),
+                    id: None,
+                    data: json!({"error": code.as_str(), "message": message}),
+                });
+            }
+            for update in updates(&item) {
                 if self.done {
                     break;
                 }

@@ -133,6 +133,15 @@ impl Projection {
         }
     }
 
+    /// The thread as `events` (its log from the start, in order) make it.
+    pub fn of(thread_id: &str, events: &[Event]) -> Projection {
+        let mut projection = Projection::new(thread_id);
+        for event in events {
+            projection.absorb(event);
+        }
+        projection
+    }
+
     pub fn last_seq(&self) -> Seq {
         self.last_seq
     }
@@ -558,11 +567,7 @@ pub struct Run {
 
 /// Every run of a thread, oldest first.
 pub fn runs(events: &[Event]) -> Vec<Run> {
-    let mut book = RunBook::default();
-    for event in events {
-        book.absorb(event);
-    }
-    book.runs
+    RunBook::of(events).runs
 }
 
 /// The runs of a thread, read off its events one at a time (a stream keeps
@@ -588,6 +593,15 @@ impl Default for RunBook {
 }
 
 impl RunBook {
+    /// The runs `events` (a log from the start, in order) tell.
+    pub fn of(events: &[Event]) -> RunBook {
+        let mut book = RunBook::default();
+        for event in events {
+            book.absorb(event);
+        }
+        book
+    }
+
     /// The status of the run that started at `seq`, if there is one.
     pub fn status(&self, seq: Seq) -> Option<RunStatus> {
         self.runs
