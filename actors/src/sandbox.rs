@@ -37,7 +37,7 @@ use std::process::{Child, Command};
 
 use landlock::{
     Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus, PathBeneath, PathFd,
-    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
@@ -211,19 +211,7 @@ fn confine_this_thread(confinement: &Confinement) -> Result<(), SandboxError> {
         .iter()
         .map(|path| std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()))
         .collect();
-    for (path, access) in readable(Path::new("/"), &hidden) {
-        created = created
-            .add_rule(PathBeneath::new(
-                PathFd::new(&path).map_err(|error| SandboxError::Path {
-                    path: path.clone(),
-                    error: io::Error::other(error.to_string()),
-                })?,
-                access,
-            ))
-            .map_err(|error| {
-                unsupported(format!("Landlock rule for {}: {error}", path.display()))
-            })?;
-    }
+    created = allow_reading(created, readable(Path::new("/"), &hidden))?;
     for path in confinement
         .writable
         .iter()
@@ -259,6 +247,27 @@ fn confine_this_thread(confinement: &Confinement) -> Result<(), SandboxError> {
             .map_err(|error| unsupported(format!("seccomp: {error}")))?;
     }
     Ok(())
+}
+
+/// Add a rule allowing what each of `paths` allows. A path listed a
+/// moment ago may be gone (another process's temporary file beside a
+/// hidden path's ancestor): it allowed reading only, so it is left out,
+/// which allows less.
+fn allow_reading(
+    mut created: RulesetCreated,
+    paths: Vec<(PathBuf, landlock::BitFlags<AccessFs>)>,
+) -> Result<RulesetCreated, SandboxError> {
+    for (path, access) in paths {
+        let Ok(fd) = PathFd::new(&path) else {
+            continue;
+        };
+        created = created
+            .add_rule(PathBeneath::new(fd, access))
+            .map_err(|error| SandboxError::Unsupported {
+                what: format!("Landlock rule for {}: {error}", path.display()),
+            })?;
+    }
+    Ok(created)
 }
 
 /// Every path beneath `root` that may be read, with what may be done
@@ -325,3 +334,27 @@ const SYS_IO_URING_SETUP: i64 = 425;
 const SYS_SOCKET: i64 = 198;
 #[cfg(target_arch = "aarch64")]
 const SYS_IO_URING_SETUP: i64 = 425;
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// A path gone between the listing and the rules (as another test's
+    /// temporary directory beside a hidden one is) is left out, not an
+    /// error that would refuse the command: it was there to be read only.
+    #[test]
+    fn a_readable_path_gone_meanwhile_is_left_out() {
+        let created = Ruleset::default()
+            .handle_access(AccessFs::from_all(ABI::V1))
+            .and_then(|ruleset| ruleset.create())
+            .unwrap();
+        let read = AccessFs::from_read(ABI::V1);
+        let paths = vec![
+            (PathBuf::from("/nonexistent/keel-sandbox-test"), read),
+            (PathBuf::from("/"), read),
+        ];
+        assert!(allow_reading(created, paths).is_ok());
+    }
+}
