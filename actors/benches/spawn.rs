@@ -95,6 +95,7 @@ fn main() {
         let helper = Spawner::start(SpawnerCommand {
             program: PathBuf::from(env!("CARGO_BIN_EXE_keel-spawner")),
             args: Vec::new(),
+            hide: None,
         })
         .await;
         assert!(helper.uses_helper().await, "keel-spawner did not start");
@@ -182,6 +183,7 @@ async fn measure(spawner: &Spawner, calls: usize) -> Sample {
         argv: &argv,
         env: &[],
         cwd: Path::new("/"),
+        confinement: None,
     };
     let mut spawn_wall = Vec::with_capacity(calls);
     let cpu_before = process_cpu();
@@ -223,6 +225,7 @@ async fn run_true(spawner: &Spawner) {
             ledger: None,
             spawner: spawner.clone(),
             groups: Default::default(),
+            sandbox: keel_actors::tool::CallSandbox::unconfined(),
         })
         .await;
     assert_eq!(outcome, ToolOutcome::ok("(no output)"));

@@ -36,6 +36,7 @@ mod task;
 pub mod tool;
 mod tool_actor;
 mod tool_groups;
+pub mod tool_sandbox;
 
 pub use keel_core as core;
 pub use keel_store as store;

@@ -58,6 +58,9 @@ pub struct RuntimeConfig {
     pub settings: Settings,
     /// The MCP servers conversations may use, by name (docs/mcp.md).
     pub mcp_servers: std::collections::BTreeMap<String, crate::mcp::McpServerConfig>,
+    /// How tools are confined (docs/sandbox.md): by default
+    /// `workspace-write` with no network.
+    pub sandbox: crate::tool_sandbox::SandboxSettings,
 }
 
 impl RuntimeConfig {
@@ -73,6 +76,7 @@ impl RuntimeConfig {
             spawner: None,
             settings: Settings::default(),
             mcp_servers: std::collections::BTreeMap::new(),
+            sandbox: crate::tool_sandbox::SandboxSettings::default(),
         })
     }
 }
@@ -87,6 +91,12 @@ pub struct Runtime {
 static INSTANCES: AtomicU64 = AtomicU64::new(0);
 
 impl Runtime {
+    /// The runtime's tool sandbox (docs/sandbox.md): what the kernel
+    /// provides, and the port tools may not connect to.
+    pub fn sandbox(&self) -> &crate::tool_sandbox::ToolSandbox {
+        &self.shared.sandbox
+    }
+
     /// Open a runtime: start the supervisor, kill tool process groups that
     /// outlived a previous run, and recover every conversation the index
     /// says was mid-turn. What boot did is the returned [`BootReport`].
@@ -99,6 +109,7 @@ impl Runtime {
             spawner,
             settings,
             mcp_servers,
+            sandbox,
         } = config;
         let ledger = match process_dir {
             Some(dir) => Some(Arc::new(ProcessLedger::open(&dir).map_err(|source| {
@@ -115,8 +126,12 @@ impl Runtime {
         let store: Arc<dyn EventLog> = Arc::new(crate::metrics::MeteredLog::new(store));
         // Before anything else opens descriptors (the daemon binds its
         // listener after this returns), so its one spawn is cheap.
+        let sandbox = Arc::new(crate::tool_sandbox::ToolSandbox::new(sandbox));
         let spawner = match spawner {
-            Some(command) => Spawner::start(command).await,
+            Some(mut command) => {
+                command.hide = sandbox.settings().data_dir.clone();
+                Spawner::start(command).await
+            }
             None => Spawner::direct(),
         };
         let instance = format!(
@@ -133,6 +148,7 @@ impl Runtime {
             tools,
             ledger,
             spawner,
+            sandbox,
             clock: Clock::system(),
             settings,
             controls: Mutex::new(HashMap::new()),

@@ -1,10 +1,11 @@
 //! Kernel confinement for the processes tools start (docs/sandbox.md): a
 //! filesystem that is read-only but for the directories a call may write
 //! and blind to the ones it may not read (the daemon's data directory), no
-//! IP network, and no signals or abstract sockets beyond the call's own
-//! processes. Enforced by the kernel, inherited by everything the process
-//! starts, and never silently skipped: a kernel that cannot enforce it is
-//! an error, not an unconfined process.
+//! IP network unless the policy allows it (and never the daemon's own
+//! port), no signals or abstract sockets beyond the call's own processes,
+//! and no leaving the call's process group. Enforced by the kernel,
+//! inherited by everything the process starts, and never silently skipped:
+//! a kernel that cannot enforce it is an error, not an unconfined process.
 //!
 //! *How, without unsafe code.* Landlock's `landlock_restrict_self` and a
 //! seccomp filter both confine the calling *thread* and every process it
@@ -12,32 +13,47 @@
 //! of its own that confines itself first and ends right after, so the
 //! rest of the spawning process stays free; no `pre_exec` hook runs after
 //! `fork` (which the workspace's `forbid(unsafe_code)` rules out anyway).
+//! The file tools confine their own short-lived threads the same way
+//! ([`confine_files`]).
 //!
 //! - Filesystem: Landlock rules allow reading (and executing) everything
-//!   beneath `/` except the hidden paths, and everything beneath the
-//!   writable ones. Landlock only allows, so "all but the data directory"
-//!   is every sibling along the path down to it; its ancestors themselves
-//!   cannot be listed then (`ls /` fails where `/` holds a hidden path's
-//!   ancestor), reading files elsewhere works.
-//! - Network: Landlock (ABI 4) refuses TCP bind and connect with no port
-//!   allowed; a seccomp filter refuses IP sockets of any kind (UDP is not
-//!   Landlock's) and `io_uring_setup` (whose requests could open sockets
-//!   without the `socket` syscall).
+//!   beneath `/` except the hidden paths and `/dev` (but its harmless
+//!   devices), and everything beneath the writable ones. Landlock only
+//!   allows, so "all but the data directory" is every sibling along the
+//!   path down to it; its ancestors themselves cannot be listed then (`ls
+//!   /` fails where `/` holds a hidden path's ancestor), reading files
+//!   elsewhere works. A hidden path beneath a writable one cannot be hidden
+//!   that way; the spawner process hides the data directory in a mount
+//!   namespace of its own ([`hide_in_namespace`]), and a process that has
+//!   not refuses to start the command.
+//! - Network: a Landlock layer of its own (built once per policy and
+//!   reused: "every port but the daemon's" is 65,534 rules) allows TCP
+//!   connections to the allowed ports; a seccomp filter refuses sockets of
+//!   the families and types Landlock does not cover (UDP, raw, packet).
 //! - Scopes (ABI 6): signals only to processes in the same domain (the
 //!   call's own), abstract Unix sockets only within it.
-//!
-//! Not yet wired to tools (issue 30 goes on): the policy per conversation,
-//! the spawner's protocol carrying it, and the file tools obeying it.
+//! - Nothing outlives the call: the process starts as the first process
+//!   (pid 1) of a PID namespace of its own, and when it exits the kernel
+//!   kills everything else in it, whatever process group or session it
+//!   moved to. The confining thread enters the namespace for its children
+//!   (`unshare(CLONE_NEWPID)`), which needs `CAP_SYS_ADMIN` in its user
+//!   namespace: the spawner has it in its own ([`hide_in_namespace`]), a
+//!   daemon running as root has it. Where it fails, seccomp refuses
+//!   `setsid` instead, which keeps a command from leaving its session but
+//!   not its process group (docs/sandbox.md says so).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::{LazyLock, Mutex, OnceLock, PoisonError};
 
+use keel_core::config::NetworkAccess;
 use landlock::{
-    Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus, PathBeneath, PathFd,
-    Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus, NetPort, PathBeneath,
+    PathFd, Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
@@ -48,16 +64,30 @@ use seccompiler::{
 /// abstract-socket scopes to 4's TCP rules and 5's device ioctls.
 const ABI_NEEDED: ABI = ABI::V6;
 
+/// The devices a confined process may read (and `/dev/null`, write); the
+/// rest of `/dev` (disks among them, which a root daemon's tools could
+/// otherwise read raw) is hidden.
+const DEVICES: [&str; 5] = [
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+];
+
 /// What a confined process may do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Confinement {
     /// Directories (or files) it may write beneath, besides reading.
     pub writable: Vec<PathBuf>,
     /// Paths it may neither read nor write (the daemon's data directory):
-    /// nothing beneath them is reachable.
+    /// nothing beneath them is reachable, but a writable path beneath one.
     pub hidden: Vec<PathBuf>,
-    /// Whether it may use the IP network at all.
-    pub network: bool,
+    /// Which IP network it may use.
+    pub network: NetworkAccess,
+    /// TCP ports it may never connect to, whatever `network` says (the
+    /// daemon's own).
+    pub blocked_ports: Vec<u16>,
 }
 
 /// What the running kernel can enforce, probed once at start.
@@ -93,12 +123,15 @@ impl fmt::Display for Protections {
 /// Why a process could not be started confined.
 #[derive(Debug)]
 pub enum SandboxError {
-    /// The kernel cannot enforce the confinement; nothing was started.
+    /// The kernel (or this process) cannot enforce the confinement;
+    /// nothing was started.
     Unsupported { what: String },
     /// A path of the confinement cannot be opened.
     Path { path: PathBuf, error: io::Error },
     /// The process could not be started (after confining).
     Spawn(io::Error),
+    /// The spawner process refused, in its words.
+    Refused(String),
 }
 
 impl fmt::Display for SandboxError {
@@ -106,12 +139,13 @@ impl fmt::Display for SandboxError {
         match self {
             SandboxError::Unsupported { what } => write!(
                 f,
-                "this kernel cannot confine the command ({what}), so it was not run"
+                "the command cannot be confined ({what}), so it was not run"
             ),
             SandboxError::Path { path, error } => {
                 write!(f, "cannot confine to {}: {error}", path.display())
             }
             SandboxError::Spawn(error) => write!(f, "cannot start the command: {error}"),
+            SandboxError::Refused(why) => f.write_str(why),
         }
     }
 }
@@ -139,8 +173,11 @@ pub fn probe() -> Protections {
             },
             Err(_) => None,
         };
-        let seccomp =
-            network_filter().is_ok_and(|filter| seccompiler::apply_filter(&filter).is_ok());
+        let seccomp = build_filter(&NetworkAccess::Off, true).is_ok_and(|filters| {
+            filters
+                .iter()
+                .all(|filter| seccompiler::apply_filter(filter).is_ok())
+        });
         Protections {
             landlock_abi,
             seccomp,
@@ -174,49 +211,117 @@ pub fn spawn_confined(
     mut command: Command,
     confinement: &Confinement,
 ) -> Result<Child, SandboxError> {
+    confined(confinement, move || command.spawn())
+}
+
+/// Run `spawn` (which starts a process) on a short-lived thread confined
+/// as `confinement` says, and give what it returned: for callers that
+/// start processes other than with `std::process::Command`.
+pub fn confined<T: Send>(
+    confinement: &Confinement,
+    spawn: impl FnOnce() -> io::Result<T> + Send,
+) -> Result<T, SandboxError> {
     let confinement = confinement.clone();
-    std::thread::scope(|scope| {
-        scope
-            .spawn(move || {
-                confine_this_thread(&confinement)?;
-                command.spawn().map_err(SandboxError::Spawn)
-            })
-            .join()
-            .unwrap_or_else(|_| {
-                Err(SandboxError::Unsupported {
-                    what: "the confining thread failed".to_owned(),
-                })
-            })
+    on_confined_thread(move || {
+        confine_this_thread(&confinement, Layers::Process)?;
+        spawn().map_err(SandboxError::Spawn)
     })
 }
 
+/// Confine the calling thread's filesystem access as `confinement` says
+/// (the network and process rules do not apply: the file tools open no
+/// sockets and start nothing). For a thread of its own, which stays
+/// confined until it ends. A hidden path beneath a writable one is left to
+/// the caller's own checks: Landlock cannot hide it, and this process has
+/// no namespace that does.
+pub fn confine_files(confinement: &Confinement) -> Result<(), SandboxError> {
+    confine_this_thread(confinement, Layers::Files)
+}
+
+/// Run `work` on a short-lived thread of its own and give its result.
+fn on_confined_thread<T: Send>(
+    work: impl FnOnce() -> Result<T, SandboxError> + Send,
+) -> Result<T, SandboxError> {
+    std::thread::scope(|scope| {
+        scope.spawn(work).join().unwrap_or_else(|_| {
+            Err(SandboxError::Unsupported {
+                what: "the confining thread failed".to_owned(),
+            })
+        })
+    })
+}
+
+/// Which rules a thread takes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layers {
+    /// Everything: for a thread about to start a tool's process.
+    Process,
+    /// The filesystem only: for a file tool's own thread.
+    Files,
+}
+
 /// Confine the calling thread (and what it starts from now on).
-fn confine_this_thread(confinement: &Confinement) -> Result<(), SandboxError> {
+fn confine_this_thread(confinement: &Confinement, layers: Layers) -> Result<(), SandboxError> {
     let unsupported = |what: String| SandboxError::Unsupported { what };
-    let mut ruleset = Ruleset::default()
-        .set_compatibility(CompatLevel::HardRequirement)
-        .handle_access(AccessFs::from_all(ABI_NEEDED))
-        .and_then(|ruleset| ruleset.scope(Scope::from_all(ABI_NEEDED)))
-        .map_err(|error| unsupported(format!("Landlock: {error}")))?;
-    if !confinement.network {
-        ruleset = ruleset
-            .handle_access(AccessNet::from_all(ABI_NEEDED))
-            .map_err(|error| unsupported(format!("Landlock network: {error}")))?;
-    }
-    let mut created = ruleset
-        .create()
-        .map_err(|error| unsupported(format!("Landlock: {error}")))?;
     let hidden: Vec<PathBuf> = confinement
         .hidden
         .iter()
         .map(|path| std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()))
         .collect();
-    created = allow_reading(created, readable(Path::new("/"), &hidden))?;
-    for path in confinement
+    let writable: Vec<PathBuf> = confinement
         .writable
         .iter()
-        .chain([&PathBuf::from("/dev/null")])
-    {
+        .map(|path| std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()))
+        .collect();
+    // What Landlock can hide: a path beneath a writable one only where this
+    // process hid it already (the spawner's namespace), or for file tools,
+    // whose own path checks refuse it.
+    let mut landlock_hidden = Vec::new();
+    for path in &hidden {
+        if let Some(outer) = writable.iter().find(|outer| path.starts_with(outer)) {
+            if layers == Layers::Process && !hidden_by_namespace(path) {
+                return Err(unsupported(format!(
+                    "{} is inside {}, which the command may write, and this process could \
+                     not hide it in a mount namespace (are user namespaces disabled?)",
+                    path.display(),
+                    outer.display()
+                )));
+            }
+            continue;
+        }
+        landlock_hidden.push(path.clone());
+    }
+    landlock_hidden.push(PathBuf::from("/dev"));
+
+    // Whether what this thread starts is the first process of a PID
+    // namespace of its own (see the module docs).
+    let own_pids = layers == Layers::Process
+        && nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWPID).is_ok();
+    if layers == Layers::Process {
+        // The network layer first: it is built once and reused.
+        network_layer(&confinement.network, &confinement.blocked_ports)?
+            .restrict_self()
+            .map_err(|error| unsupported(format!("Landlock network: {error}")))
+            .and_then(|status| fully(status, "network"))?;
+    }
+
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(AccessFs::from_all(ABI_NEEDED))
+        .map_err(|error| unsupported(format!("Landlock: {error}")))?;
+    if layers == Layers::Process {
+        ruleset = ruleset
+            .scope(Scope::from_all(ABI_NEEDED))
+            .map_err(|error| unsupported(format!("Landlock scopes: {error}")))?;
+    }
+    let mut created = ruleset
+        .create()
+        .map_err(|error| unsupported(format!("Landlock: {error}")))?;
+    let mut readable = readable(Path::new("/"), &landlock_hidden);
+    let device = AccessFs::from_read(ABI_NEEDED) & AccessFs::from_file(ABI_NEEDED);
+    readable.extend(DEVICES.iter().map(|path| (PathBuf::from(path), device)));
+    created = allow_reading(created, readable)?;
+    for path in writable.iter().chain([&PathBuf::from("/dev/null")]) {
         let access = if path.is_dir() {
             AccessFs::from_all(ABI_NEEDED)
         } else {
@@ -235,18 +340,72 @@ fn confine_this_thread(confinement: &Confinement) -> Result<(), SandboxError> {
     let status = created
         .restrict_self()
         .map_err(|error| unsupported(format!("Landlock: {error}")))?;
-    if status.ruleset != RulesetStatus::FullyEnforced {
-        return Err(unsupported(format!(
-            "Landlock enforced the rules {:?}",
-            status.ruleset
-        )));
-    }
-    if !confinement.network {
-        let filter = network_filter().map_err(|error| unsupported(format!("seccomp: {error}")))?;
-        seccompiler::apply_filter(&filter)
-            .map_err(|error| unsupported(format!("seccomp: {error}")))?;
+    fully(status, "filesystem")?;
+    if layers == Layers::Process {
+        for filter in process_filters(&confinement.network, !own_pids)? {
+            seccompiler::apply_filter(&filter)
+                .map_err(|error| unsupported(format!("seccomp: {error}")))?;
+        }
     }
     Ok(())
+}
+
+/// Refuse a Landlock layer that did not take in full.
+fn fully(status: landlock::RestrictionStatus, what: &str) -> Result<(), SandboxError> {
+    if status.ruleset == RulesetStatus::FullyEnforced {
+        Ok(())
+    } else {
+        Err(SandboxError::Unsupported {
+            what: format!("Landlock enforced the {what} rules {:?}", status.ruleset),
+        })
+    }
+}
+
+/// The Landlock network layers built so far, by what they allow: "every
+/// port but the daemon's" takes 65,534 rules, too many to add at each
+/// spawn, so a layer is built once and each confined thread restricts
+/// itself with a copy of its descriptor.
+type NetworkKey = (NetworkAccess, Vec<u16>);
+static NETWORK_LAYERS: LazyLock<Mutex<HashMap<NetworkKey, RulesetCreated>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The network layer for `network` with `blocked` ports never allowed.
+fn network_layer(network: &NetworkAccess, blocked: &[u16]) -> Result<RulesetCreated, SandboxError> {
+    let unsupported = |what: String| SandboxError::Unsupported { what };
+    let key = (network.clone(), blocked.to_vec());
+    let mut layers = NETWORK_LAYERS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(layer) = layers.get(&key) {
+        return layer
+            .try_clone()
+            .map_err(|error| unsupported(format!("Landlock network: {error}")));
+    }
+    let handled = match network {
+        // Neither bind nor connect: seccomp refuses the sockets anyway.
+        NetworkAccess::Off => AccessNet::from_all(ABI_NEEDED),
+        NetworkAccess::All | NetworkAccess::Ports(_) => AccessNet::ConnectTcp.into(),
+    };
+    let mut created = Ruleset::default()
+        .set_compatibility(CompatLevel::HardRequirement)
+        .handle_access(handled)
+        .and_then(|ruleset| ruleset.create())
+        .map_err(|error| unsupported(format!("Landlock network: {error}")))?;
+    let ports: Vec<u16> = match network {
+        NetworkAccess::Off => Vec::new(),
+        NetworkAccess::All => (0..=u16::MAX).collect(),
+        NetworkAccess::Ports(ports) => ports.clone(),
+    };
+    for port in ports.into_iter().filter(|port| !blocked.contains(port)) {
+        created = created
+            .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
+            .map_err(|error| unsupported(format!("Landlock rule for port {port}: {error}")))?;
+    }
+    let copy = created
+        .try_clone()
+        .map_err(|error| unsupported(format!("Landlock network: {error}")))?;
+    layers.insert(key, created);
+    Ok(copy)
 }
 
 /// Add a rule allowing what each of `paths` allows. A path listed a
@@ -297,43 +456,233 @@ fn readable(root: &Path, hidden: &[PathBuf]) -> Vec<(PathBuf, landlock::BitFlags
         .collect()
 }
 
-/// A seccomp filter that refuses IP sockets (`socket` with `AF_INET` or
-/// `AF_INET6`) and `io_uring_setup`, with `EACCES`, and allows everything
-/// else.
-fn network_filter() -> Result<BpfProgram, seccompiler::Error> {
+/// The seccomp filters built so far, by network policy.
+/// A filter's key: the network policy, and whether `setsid` is refused.
+type FilterKey = (NetworkAccess, bool);
+static FILTERS: LazyLock<Mutex<HashMap<FilterKey, Vec<BpfProgram>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The seccomp filters for a process under `network`: `io_uring_setup`
+/// refused (its requests could open sockets without the `socket`
+/// syscall) and the sockets the network policy rules out (`EACCES`); with
+/// `no_setsid`, `setsid` too (`EPERM`), where no PID namespace keeps the
+/// call's processes together. Everything else is allowed.
+fn process_filters(
+    network: &NetworkAccess,
+    no_setsid: bool,
+) -> Result<Vec<BpfProgram>, SandboxError> {
+    let key = (network.clone(), no_setsid);
+    let mut filters = FILTERS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(filter) = filters.get(&key) {
+        return Ok(filter.clone());
+    }
+    let built = build_filter(network, no_setsid).map_err(|error| SandboxError::Unsupported {
+        what: format!("seccomp: {error}"),
+    })?;
+    filters.insert(key, built.clone());
+    Ok(built)
+}
+
+fn build_filter(
+    network: &NetworkAccess,
+    no_setsid: bool,
+) -> Result<Vec<BpfProgram>, seccompiler::Error> {
     let arch = TargetArch::try_from(std::env::consts::ARCH)?;
-    let family = |value: u64| -> Result<SeccompRule, seccompiler::Error> {
-        Ok(SeccompRule::new(vec![SeccompCondition::new(
-            0,
-            SeccompCmpArgLen::Dword,
-            SeccompCmpOp::Eq,
-            value,
-        )?])?)
+    let arg = |index: u8, op: SeccompCmpOp, value: u64| {
+        SeccompCondition::new(index, SeccompCmpArgLen::Dword, op, value)
     };
-    const AF_INET: u64 = 2;
-    const AF_INET6: u64 = 10;
-    let filter = SeccompFilter::new(
-        BTreeMap::from([
-            (SYS_SOCKET, vec![family(AF_INET)?, family(AF_INET6)?]),
-            // No rule: refused whatever its arguments.
-            (SYS_IO_URING_SETUP, Vec::new()),
-        ]),
+    // Families any policy allows: Unix sockets, and netlink (routing
+    // queries, no way out of the machine).
+    let local = [AF_UNIX, AF_NETLINK];
+    let socket_rules: Vec<SeccompRule> = match network {
+        NetworkAccess::All => Vec::new(),
+        NetworkAccess::Off => vec![SeccompRule::new(
+            local
+                .iter()
+                .map(|family| arg(0, SeccompCmpOp::Ne, *family))
+                .collect::<Result<_, _>>()?,
+        )?],
+        NetworkAccess::Ports(_) => {
+            // Other families are refused, and IP sockets of any type but a
+            // stream: Landlock rules TCP by port, UDP it cannot.
+            let mut rules = vec![SeccompRule::new(
+                local
+                    .iter()
+                    .chain(&[AF_INET, AF_INET6])
+                    .map(|family| arg(0, SeccompCmpOp::Ne, *family))
+                    .collect::<Result<_, _>>()?,
+            )?];
+            for family in [AF_INET, AF_INET6] {
+                for kind in NOT_STREAMS {
+                    rules.push(SeccompRule::new(vec![
+                        arg(0, SeccompCmpOp::Eq, family)?,
+                        arg(1, SeccompCmpOp::MaskedEq(SOCK_TYPE_MASK), kind)?,
+                    ])?);
+                }
+            }
+            rules
+        }
+    };
+    let mut refused_with_eacces = BTreeMap::from([(SYS_IO_URING_SETUP, Vec::new())]);
+    if !socket_rules.is_empty() {
+        refused_with_eacces.insert(SYS_SOCKET, socket_rules);
+    }
+    // One filter has one action for what its rules match: `EACCES` for
+    // the network, `EPERM` for the session, so two filters.
+    let mut filters: Vec<BpfProgram> = vec![SeccompFilter::new(
+        refused_with_eacces,
         SeccompAction::Allow,
         SeccompAction::Errno(EACCES),
         arch,
-    )?;
-    Ok(filter.try_into()?)
+    )?
+    .try_into()?];
+    if no_setsid {
+        filters.push(
+            SeccompFilter::new(
+                BTreeMap::from([(SYS_SETSID, Vec::new())]),
+                SeccompAction::Allow,
+                SeccompAction::Errno(EPERM),
+                arch,
+            )?
+            .try_into()?,
+        );
+    }
+    Ok(filters)
+}
+/// The paths this process hid in a mount namespace of its own
+/// ([`hide_in_namespace`]), which Landlock need not hide then.
+static NAMESPACE_HIDDEN: OnceLock<Vec<PathBuf>> = OnceLock::new();
+
+fn hidden_by_namespace(path: &Path) -> bool {
+    NAMESPACE_HIDDEN
+        .get()
+        .is_some_and(|hidden| hidden.iter().any(|hidden| path.starts_with(hidden)))
+}
+
+/// The environment variable the runtime names the data directory in for
+/// its spawner process, which hides it ([`hide_in_namespace`]) before it
+/// starts anything.
+pub const SPAWNER_HIDE_ENV: &str = "KEEL_SPAWNER_HIDE";
+
+/// The name of the directory inside the data directory that holds the
+/// calls' private temporary directories: the one part of it tools see.
+pub const TOOL_TMP_DIR: &str = "tmp";
+
+/// Move this process into user and mount namespaces of its own in which
+/// `data_dir` is an empty, read-only directory but for its `tmp`
+/// directory (the calls' private temporary directories), so that nothing
+/// this process starts can see the data directory, even where Landlock
+/// cannot hide it (inside a working directory a command may write). Then
+/// once more into a nested pair, so that what was mounted is locked: a
+/// process of the nested namespaces cannot unmount it, whatever its
+/// capabilities there.
+///
+/// For the spawner process, which starts single-threaded (user namespaces
+/// cannot be entered by a process with threads) and never needs the data
+/// directory. An error leaves this process as it was, or in namespaces
+/// where nothing is hidden; either way [`spawn_confined`] then refuses
+/// what only the namespace could have confined.
+pub fn hide_in_namespace(data_dir: &Path) -> Result<(), String> {
+    use nix::mount::{mount, MsFlags};
+    use nix::sched::{unshare, CloneFlags};
+
+    let data_dir = std::fs::canonicalize(data_dir)
+        .map_err(|error| format!("cannot resolve {}: {error}", data_dir.display()))?;
+    let tmp = data_dir.join(TOOL_TMP_DIR);
+    std::fs::create_dir_all(&tmp)
+        .map_err(|error| format!("cannot create {}: {error}", tmp.display()))?;
+    let uid = nix::unistd::geteuid();
+    let gid = nix::unistd::getegid();
+    let enter = || -> Result<(), String> {
+        unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS)
+            .map_err(|error| format!("cannot enter user and mount namespaces: {error}"))?;
+        // Only this user, mapped to itself: files keep their owners.
+        std::fs::write("/proc/self/setgroups", "deny")
+            .and_then(|()| std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1")))
+            .and_then(|()| std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1")))
+            .map_err(|error| format!("cannot map this user into its namespace: {error}"))
+    };
+    enter()?;
+    let none: Option<&str> = None;
+    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
+        .map_err(|error| format!("cannot make the mounts private: {error}"))?;
+    // Kept open across the mount that covers it, to be mounted back;
+    // opened in this namespace, whose mounts a bind may take from.
+    let kept = std::fs::File::open(&tmp)
+        .map_err(|error| format!("cannot open {}: {error}", tmp.display()))?;
+    mount(
+        Some("tmpfs"),
+        &data_dir,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("mode=0755,size=64k"),
+    )
+    .map_err(|error| format!("cannot cover {}: {error}", data_dir.display()))?;
+    std::fs::create_dir(&tmp)
+        .map_err(|error| format!("cannot create {}: {error}", tmp.display()))?;
+    let kept_path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&kept));
+    mount(Some(kept_path.as_str()), &tmp, none, MsFlags::MS_BIND, none)
+        .map_err(|error| format!("cannot mount {} back: {error}", tmp.display()))?;
+    drop(kept);
+    mount(
+        none,
+        &data_dir,
+        none,
+        MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV
+            | MsFlags::MS_NOEXEC,
+        none,
+    )
+    .map_err(|error| format!("cannot make {} read-only: {error}", data_dir.display()))?;
+    enter()?;
+    let _ = NAMESPACE_HIDDEN.set(vec![data_dir]);
+    Ok(())
+}
+
+/// Whether an environment variable of the daemon holds a secret a tool
+/// must not see: keel's own settings (the token among them) and anything
+/// named like a key, token, secret or password (the providers' keys).
+pub fn is_secret(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    upper.starts_with("KEEL_")
+        || ["KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL"]
+            .iter()
+            .any(|word| upper.contains(word))
+}
+
+/// This process's environment without its secrets ([`is_secret`]).
+pub fn tool_environment() -> Vec<(OsString, OsString)> {
+    std::env::vars_os()
+        .filter(|(name, _)| !name.to_str().is_some_and(is_secret) && name.to_str().is_some())
+        .collect()
 }
 
 const EACCES: u32 = 13;
+const EPERM: u32 = 1;
+const AF_UNIX: u64 = 1;
+const AF_INET: u64 = 2;
+const AF_INET6: u64 = 10;
+const AF_NETLINK: u64 = 16;
+/// The low bits of `socket`'s type argument (the rest are flags such as
+/// `SOCK_CLOEXEC`).
+const SOCK_TYPE_MASK: u64 = 0xf;
+/// Every socket type but `SOCK_STREAM`: datagram, raw, RDM, seqpacket,
+/// DCCP, packet.
+const NOT_STREAMS: [u64; 6] = [2, 3, 4, 5, 6, 10];
 #[cfg(target_arch = "x86_64")]
 const SYS_SOCKET: i64 = 41;
 #[cfg(target_arch = "x86_64")]
 const SYS_IO_URING_SETUP: i64 = 425;
+#[cfg(target_arch = "x86_64")]
+const SYS_SETSID: i64 = 112;
 #[cfg(target_arch = "aarch64")]
 const SYS_SOCKET: i64 = 198;
 #[cfg(target_arch = "aarch64")]
 const SYS_IO_URING_SETUP: i64 = 425;
+#[cfg(target_arch = "aarch64")]
+const SYS_SETSID: i64 = 157;
 
 #[cfg(test)]
 mod tests {

@@ -36,6 +36,8 @@ pub(crate) struct Shared {
     pub(crate) ledger: Option<Arc<ProcessLedger>>,
     /// How tools start processes.
     pub(crate) spawner: Spawner,
+    /// How tools are confined (docs/sandbox.md).
+    pub(crate) sandbox: Arc<crate::tool_sandbox::ToolSandbox>,
     pub(crate) clock: Clock,
     pub(crate) settings: Settings,
     /// Each live conversation's out-of-band control block (`registry::control`).

@@ -52,6 +52,7 @@ use rustix::pipe::PipeFlags;
 use tokio::io::Interest;
 use tokio::net::unix::pipe;
 
+use crate::sandbox::{self, Confinement, SandboxError};
 use protocol::{Reply, Request, MAX_MESSAGE};
 pub use serve::{serve, serve_stdin};
 
@@ -66,6 +67,9 @@ const PATIENCE: Duration = Duration::from_secs(10);
 pub struct SpawnerCommand {
     pub program: PathBuf,
     pub args: Vec<OsString>,
+    /// The daemon's data directory, which the spawner hides from what it
+    /// starts (`sandbox::hide_in_namespace`); the runtime sets it.
+    pub hide: Option<PathBuf>,
 }
 
 impl SpawnerCommand {
@@ -80,16 +84,19 @@ impl SpawnerCommand {
         SpawnerCommand {
             program: PathBuf::from("/proc/self/exe"),
             args: args.into_iter().map(Into::into).collect(),
+            hide: None,
         }
     }
 }
 
-/// What to start: `argv` in `cwd`, with the runtime's environment plus `env`.
+/// What to start: `argv` in `cwd`, with exactly the environment `env`,
+/// confined as `confinement` says if given (`sandbox.rs`).
 #[derive(Debug)]
 pub struct Launch<'a> {
     pub argv: &'a [OsString],
     pub env: &'a [(OsString, OsString)],
     pub cwd: &'a Path,
+    pub confinement: Option<&'a Confinement>,
 }
 
 /// Starts tool processes (see the module docs). Cheap to clone; every
@@ -239,8 +246,10 @@ fn spawn_direct(launch: &Launch<'_>) -> io::Result<Launched> {
         stdout: our_stdout,
         stderr: our_stderr,
     } = pipes()?;
-    let child = tokio::process::Command::new(program)
+    let mut command = tokio::process::Command::new(program);
+    command
         .args(launch.argv.get(1..).unwrap_or_default())
+        .env_clear()
         .envs(launch.env.iter().map(|(name, value)| (name, value)))
         .current_dir(launch.cwd)
         .stdin(Stdio::from(stdin))
@@ -249,8 +258,23 @@ fn spawn_direct(launch: &Launch<'_>) -> io::Result<Launched> {
         .process_group(0)
         // Belt and braces: the group's drop kills the leader too, but this
         // also covers a failure between spawn and adoption.
-        .kill_on_drop(true)
-        .spawn()?;
+        .kill_on_drop(true);
+    let child = match launch.confinement {
+        Some(confinement) => {
+            // The confining thread is not one of tokio's: it enters the
+            // runtime to register the child.
+            let handle = tokio::runtime::Handle::current();
+            sandbox::confined(confinement, move || {
+                let _runtime = handle.enter();
+                command.spawn()
+            })
+            .map_err(|error| match error {
+                SandboxError::Spawn(error) => error,
+                refused => io::Error::other(refused),
+            })?
+        }
+        None => command.spawn()?,
+    };
     let pid = child
         .id()
         .ok_or_else(|| io::Error::other("the process exited before it could be watched"))?;
@@ -342,12 +366,17 @@ struct Helper {
 impl Helper {
     async fn start(command: &SpawnerCommand) -> io::Result<Helper> {
         let (ours, theirs) = seqpacket_pair()?;
-        let process = tokio::process::Command::new(&command.program)
+        let mut process = tokio::process::Command::new(&command.program);
+        process
             .args(&command.args)
             // Its children get the environment each request carries, and
             // the spawner itself carries none of the runtime's, so nothing
             // that looks for the runtime's processes by it finds this one.
-            .env_clear()
+            .env_clear();
+        if let Some(data_dir) = &command.hide {
+            process.env(sandbox::SPAWNER_HIDE_ENV, data_dir);
+        }
+        let process = process
             .stdin(Stdio::from(theirs))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -386,15 +415,11 @@ impl Helper {
     }
 
     async fn spawn(self: &Arc<Helper>, launch: &Launch<'_>) -> Result<Launched, SpawnError> {
-        // The child's environment: ours, with the launch's on top.
-        let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
-            .filter(|(name, _)| launch.env.iter().all(|(added, _)| added != name))
-            .collect();
-        env.extend(launch.env.iter().cloned());
         let request = Request::Spawn {
             cwd: launch.cwd.as_os_str().to_owned(),
             argv: launch.argv.to_vec(),
-            env,
+            env: launch.env.to_vec(),
+            confinement: launch.confinement.cloned(),
         }
         .encode();
         if request.len() > MAX_MESSAGE {
@@ -432,6 +457,9 @@ impl Helper {
             Ok(Ok(Some(Reply::Spawned { pid }))) => pid,
             Ok(Ok(Some(Reply::Failed { errno }))) if errno != 0 => {
                 return Err(SpawnError::Io(io::Error::from_raw_os_error(errno)))
+            }
+            Ok(Ok(Some(Reply::Refused { why }))) => {
+                return Err(SpawnError::Io(io::Error::other(SandboxError::Refused(why))))
             }
             Ok(Ok(Some(_))) => return Err(SpawnError::Io(io::Error::other("the spawner failed"))),
             // The spawner is gone without an answer. It may have taken the
@@ -490,7 +518,8 @@ fn seqpacket_pair() -> io::Result<(tokio::net::UnixStream, OwnedFd)> {
 /// The next reply on `socket`; `None` when the other end closed. Replies
 /// carry no descriptors; a malformed one is skipped.
 async fn receive(socket: &tokio::net::UnixStream) -> io::Result<Option<Reply>> {
-    let mut buffer = [0_u8; 256];
+    // Room for a refusal's reason.
+    let mut buffer = [0_u8; 4096];
     loop {
         let received = socket
             .async_io(Interest::READABLE, || {

@@ -51,6 +51,7 @@ use crate::image::ImageUpload;
 use crate::process_group::ProcessLedger;
 use crate::spawner::Spawner;
 pub use crate::tool_groups::GroupNotes;
+pub use crate::tool_sandbox::CallSandbox;
 
 /// What a tool gets to run one call.
 #[derive(Debug)]
@@ -79,6 +80,10 @@ pub struct ToolContext {
     /// them to be gone before it runs a call again (`GroupNotes::default()`
     /// keeps no notes).
     pub groups: GroupNotes,
+    /// The call's sandbox (docs/sandbox.md): how its processes are
+    /// confined, and where the file tools may write.
+    /// `CallSandbox::unconfined()` confines nothing.
+    pub sandbox: CallSandbox,
 }
 
 /// Sends output chunks to whoever runs the tool. Cheap to clone. Never

@@ -22,7 +22,7 @@ use crate::message::ConversationMsg;
 use crate::metrics;
 use crate::process_group::ProcessLedger;
 use crate::spawner::Spawner;
-use crate::tool::{GroupNotes, Tool, ToolContext, ToolOutcome, ToolOutput};
+use crate::tool::{CallSandbox, GroupNotes, Tool, ToolContext, ToolOutcome, ToolOutput};
 use crate::tool_groups::Lease;
 
 pub(crate) struct ToolArgs {
@@ -36,6 +36,8 @@ pub(crate) struct ToolArgs {
     pub(crate) spawner: Spawner,
     /// Where the tool notes its process groups (the lease's notes).
     pub(crate) groups: GroupNotes,
+    /// The call's sandbox, see [`ToolContext`].
+    pub(crate) sandbox: CallSandbox,
     /// Where the images a tool returns are stored.
     pub(crate) store: Arc<dyn EventLog>,
     pub(crate) report: Mailbox,
@@ -99,6 +101,7 @@ async fn run(args: ToolArgs) {
         ledger,
         spawner,
         groups,
+        sandbox,
         store,
         report,
         span,
@@ -114,6 +117,7 @@ async fn run(args: ToolArgs) {
         ledger,
         spawner,
         groups,
+        sandbox,
     };
     let forward = |chunk: String| {
         let _ = report.cast(ConversationMsg::ToolOutput {

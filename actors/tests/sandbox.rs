@@ -9,6 +9,7 @@ use std::net::{TcpListener, UdpSocket};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use keel_actors::core::config::NetworkAccess;
 use keel_actors::sandbox::{probe, spawn_confined, Confinement, SandboxError};
 
 /// `script` under `sh` in `cwd`, confined: its exit code and what it
@@ -57,7 +58,8 @@ fn workspace_write(place: &Place) -> Confinement {
     Confinement {
         writable: vec![place.work.clone()],
         hidden: vec![place.data.clone()],
-        network: false,
+        network: NetworkAccess::Off,
+        blocked_ports: Vec::new(),
     }
 }
 
@@ -191,7 +193,7 @@ fn no_ip_network_and_no_signals_beyond_its_own() {
     assert_eq!(code, 0, "its own processes may be signalled: {stderr}");
     // With the network allowed, TCP goes through.
     let open = Confinement {
-        network: true,
+        network: NetworkAccess::All,
         ..confinement
     };
     let (code, stderr) = run(
@@ -211,4 +213,69 @@ fn the_caller_stays_free() {
     run(&place.work, &workspace_write(&place), "true");
     std::fs::write(place.outside.join("after"), "free").unwrap();
     assert!(TcpListener::bind("127.0.0.1:0").is_ok());
+}
+
+/// With the network on, every port but the blocked one (the daemon's
+/// API) is open; with a list of ports, only those, and no UDP.
+#[test]
+fn the_network_allowed_is_the_network_reached() {
+    confining();
+    let place = place();
+    let allowed = TcpListener::bind("127.0.0.1:0").unwrap();
+    let allowed_port = allowed.local_addr().unwrap().port();
+    let blocked = TcpListener::bind("127.0.0.1:0").unwrap();
+    let blocked_port = blocked.local_addr().unwrap().port();
+    let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let udp_port = udp.local_addr().unwrap().port();
+    let connect = |port: u16| format!("bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}'");
+    let udp_send = format!("bash -c 'echo hi > /dev/udp/127.0.0.1/{udp_port}'");
+
+    let all_but_api = Confinement {
+        network: NetworkAccess::All,
+        blocked_ports: vec![blocked_port],
+        ..workspace_write(&place)
+    };
+    assert_eq!(run(&place.work, &all_but_api, &connect(allowed_port)).0, 0);
+    assert_ne!(run(&place.work, &all_but_api, &connect(blocked_port)).0, 0);
+    assert_eq!(run(&place.work, &all_but_api, &udp_send).0, 0);
+
+    let listed = Confinement {
+        network: NetworkAccess::Ports(vec![allowed_port, blocked_port]),
+        blocked_ports: vec![blocked_port],
+        ..workspace_write(&place)
+    };
+    assert_eq!(run(&place.work, &listed, &connect(allowed_port)).0, 0);
+    assert_ne!(
+        run(&place.work, &listed, &connect(blocked_port)).0,
+        0,
+        "blocked even when listed"
+    );
+    let other = TcpListener::bind("127.0.0.1:0").unwrap();
+    let other_port = other.local_addr().unwrap().port();
+    assert_ne!(run(&place.work, &listed, &connect(other_port)).0, 0);
+    assert_ne!(run(&place.work, &listed, &udp_send).0, 0, "no UDP");
+}
+
+/// Disks and the rest of `/dev` are out of reach (a root daemon's tools
+/// could read them raw), its harmless devices are not.
+#[test]
+fn only_the_harmless_devices_are_there() {
+    confining();
+    let place = place();
+    let confinement = workspace_write(&place);
+    let (code, stderr) = run(
+        &place.work,
+        &confinement,
+        "head -c 4 /dev/zero >/dev/null && head -c 4 /dev/urandom >/dev/null && echo x >/dev/null",
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let (code, _) = run(&place.work, &confinement, "ls /dev");
+    assert_ne!(code, 0, "/dev cannot be listed");
+    let disk = ["/dev/vda", "/dev/sda", "/dev/nvme0n1", "/dev/xvda"]
+        .into_iter()
+        .find(|disk| Path::new(disk).exists());
+    if let Some(disk) = disk {
+        let (code, _) = run(&place.work, &confinement, &format!("head -c 1 {disk}"));
+        assert_ne!(code, 0, "{disk} cannot be read");
+    }
 }

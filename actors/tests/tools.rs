@@ -48,6 +48,9 @@ fn context(input: Value, cwd: &Path, output: ToolOutput) -> ToolContext {
         ledger: None,
         spawner: spawner(),
         groups: Default::default(),
+        // The sandbox has tests of its own (tests/sandbox.rs); these are
+        // about running commands.
+        sandbox: keel_actors::tool::CallSandbox::unconfined(),
     }
 }
 
@@ -61,6 +64,7 @@ fn spawner_command() -> SpawnerCommand {
     SpawnerCommand {
         program: env!("CARGO_BIN_EXE_keel-spawner").into(),
         args: Vec::new(),
+        hide: None,
     }
 }
 
@@ -619,6 +623,7 @@ async fn a_spawner_that_cannot_start_leaves_spawning_direct_and_working() {
     let spawner = Spawner::start(SpawnerCommand {
         program: "/nonexistent/keel-spawner".into(),
         args: Vec::new(),
+        hide: None,
     })
     .await;
     assert!(!spawner.uses_helper().await);
@@ -646,6 +651,7 @@ async fn the_spawner_keeps_an_exited_leader_unreaped_until_it_is_released() {
             argv: &argv,
             env: &[],
             cwd: dir.path(),
+            confinement: None,
         })
         .await
         .unwrap();

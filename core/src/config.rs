@@ -176,6 +176,118 @@ pub struct ConversationConfig {
     /// so configs recorded before it existed read and write the same.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub client_tools: Vec<ClientTool>,
+    /// What the processes and file tools of this conversation's calls may
+    /// do (docs/sandbox.md); `None` is the runtime's default, which is also
+    /// what a config recorded before the field existed reads as.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxPolicy>,
+}
+
+/// How a conversation's tools are confined (docs/sandbox.md): where they
+/// may write, and which network they may use.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SandboxPolicy {
+    pub mode: SandboxMode,
+    pub network: NetworkAccess,
+}
+
+/// Where a tool may write, by the names codex and its peers use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SandboxMode {
+    /// Nothing but its own temporary directory.
+    ReadOnly,
+    /// The working directory and its own temporary directory.
+    #[default]
+    WorkspaceWrite,
+    /// No confinement at all, where the operator allows it.
+    FullAccess,
+}
+
+/// Which network a confined tool may use.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkAccess {
+    /// No IP network (Unix sockets only).
+    #[default]
+    Off,
+    /// Any host and port (but the daemon's own).
+    All,
+    /// TCP to these ports only, on any host.
+    Ports(Vec<u16>),
+}
+
+impl SandboxMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxMode::ReadOnly => "read-only",
+            SandboxMode::WorkspaceWrite => "workspace-write",
+            SandboxMode::FullAccess => "full-access",
+        }
+    }
+}
+
+impl std::str::FromStr for SandboxMode {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "read-only" => Ok(SandboxMode::ReadOnly),
+            "workspace-write" => Ok(SandboxMode::WorkspaceWrite),
+            "full-access" => Ok(SandboxMode::FullAccess),
+            other => Err(format!(
+                "{other:?} is not a sandbox mode: give read-only, workspace-write or full-access"
+            )),
+        }
+    }
+}
+
+impl NetworkAccess {
+    /// `off`, `all`, or a comma-separated list of `*:PORT` (hosts cannot
+    /// be enforced: the kernel's rules know ports only, docs/sandbox.md).
+    pub fn parse_list<'a>(entries: impl IntoIterator<Item = &'a str>) -> Result<Self, String> {
+        let entries: Vec<&str> = entries
+            .into_iter()
+            .map(str::trim)
+            .filter(|entry| !entry.is_empty())
+            .collect();
+        match entries.as_slice() {
+            [] | ["off"] => return Ok(NetworkAccess::Off),
+            ["all"] => return Ok(NetworkAccess::All),
+            _ => {}
+        }
+        let mut ports = Vec::new();
+        for entry in entries {
+            let (host, port) = entry.rsplit_once(':').unwrap_or(("*", entry));
+            if host != "*" {
+                return Err(format!(
+                    "network entry {entry:?} names a host; the kernel's rules can enforce ports \
+                     only, so give \"*:{port}\" (any host), \"all\" or \"off\""
+                ));
+            }
+            match port.parse::<u16>() {
+                Ok(port) if port > 0 => ports.push(port),
+                _ => {
+                    return Err(format!(
+                        "network entry {entry:?}: {port:?} is not a port (1 to 65535)"
+                    ))
+                }
+            }
+        }
+        ports.sort_unstable();
+        ports.dedup();
+        Ok(NetworkAccess::Ports(ports))
+    }
+
+    /// The entries as [`NetworkAccess::parse_list`] reads them.
+    pub fn to_list(&self) -> Vec<String> {
+        match self {
+            NetworkAccess::Off => vec!["off".to_owned()],
+            NetworkAccess::All => vec!["all".to_owned()],
+            NetworkAccess::Ports(ports) => ports.iter().map(|port| format!("*:{port}")).collect(),
+        }
+    }
 }
 
 /// A tool that exists only in the client: keel offers it to the model and
@@ -210,6 +322,7 @@ impl Default for ConversationConfig {
             tools_may_leave_cwd: false,
             mcp_servers: Vec::new(),
             client_tools: Vec::new(),
+            sandbox: None,
         }
     }
 }

@@ -55,6 +55,10 @@ fn main() -> Result<(), Box<dyn Error>> {
             spawner: None,
             settings: Settings::default(),
             mcp_servers: Default::default(),
+            sandbox: keel_actors::tool_sandbox::SandboxSettings {
+                data_dir: Some(data.clone()),
+                ..Default::default()
+            },
         };
         let (runtime, _report) = Runtime::open(config).await?;
         let conversation = runtime

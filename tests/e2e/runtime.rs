@@ -80,6 +80,10 @@ impl Rig {
             spawner: None,
             settings: Settings::default(),
             mcp_servers: Default::default(),
+            sandbox: keel_actors::tool_sandbox::SandboxSettings {
+                data_dir: Some(self.data_dir()),
+                ..Default::default()
+            },
         }
     }
 

@@ -110,6 +110,7 @@ async fn turns_requests_and_tools_have_their_spans() {
         spawner: None,
         settings: Settings::default(),
         mcp_servers: Default::default(),
+        sandbox: Default::default(),
     })
     .await
     .unwrap();

@@ -476,14 +476,22 @@ async fn start_tool(
         report_tool(state.mailbox(myself), call.id, ToolOutcome::error(message));
         return Ok(());
     };
-    let (cwd, may_leave_cwd) = state
+    let (cwd, may_leave_cwd, policy) = state
         .conversation
         .as_ref()
         .map(|conversation| {
             let working = &conversation.working;
-            (working.cwd.clone(), working.config.tools_may_leave_cwd)
+            (
+                working.cwd.clone(),
+                working.config.tools_may_leave_cwd,
+                working.config.sandbox.clone(),
+            )
         })
         .unwrap_or_default();
+    let sandbox = crate::tool::CallSandbox {
+        policy: state.shared.sandbox.policy_of(policy.as_ref()),
+        runtime: state.shared.sandbox.clone(),
+    };
     let tool_call_id = call.id.clone();
     let span = tool_span(state, &call);
     let (lease, groups) = state.shared.tool_groups.enter(&state.id);
@@ -495,6 +503,7 @@ async fn start_tool(
         may_leave_cwd,
         ledger: state.shared.ledger.clone(),
         spawner: state.shared.spawner.clone(),
+        sandbox,
         store: state.shared.store.clone(),
         report: state.mailbox(myself),
         span,

@@ -10,13 +10,24 @@
 //! `spawned` with the pid or `failed` with the errno, then `exited` with
 //! the raw wait status; the runtime closing its end is the release (it is
 //! done with the child's process group: the leader may be reaped).
+//!
+//! A `spawn-confined` request carries the child's confinement
+//! (`sandbox.rs`) between the cwd and the argv: the network (`off`, `all`
+//! or `ports` with a count and the ports), the blocked ports (a count and
+//! the ports), the writable paths and the hidden paths (each a count and
+//! the paths). A child that cannot be confined is not started: the answer
+//! is `refused` with the reason.
 
 use std::ffi::{OsStr, OsString};
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::PathBuf;
 
+use keel_core::config::NetworkAccess;
+
+use crate::sandbox::Confinement;
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
@@ -33,15 +44,17 @@ pub(crate) enum Request {
     /// Start `argv` in `cwd` with exactly `env`, leading a new process
     /// group, with the first three descriptors that came along as its
     /// stdio; the fourth is where its replies go.
+    /// Confined as `confinement` says, if given.
     Spawn {
         cwd: OsString,
         argv: Vec<OsString>,
         env: Vec<(OsString, OsString)>,
+        confinement: Option<Confinement>,
     },
 }
 
 /// A reply from the spawner.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Reply {
     /// Sent once, when the spawner is up.
     Ready,
@@ -51,6 +64,10 @@ pub(crate) enum Reply {
     /// `errno` is the OS error of the failed spawn (0 if there was none).
     Failed {
         errno: i32,
+    },
+    /// The child could not be confined as asked, so it was not started.
+    Refused {
+        why: String,
     },
     /// The child exited; `status` is its raw wait status
     /// (`ExitStatus::from_raw`). It stays unreaped until released.
@@ -63,9 +80,24 @@ impl Request {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         match self {
-            Request::Spawn { cwd, argv, env } => {
-                field(&mut out, b"spawn");
+            Request::Spawn {
+                cwd,
+                argv,
+                env,
+                confinement,
+            } => {
+                field(
+                    &mut out,
+                    if confinement.is_some() {
+                        b"spawn-confined"
+                    } else {
+                        b"spawn"
+                    },
+                );
                 field(&mut out, cwd.as_bytes());
+                if let Some(confinement) = confinement {
+                    encode_confinement(&mut out, confinement);
+                }
                 field(&mut out, argv.len().to_string().as_bytes());
                 for arg in argv {
                     field(&mut out, arg.as_bytes());
@@ -84,8 +116,13 @@ impl Request {
     pub(crate) fn decode(bytes: &[u8]) -> Option<Request> {
         let mut fields = fields(bytes)?.into_iter();
         match fields.next()? {
-            b"spawn" => {
+            kind @ (b"spawn" | b"spawn-confined") => {
                 let cwd = OsStr::from_bytes(fields.next()?).to_owned();
+                let confinement = if kind == b"spawn-confined" {
+                    Some(decode_confinement(&mut fields)?)
+                } else {
+                    None
+                };
                 let argc: usize = number(fields.next()?)?;
                 let mut argv = Vec::with_capacity(argc.min(1024));
                 for _ in 0..argc {
@@ -101,17 +138,75 @@ impl Request {
                         OsString::from_vec(value.get(1..)?.to_vec()),
                     ));
                 }
-                Some(Request::Spawn { cwd, argv, env })
+                Some(Request::Spawn {
+                    cwd,
+                    argv,
+                    env,
+                    confinement,
+                })
             }
             _ => None,
         }
     }
 }
 
+fn encode_confinement(out: &mut Vec<u8>, confinement: &Confinement) {
+    let ports = |out: &mut Vec<u8>, ports: &[u16]| {
+        field(out, ports.len().to_string().as_bytes());
+        for port in ports {
+            field(out, port.to_string().as_bytes());
+        }
+    };
+    let paths = |out: &mut Vec<u8>, paths: &[PathBuf]| {
+        field(out, paths.len().to_string().as_bytes());
+        for path in paths {
+            field(out, path.as_os_str().as_bytes());
+        }
+    };
+    match &confinement.network {
+        NetworkAccess::Off => field(out, b"off"),
+        NetworkAccess::All => field(out, b"all"),
+        NetworkAccess::Ports(allowed) => {
+            field(out, b"ports");
+            ports(out, allowed);
+        }
+    }
+    ports(out, &confinement.blocked_ports);
+    paths(out, &confinement.writable);
+    paths(out, &confinement.hidden);
+}
+
+fn decode_confinement<'a>(fields: &mut impl Iterator<Item = &'a [u8]>) -> Option<Confinement> {
+    fn ports<'a>(fields: &mut impl Iterator<Item = &'a [u8]>) -> Option<Vec<u16>> {
+        let count: usize = number(fields.next()?)?;
+        (0..count.min(u16::MAX as usize + 1))
+            .map(|_| number(fields.next()?))
+            .collect()
+    }
+    fn paths<'a>(fields: &mut impl Iterator<Item = &'a [u8]>) -> Option<Vec<PathBuf>> {
+        let count: usize = number(fields.next()?)?;
+        (0..count.min(1024))
+            .map(|_| Some(PathBuf::from(OsStr::from_bytes(fields.next()?))))
+            .collect()
+    }
+    let network = match fields.next()? {
+        b"off" => NetworkAccess::Off,
+        b"all" => NetworkAccess::All,
+        b"ports" => NetworkAccess::Ports(ports(fields)?),
+        _ => return None,
+    };
+    Some(Confinement {
+        network,
+        blocked_ports: ports(fields)?,
+        writable: paths(fields)?,
+        hidden: paths(fields)?,
+    })
+}
+
 impl Reply {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        let numbers: Vec<String> = match *self {
+        let numbers: Vec<String> = match self {
             Reply::Ready => {
                 field(&mut out, b"ready");
                 Vec::new()
@@ -123,6 +218,11 @@ impl Reply {
             Reply::Failed { errno } => {
                 field(&mut out, b"failed");
                 vec![errno.to_string()]
+            }
+            Reply::Refused { why } => {
+                field(&mut out, b"refused");
+                // A NUL would end the field early; none is in a message.
+                vec![why.replace('\0', " ")]
             }
             Reply::Exited { status } => {
                 field(&mut out, b"exited");
@@ -145,6 +245,9 @@ impl Reply {
             },
             [b"exited", status] => Reply::Exited {
                 status: number(status)?,
+            },
+            [b"refused", why] => Reply::Refused {
+                why: String::from_utf8_lossy(why).into_owned(),
             },
             _ => return None,
         };
@@ -247,8 +350,32 @@ mod tests {
                 ("EMPTY".into(), "".into()),
                 (OsString::from_vec(b"N\xfe".to_vec()), "v".into()),
             ],
+            confinement: None,
         };
         assert_eq!(Request::decode(&spawn.encode()), Some(spawn));
+    }
+
+    #[test]
+    fn confinements_round_trip() {
+        for network in [
+            NetworkAccess::Off,
+            NetworkAccess::All,
+            NetworkAccess::Ports(vec![443, 8080]),
+            NetworkAccess::Ports(Vec::new()),
+        ] {
+            let spawn = Request::Spawn {
+                cwd: "/work".into(),
+                argv: vec!["bash".into()],
+                env: vec![("PATH".into(), "/bin".into())],
+                confinement: Some(Confinement {
+                    writable: vec!["/work".into(), PathBuf::from(OsStr::from_bytes(b"/t\xff"))],
+                    hidden: vec!["/data".into()],
+                    network,
+                    blocked_ports: vec![7878],
+                }),
+            };
+            assert_eq!(Request::decode(&spawn.encode()), Some(spawn));
+        }
     }
 
     #[test]
@@ -258,8 +385,11 @@ mod tests {
             Reply::Spawned { pid: 4242 },
             Reply::Failed { errno: 2 },
             Reply::Exited { status: 9 },
+            Reply::Refused {
+                why: "no Landlock".to_owned(),
+            },
         ] {
-            assert_eq!(Reply::decode(&reply.encode()), Some(reply));
+            assert_eq!(Reply::decode(&reply.encode()), Some(reply.clone()));
         }
     }
 

@@ -12,6 +12,13 @@
 //! the process group id the runtime kills by) stays the child's until the
 //! runtime closes the child's reply socket, after its own `killpg`. Only
 //! then is it reaped.
+//! A request may ask for the child to be confined (`sandbox.rs`); one that
+//! cannot be is not started, and the answer says why. If the runtime named
+//! its data directory (`KEEL_SPAWNER_HIDE`), the spawner first moves into
+//! namespaces of its own in which that directory is empty
+//! ([`sandbox::hide_in_namespace`]), before it has a thread besides its
+//! main one (a process with threads cannot enter a user namespace).
+//!
 //! When the runtime's end of the socket closes (it exited or crashed), the
 //! spawner exits; its children live on, reparented, as they would have
 //! after a crash of a runtime that started them itself, and the next
@@ -26,6 +33,7 @@ use std::process::{Child, Command, Stdio};
 use rustix::process::{Pid, WaitId, WaitIdOptions};
 
 use super::protocol::{self, Reply, Request, MAX_MESSAGE};
+use crate::sandbox::{self, Confinement, SandboxError};
 
 /// Serve the runtime on the socket that is this process's stdin, until it
 /// closes. The entry point of `keel spawner` and of `keel-spawner`.
@@ -33,6 +41,14 @@ pub fn serve_stdin() -> io::Result<()> {
     // A close-on-exec copy: descriptor 0 itself is replaced by each child's
     // stdin, so children never see the socket.
     let socket = io::stdin().as_fd().try_clone_to_owned()?;
+    if let Some(data_dir) = std::env::var_os(sandbox::SPAWNER_HIDE_ENV) {
+        if let Err(error) = sandbox::hide_in_namespace(std::path::Path::new(&data_dir)) {
+            eprintln!(
+                "keel spawner: cannot hide the data directory in a namespace ({error}); a \
+                 confined command whose writable directories hold it will be refused"
+            );
+        }
+    }
     serve(socket)
 }
 
@@ -48,7 +64,13 @@ pub fn serve(socket: OwnedFd) -> io::Result<()> {
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
             Err(error) => return Err(error),
         };
-        let Some(Request::Spawn { cwd, argv, env }) = Request::decode(&received.bytes) else {
+        let Some(Request::Spawn {
+            cwd,
+            argv,
+            env,
+            confinement,
+        }) = Request::decode(&received.bytes)
+        else {
             // Not from a runtime of this build: nothing to do but ignore it.
             continue;
         };
@@ -56,7 +78,13 @@ pub fn serve(socket: OwnedFd) -> io::Result<()> {
             // Without its reply socket nobody hears of the child: start none.
             continue;
         };
-        match spawn(&cwd, &argv, env, [stdin, stdout, stderr]) {
+        match spawn(
+            &cwd,
+            &argv,
+            env,
+            [stdin, stdout, stderr],
+            confinement.as_ref(),
+        ) {
             Ok(child) => {
                 // The caller may have given up already; the child then finds
                 // its stdin closed at the gate, and the waiter reaps it.
@@ -67,25 +95,45 @@ pub fn serve(socket: OwnedFd) -> io::Result<()> {
                 );
                 watch(child, replies);
             }
-            Err(error) => {
+            Err(SandboxError::Spawn(error)) => {
                 let errno = error.raw_os_error().unwrap_or(0);
                 let _ = protocol::send(replies.as_fd(), &Reply::Failed { errno }.encode(), &[]);
+            }
+            Err(refused) => {
+                let mut why = refused.to_string();
+                // Replies are read into a small buffer.
+                if why.len() > MAX_REFUSAL {
+                    let mut end = MAX_REFUSAL;
+                    while !why.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    why.truncate(end);
+                }
+                let _ = protocol::send(replies.as_fd(), &Reply::Refused { why }.encode(), &[]);
             }
         }
     }
 }
 
-/// Start `argv` leading a new process group, stdio from `stdio`.
+/// The longest reason a refusal gives.
+const MAX_REFUSAL: usize = 2000;
+
+/// Start `argv` leading a new process group, stdio from `stdio`, confined
+/// as `confinement` says if given.
 fn spawn(
     cwd: &OsStr,
     argv: &[OsString],
     env: Vec<(OsString, OsString)>,
     [stdin, stdout, stderr]: [OwnedFd; 3],
-) -> io::Result<Child> {
-    let program = argv
-        .first()
-        .ok_or_else(|| io::Error::from_raw_os_error(rustix::io::Errno::INVAL.raw_os_error()))?;
-    Command::new(program)
+    confinement: Option<&Confinement>,
+) -> Result<Child, SandboxError> {
+    let program = argv.first().ok_or_else(|| {
+        SandboxError::Spawn(io::Error::from_raw_os_error(
+            rustix::io::Errno::INVAL.raw_os_error(),
+        ))
+    })?;
+    let mut command = Command::new(program);
+    command
         .args(argv.get(1..).unwrap_or_default())
         .env_clear()
         .envs(env)
@@ -93,8 +141,11 @@ fn spawn(
         .stdin(Stdio::from(stdin))
         .stdout(Stdio::from(stdout))
         .stderr(Stdio::from(stderr))
-        .process_group(0)
-        .spawn()
+        .process_group(0);
+    match confinement {
+        Some(confinement) => sandbox::spawn_confined(command, confinement),
+        None => command.spawn().map_err(SandboxError::Spawn),
+    }
 }
 
 /// Wait for `child` on a thread of its own: report its exit on `replies`,

@@ -33,6 +33,7 @@ use tokio::time::{sleep_until, Instant};
 use super::{Tool, ToolContext, ToolOutcome, ToolOutput};
 use crate::process_group::ProcessGroup;
 use crate::spawner::{Launch, Launched, Spawner};
+use crate::tool_sandbox::{is_refusal, Prepared, UNCONFINED_HINT};
 
 /// The tool's name, as the model calls it.
 pub const NAME: &str = "bash";
@@ -158,12 +159,13 @@ impl BashInput {
 pub const TOOL_CALL_ID_ENV: &str = "KEEL_TOOL_CALL_ID";
 
 /// Start `bash` behind the [`GATE`], leading a new process group, through
-/// the runtime's spawner (or directly, where it has none).
+/// the runtime's spawner (or directly, where it has none), as the call's
+/// sandbox says.
 async fn spawn(
     spawner: &Spawner,
     command: &str,
     cwd: &Path,
-    tool_call_id: &str,
+    prepared: &Prepared,
 ) -> io::Result<Launched> {
     let argv: [OsString; 5] = [
         "bash".into(),
@@ -172,20 +174,29 @@ async fn spawn(
         "keel-bash".into(),
         command.into(),
     ];
-    let env = [(
-        OsString::from(TOOL_CALL_ID_ENV),
-        OsString::from(tool_call_id),
-    )];
     spawner
         .spawn(&Launch {
             argv: &argv,
-            env: &env,
+            env: &prepared.env,
             cwd,
+            confinement: prepared.confinement.as_ref(),
         })
         .await
 }
 
 async fn run_command(input: &BashInput, ctx: &ToolContext) -> ToolOutcome {
+    // Held until the call is over: its private temporary directory goes
+    // with it.
+    let prepared = match ctx.sandbox.prepare(
+        &ctx.cwd,
+        &[(
+            OsString::from(TOOL_CALL_ID_ENV),
+            OsString::from(ctx.call.id.as_str()),
+        )],
+    ) {
+        Ok(prepared) => prepared,
+        Err(why) => return ToolOutcome::error(format!("{NAME} was not run: {why}")),
+    };
     let Launched {
         pid,
         stdin: mut gate,
@@ -194,8 +205,11 @@ async fn run_command(input: &BashInput, ctx: &ToolContext) -> ToolOutcome {
         // Declared before `group`, so when the future is dropped the group
         // is killed first, while the unreaped leader still pins its pgid.
         exit: mut child,
-    } = match spawn(&ctx.spawner, &input.command, &ctx.cwd, ctx.call.id.as_str()).await {
+    } = match spawn(&ctx.spawner, &input.command, &ctx.cwd, &prepared).await {
         Ok(launched) => launched,
+        Err(error) if is_refusal(&error) => {
+            return ToolOutcome::error(format!("{NAME} was not run: {error}. {UNCONFINED_HINT}"));
+        }
         Err(error) => {
             return ToolOutcome::error(format!(
                 "cannot run bash in {}: {error}",

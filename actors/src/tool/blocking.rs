@@ -107,9 +107,26 @@ where
     };
     let cwd = ctx.cwd.clone();
     let may_leave = ctx.may_leave_cwd;
+    // The kernel's rules for the thread (docs/sandbox.md), and the paths
+    // the tools refuse themselves.
+    let kernel = match ctx.sandbox.file_confinement(&cwd) {
+        Ok(kernel) => kernel,
+        Err(problem) => {
+            return ToolOutcome::error(format!("{} was not run: {problem}", ctx.call.name))
+        }
+    };
+    let forbidden = ctx.sandbox.forbidden();
     let job = move |cancel: &Cancel| {
+        if let Some(kernel) = &kernel {
+            if let Err(error) = crate::sandbox::confine_files(kernel) {
+                return ToolOutcome::error(format!(
+                    "the tool was not run: {error}. {}",
+                    crate::tool_sandbox::UNCONFINED_HINT
+                ));
+            }
+        }
         let confinement = match Confinement::new(&cwd, may_leave) {
-            Ok(confinement) => confinement,
+            Ok(confinement) => confinement.forbidding(&forbidden),
             Err(problem) => return ToolOutcome::error(problem),
         };
         work(input, &confinement, cancel)
@@ -190,6 +207,7 @@ pub(crate) mod tests {
             output: ToolOutput::discard(),
             ledger: None,
             spawner: crate::spawner::Spawner::direct(),
+            sandbox: crate::tool::CallSandbox::unconfined(),
         }
     }
 

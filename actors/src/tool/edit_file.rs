@@ -90,6 +90,9 @@ impl Tool for EditFile {
     }
 
     async fn run(&self, ctx: ToolContext) -> ToolOutcome {
+        if let Err(refused) = ctx.sandbox.may_write(NAME) {
+            return ToolOutcome::error(refused);
+        }
         blocking::run(&ctx, edit).await
     }
 }

@@ -84,7 +84,7 @@ fn find(input: GlobInput, confinement: &Confinement, cancel: &Cancel) -> ToolOut
     }
     let mut found = Vec::new();
     let mut cut = None;
-    for (n_visited, entry) in walk::walk(&root).enumerate() {
+    for (n_visited, entry) in walk::walk(&root, confinement.forbidden()).enumerate() {
         if cancel.is_raised() {
             return ToolOutcome::error("cancelled");
         }

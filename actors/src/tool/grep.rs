@@ -148,7 +148,7 @@ fn search(input: GrepInput, confinement: &Confinement, cancel: &Cancel) -> ToolO
         .line_number(true)
         .build();
     let mut found = Found::default();
-    for (n_visited, entry) in walk::walk(&root).enumerate() {
+    for (n_visited, entry) in walk::walk(&root, confinement.forbidden()).enumerate() {
         if cancel.is_raised() {
             return ToolOutcome::error("cancelled");
         }

@@ -27,6 +27,10 @@ pub(crate) struct Confinement {
     root: PathBuf,
     /// The conversation's `tools_may_leave_cwd`.
     may_leave: bool,
+    /// Where no path may lead, canonical: the daemon's data directory
+    /// (docs/sandbox.md), which the kernel's rules cannot hide where it
+    /// lies inside the working directory.
+    forbidden: Vec<PathBuf>,
 }
 
 impl Confinement {
@@ -39,7 +43,25 @@ impl Confinement {
                 cwd.display()
             )
         })?;
-        Ok(Confinement { root, may_leave })
+        Ok(Confinement {
+            root,
+            may_leave,
+            forbidden: Vec::new(),
+        })
+    }
+
+    /// The same, refusing every path beneath one of `forbidden`.
+    pub(crate) fn forbidding(mut self, forbidden: &[PathBuf]) -> Confinement {
+        self.forbidden = forbidden
+            .iter()
+            .map(|path| std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()))
+            .collect();
+        self
+    }
+
+    /// The paths no walk may enter.
+    pub(crate) fn forbidden(&self) -> &[PathBuf] {
+        &self.forbidden
     }
 
     /// Where `requested` leads, canonical (as far as it exists), or why the
@@ -60,6 +82,17 @@ impl Confinement {
                 format!("{requested:?} uses `..` below a directory that does not exist")
             }
         })?;
+        if self
+            .forbidden
+            .iter()
+            .any(|forbidden| resolved.starts_with(forbidden))
+        {
+            return Err(format!(
+                "{requested:?} resolves to {}, inside the daemon's data directory, which \
+                 tools may not reach",
+                resolved.display()
+            ));
+        }
         if self.may_leave || resolved.starts_with(&self.root) {
             Ok(resolved)
         } else {

@@ -5,16 +5,23 @@
 //! in), entries in name order so that results and their cut are the same
 //! on every run.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use globset::{GlobBuilder, GlobMatcher};
 
 /// The most entries one walk visits; a tool that reaches it says so.
 pub const MAX_VISITED: usize = 200_000;
 
-/// The walk from `root` (a directory or a single file).
-pub(crate) fn walk(root: &Path) -> ignore::Walk {
+/// The walk from `root` (a directory or a single file), never entering
+/// one of `forbidden` (the daemon's data directory).
+pub(crate) fn walk(root: &Path, forbidden: &[PathBuf]) -> ignore::Walk {
+    let forbidden = forbidden.to_vec();
     ignore::WalkBuilder::new(root)
+        .filter_entry(move |entry| {
+            !forbidden
+                .iter()
+                .any(|forbidden| entry.path().starts_with(forbidden))
+        })
         .hidden(true)
         .require_git(false)
         .follow_links(false)

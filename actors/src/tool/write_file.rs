@@ -61,6 +61,9 @@ impl Tool for WriteFile {
     }
 
     async fn run(&self, ctx: ToolContext) -> ToolOutcome {
+        if let Err(refused) = ctx.sandbox.may_write(NAME) {
+            return ToolOutcome::error(refused);
+        }
         blocking::run(&ctx, write).await
     }
 }

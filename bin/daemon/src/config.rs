@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use keel_actors::core::config::{ModelRef, ProviderKind};
+use keel_actors::core::config::{
+    ModelRef, NetworkAccess, ProviderKind, SandboxMode, SandboxPolicy,
+};
 use keel_actors::provider::ProviderConfig;
 use keel_actors::store::BackendKind;
 use keel_actors::{McpServerConfig, DEFAULT_LIVE_INTERVAL};
@@ -77,6 +79,12 @@ pub struct Config {
     /// `[mcp.NAME]` tables, or `KEEL_MCP_SERVERS` (the same as JSON): the
     /// MCP servers conversations may use (docs/mcp.md).
     pub mcp_servers: BTreeMap<String, McpServerConfig>,
+    /// `KEEL_SANDBOX` and `KEEL_SANDBOX_NETWORK`: the sandbox of
+    /// conversations that name none (docs/sandbox.md).
+    pub sandbox: SandboxPolicy,
+    /// `KEEL_SANDBOX_FULL_ACCESS=allow`: conversations may run their tools
+    /// unconfined. Implied by `KEEL_SANDBOX=full-access`.
+    pub sandbox_full_access: bool,
     /// Where the file came from, if one was read.
     pub file: Option<PathBuf>,
 }
@@ -116,6 +124,8 @@ struct File {
     store_stopped_exit_ms: Option<u64>,
     retention_days: Option<f64>,
     #[serde(default)]
+    sandbox: SandboxSection,
+    #[serde(default)]
     anthropic: ProviderSection,
     #[serde(default)]
     openai: ProviderSection,
@@ -144,6 +154,22 @@ struct McpSection {
     /// one shared by all.
     #[serde(default)]
     per_conversation: bool,
+}
+
+/// `[sandbox]`: `mode`, `network` (a string or a list) and `full_access`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SandboxSection {
+    mode: Option<String>,
+    network: Option<NetworkSetting>,
+    full_access: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum NetworkSetting {
+    One(String),
+    List(Vec<String>),
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -193,6 +219,15 @@ impl File {
                 "KEEL_RETENTION_DAYS",
                 self.retention_days.map(|days| days.to_string()),
             ),
+            ("KEEL_SANDBOX", self.sandbox.mode),
+            (
+                "KEEL_SANDBOX_NETWORK",
+                self.sandbox.network.map(|network| match network {
+                    NetworkSetting::One(one) => one,
+                    NetworkSetting::List(list) => list.join(","),
+                }),
+            ),
+            ("KEEL_SANDBOX_FULL_ACCESS", self.sandbox.full_access),
             ("ANTHROPIC_API_KEY", self.anthropic.api_key),
             ("ANTHROPIC_BASE_URL", self.anthropic.base_url),
             ("OPENAI_API_KEY", self.openai.api_key),
@@ -333,6 +368,7 @@ impl Config {
             }
             None => mcp_servers("keel.toml [mcp]", mcp_sections, &env)?,
         };
+        let (sandbox, sandbox_full_access) = sandbox(&lookup)?;
         let mut providers = ProviderConfig::from_lookup(lookup).map_err(|error| match error {
             keel_actors::Error::Config { name, reason } => invalid(name, reason),
             other => invalid("provider", other.to_string()),
@@ -357,9 +393,44 @@ impl Config {
             store_stopped_exit,
             retention,
             mcp_servers,
+            sandbox,
+            sandbox_full_access,
             file: file.map(|(path, _)| path.to_owned()),
         })
     }
+}
+
+/// The default sandbox and whether full access is allowed.
+fn sandbox(lookup: &impl Fn(&str) -> Option<String>) -> Result<(SandboxPolicy, bool), ConfigError> {
+    let mode = match lookup("KEEL_SANDBOX") {
+        None => SandboxMode::default(),
+        Some(raw) => raw
+            .parse::<SandboxMode>()
+            .map_err(|reason| invalid("KEEL_SANDBOX", reason))?,
+    };
+    let network = match lookup("KEEL_SANDBOX_NETWORK") {
+        None => NetworkAccess::default(),
+        Some(raw) => NetworkAccess::parse_list(raw.split(','))
+            .map_err(|reason| invalid("KEEL_SANDBOX_NETWORK", reason))?,
+    };
+    let full_access = match lookup("KEEL_SANDBOX_FULL_ACCESS").as_deref() {
+        None => mode == SandboxMode::FullAccess,
+        Some("deny") if mode == SandboxMode::FullAccess => {
+            return Err(invalid(
+                "KEEL_SANDBOX_FULL_ACCESS",
+                "is deny, but KEEL_SANDBOX makes full-access the default",
+            ))
+        }
+        Some("deny") => false,
+        Some("allow") => true,
+        Some(other) => {
+            return Err(invalid(
+                "KEEL_SANDBOX_FULL_ACCESS",
+                format!("{other:?} is not allow or deny"),
+            ))
+        }
+    };
+    Ok((SandboxPolicy { mode, network }, full_access))
 }
 
 /// The MCP servers of `sections`, checked: a name a provider's tool names

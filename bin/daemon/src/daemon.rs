@@ -21,9 +21,11 @@ use futures_util::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use keel_actors::core::config::SandboxMode;
 use keel_actors::spawner::SpawnerCommand;
 use keel_actors::store::{Availability, EventLog};
 use keel_actors::tool::ToolRegistry;
+use keel_actors::tool_sandbox::SandboxSettings;
 use keel_actors::{BootReport, Runtime, RuntimeConfig, Settings};
 
 use crate::api::error::storage_unavailable_message;
@@ -270,9 +272,17 @@ pub async fn start(config: Config, metrics: Option<MetricsRender>) -> anyhow::Re
             ..Settings::default()
         },
         mcp_servers: config.mcp_servers.clone(),
+        sandbox: SandboxSettings {
+            default: config.sandbox.clone(),
+            allow_full_access: config.sandbox_full_access,
+            data_dir: Some(data_dir.to_owned()),
+            api_port: Some(config.addr.port()).filter(|port| *port != 0),
+            protections: None,
+        },
     })
     .await
     .context("starting the runtime")?;
+    log_sandbox(&runtime, &config);
     tracing::info!(
         recovered = report.recovered.len(),
         reaped = report.reaped.len(),
@@ -297,6 +307,7 @@ pub async fn start(config: Config, metrics: Option<MetricsRender>) -> anyhow::Re
         }
     };
     let addr = listener.local_addr().context("reading the bound address")?;
+    runtime.sandbox().block_port(addr.port());
     let (stop, stopping) = watch::channel(false);
     let cwd = std::env::current_dir().context("reading the working directory")?;
     let state = AppState::new(
@@ -451,4 +462,33 @@ fn say(line: &str) -> anyhow::Result<()> {
     writeln!(stdout, "{line}")
         .and_then(|()| stdout.flush())
         .context("writing to stdout")
+}
+
+/// Say at start what the kernel lets keel enforce, and what tools run
+/// under by default (docs/sandbox.md).
+fn log_sandbox(runtime: &Runtime, config: &Config) {
+    let protections = runtime.sandbox().protections();
+    let default = &config.sandbox;
+    let network = default.network.to_list().join(",");
+    if protections.enough() {
+        tracing::info!(
+            kernel = %protections,
+            default = default.mode.as_str(),
+            network,
+            full_access = if config.sandbox_full_access { "allowed" } else { "denied" },
+            "tool sandbox: confined by Landlock and seccomp"
+        );
+    } else if default.mode == SandboxMode::FullAccess {
+        tracing::warn!(
+            kernel = %protections,
+            "tool sandbox: this kernel cannot confine tools; they run unconfined (KEEL_SANDBOX=full-access)"
+        );
+    } else {
+        tracing::warn!(
+            kernel = %protections,
+            default = default.mode.as_str(),
+            "tool sandbox: this kernel cannot confine tools (Landlock ABI 6 and seccomp needed), \
+             so tool calls fail with an error saying so; KEEL_SANDBOX=full-access runs them unconfined"
+        );
+    }
 }

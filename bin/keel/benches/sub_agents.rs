@@ -75,6 +75,10 @@ async fn run(rounds: usize) {
         spawner: None,
         settings: Settings::default(),
         mcp_servers: Default::default(),
+        sandbox: keel_actors::tool_sandbox::SandboxSettings {
+            data_dir: Some(data.clone()),
+            ..Default::default()
+        },
     };
     let (runtime, _) = Runtime::open(config).await.unwrap();
     let mut rig = Rig {

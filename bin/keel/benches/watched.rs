@@ -70,6 +70,7 @@ async fn run(n: usize, base: String) {
             ..Settings::default()
         },
         mcp_servers: Default::default(),
+        sandbox: Default::default(),
     };
     let (runtime, _) = Runtime::open(config).await.unwrap();
     let cwd = data.path().to_path_buf();

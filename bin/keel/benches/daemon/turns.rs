@@ -89,9 +89,14 @@ pub(crate) fn library_turns(mock_url: &str, sizes: &Sizes) -> Turns {
             spawner: Some(keel_actors::spawner::SpawnerCommand {
                 program: env!("CARGO_BIN_EXE_keel").into(),
                 args: vec!["spawner".into()],
+                hide: None,
             }),
             settings: Settings::default(),
             mcp_servers: Default::default(),
+            sandbox: keel_actors::tool_sandbox::SandboxSettings {
+                data_dir: Some(data.clone()),
+                ..Default::default()
+            },
         };
         let (runtime, _) = Runtime::open(config).await.unwrap();
         let conversation_config = ConversationConfig {

@@ -1,0 +1,288 @@
+//! The sandbox policy of a conversation's tools, carried out
+//! (docs/sandbox.md): which policy applies to a call, and what it means
+//! for the processes and file tools of that call (a [`Confinement`] for
+//! `sandbox.rs` to enforce, a private temporary directory, an environment
+//! without the daemon's secrets), or why the call may not run at all.
+//!
+//! Nothing here confines anything itself; it decides, and refuses with a
+//! message for the model (naming the setting that would allow running
+//! unconfined) where the kernel cannot enforce what the policy asks.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use keel_core::config::{NetworkAccess, SandboxMode, SandboxPolicy};
+
+use crate::sandbox::{self, Confinement, Protections, TOOL_TMP_DIR};
+
+/// The daemon setting that lets conversations run unconfined.
+pub const FULL_ACCESS_SETTING: &str = "KEEL_SANDBOX_FULL_ACCESS=allow";
+
+/// What a refusal to confine adds: the settings that would run the call
+/// unconfined.
+pub const UNCONFINED_HINT: &str = "Tools run unconfined only under the conversation's \
+     sandbox.mode full-access, which the daemon allows with KEEL_SANDBOX_FULL_ACCESS=allow";
+
+/// Whether a spawn failed because the process could not be confined.
+pub fn is_refusal(error: &std::io::Error) -> bool {
+    error
+        .get_ref()
+        .is_some_and(|inner| inner.is::<sandbox::SandboxError>())
+}
+
+/// How a runtime confines tools: its operator's settings. The default is
+/// `workspace-write` with no network and no full access.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SandboxSettings {
+    /// The policy of conversations that name none.
+    pub default: SandboxPolicy,
+    /// Whether a conversation may run its tools unconfined
+    /// ([`SandboxMode::FullAccess`]).
+    pub allow_full_access: bool,
+    /// The daemon's data directory (token, store, process ledger): never
+    /// visible to a tool. Confined calls' temporary directories are made
+    /// in its `tmp`.
+    pub data_dir: Option<PathBuf>,
+    /// The port of the daemon's API, which no tool may connect to.
+    pub api_port: Option<u16>,
+    /// What the kernel provides; `None`: probed when the runtime opens.
+    /// Tests set it to see what a kernel without Landlock does.
+    pub protections: Option<Protections>,
+}
+
+/// A runtime's sandbox: its settings and what the kernel provides.
+#[derive(Debug)]
+pub struct ToolSandbox {
+    settings: SandboxSettings,
+    protections: Protections,
+    /// Where confined calls' temporary directories are made.
+    tmp_root: PathBuf,
+    /// The daemon's API port once known (0: none), see
+    /// [`ToolSandbox::block_port`].
+    api_port: AtomicU32,
+}
+
+impl ToolSandbox {
+    /// The sandbox of a runtime opened with `settings`: the kernel is
+    /// probed unless they say what it provides.
+    pub fn new(mut settings: SandboxSettings) -> ToolSandbox {
+        // Paths as the tools will be given them: absolute, and as short as
+        // the file system says.
+        settings.data_dir = settings.data_dir.map(|dir| {
+            std::fs::canonicalize(&dir)
+                .or_else(|_| std::path::absolute(&dir))
+                .unwrap_or(dir)
+        });
+        let protections = settings.protections.unwrap_or_else(sandbox::probe);
+        let tmp_root = match &settings.data_dir {
+            Some(data_dir) => data_dir.join(TOOL_TMP_DIR),
+            None => std::env::temp_dir().join(format!("keel-tools-{}", std::process::id())),
+        };
+        let api_port = AtomicU32::new(settings.api_port.map_or(0, u32::from));
+        ToolSandbox {
+            settings,
+            protections,
+            tmp_root,
+            api_port,
+        }
+    }
+
+    /// Keep tools from connecting to `port` (the daemon's API, known once
+    /// its listener is bound) from the next call on.
+    pub fn block_port(&self, port: u16) {
+        self.api_port.store(u32::from(port), Ordering::Relaxed);
+    }
+
+    fn blocked_ports(&self) -> Vec<u16> {
+        u16::try_from(self.api_port.load(Ordering::Relaxed))
+            .ok()
+            .filter(|port| *port != 0)
+            .into_iter()
+            .collect()
+    }
+
+    pub fn settings(&self) -> &SandboxSettings {
+        &self.settings
+    }
+
+    pub fn protections(&self) -> Protections {
+        self.protections
+    }
+
+    /// The policy a conversation's calls run under: its own, or the
+    /// runtime's default.
+    pub fn policy_of(&self, own: Option<&SandboxPolicy>) -> SandboxPolicy {
+        own.cloned()
+            .unwrap_or_else(|| self.settings.default.clone())
+    }
+
+    /// What is hidden from every tool: the data directory and the root of
+    /// all calls' temporary directories (a call sees its own only).
+    fn hidden(&self) -> Vec<PathBuf> {
+        let mut hidden: Vec<PathBuf> = self.settings.data_dir.iter().cloned().collect();
+        if !hidden.iter().any(|dir| self.tmp_root.starts_with(dir)) {
+            hidden.push(self.tmp_root.clone());
+        }
+        hidden
+    }
+}
+
+/// One call's sandbox: its runtime's and its conversation's policy.
+#[derive(Debug, Clone)]
+pub struct CallSandbox {
+    pub runtime: Arc<ToolSandbox>,
+    pub policy: SandboxPolicy,
+}
+
+/// What a call's process runs with.
+#[derive(Debug)]
+pub struct Prepared {
+    /// `None`: unconfined (full access).
+    pub confinement: Option<Confinement>,
+    /// The environment it gets: the runtime's without its secrets, with
+    /// `TMPDIR` its private temporary directory.
+    pub env: Vec<(OsString, OsString)>,
+    /// Removed (with what the call left there) when dropped.
+    _tmp: Option<tempfile::TempDir>,
+}
+
+impl CallSandbox {
+    /// A sandbox that confines nothing (full access allowed), for tests and
+    /// callers that run tools outside a runtime.
+    pub fn unconfined() -> CallSandbox {
+        CallSandbox {
+            runtime: Arc::new(ToolSandbox::new(SandboxSettings {
+                default: SandboxPolicy {
+                    mode: SandboxMode::FullAccess,
+                    network: NetworkAccess::All,
+                },
+                allow_full_access: true,
+                protections: Some(Protections {
+                    landlock_abi: None,
+                    seccomp: false,
+                }),
+                ..SandboxSettings::default()
+            })),
+            policy: SandboxPolicy {
+                mode: SandboxMode::FullAccess,
+                network: NetworkAccess::All,
+            },
+        }
+    }
+
+    /// Whether the policy lets the file tools write in the working
+    /// directory; `Err` says why not, for the model.
+    pub fn may_write(&self, tool: &str) -> Result<(), String> {
+        match self.policy.mode {
+            SandboxMode::ReadOnly => Err(format!(
+                "{tool} was refused: this conversation's sandbox is read-only, so its tools \
+                 write nothing (its sandbox.mode can be changed to workspace-write)"
+            )),
+            SandboxMode::WorkspaceWrite | SandboxMode::FullAccess => {
+                self.full_access_allowed()?;
+                Ok(())
+            }
+        }
+    }
+
+    fn full_access_allowed(&self) -> Result<(), String> {
+        if self.policy.mode == SandboxMode::FullAccess && !self.runtime.settings.allow_full_access {
+            return Err(format!(
+                "this conversation's sandbox is full-access, which this daemon does not allow \
+                 ({FULL_ACCESS_SETTING} in its configuration does), so nothing was run"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Why this kernel cannot confine the call, naming the settings that
+    /// would let it run unconfined.
+    fn cannot_confine(&self) -> String {
+        format!(
+            "this kernel cannot confine tools ({}; the sandbox needs Landlock ABI 6, Linux \
+             6.10 or later, and seccomp), and this conversation's sandbox is {}, so nothing \
+             was run. {UNCONFINED_HINT}",
+            self.runtime.protections,
+            self.policy.mode.as_str()
+        )
+    }
+
+    /// The confinement of the file tools' thread: `None` when unconfined.
+    pub fn file_confinement(&self, cwd: &Path) -> Result<Option<Confinement>, String> {
+        self.full_access_allowed()?;
+        if self.policy.mode == SandboxMode::FullAccess {
+            return Ok(None);
+        }
+        if !self.runtime.protections.enough() {
+            return Err(self.cannot_confine());
+        }
+        Ok(Some(Confinement {
+            writable: match self.policy.mode {
+                SandboxMode::WorkspaceWrite => vec![cwd.to_owned()],
+                SandboxMode::ReadOnly | SandboxMode::FullAccess => Vec::new(),
+            },
+            hidden: self.runtime.hidden(),
+            network: NetworkAccess::Off,
+            blocked_ports: Vec::new(),
+        }))
+    }
+
+    /// Paths the file tools must refuse whatever Landlock does (it cannot
+    /// hide a path beneath the working directory the tools may write).
+    pub fn forbidden(&self) -> Vec<PathBuf> {
+        self.runtime.hidden()
+    }
+
+    /// Prepare a call's process: its confinement, its private temporary
+    /// directory and its environment (plus `extra`), or why it may not run.
+    pub fn prepare(&self, cwd: &Path, extra: &[(OsString, OsString)]) -> Result<Prepared, String> {
+        self.full_access_allowed()?;
+        let mut env = sandbox::tool_environment();
+        env.extend(extra.iter().cloned());
+        if self.policy.mode == SandboxMode::FullAccess {
+            return Ok(Prepared {
+                confinement: None,
+                env,
+                _tmp: None,
+            });
+        }
+        if !self.runtime.protections.enough() {
+            return Err(self.cannot_confine());
+        }
+        std::fs::create_dir_all(&self.runtime.tmp_root).map_err(|error| {
+            format!(
+                "cannot make the call's temporary directory in {}: {error}",
+                self.runtime.tmp_root.display()
+            )
+        })?;
+        let tmp = tempfile::Builder::new()
+            .prefix("call-")
+            .tempdir_in(&self.runtime.tmp_root)
+            .map_err(|error| {
+                format!(
+                    "cannot make the call's temporary directory in {}: {error}",
+                    self.runtime.tmp_root.display()
+                )
+            })?;
+        for name in ["TMPDIR", "TMP", "TEMP"] {
+            env.retain(|(key, _)| key != name);
+            env.push((name.into(), tmp.path().as_os_str().to_owned()));
+        }
+        let mut writable = vec![tmp.path().to_owned()];
+        if self.policy.mode == SandboxMode::WorkspaceWrite {
+            writable.push(cwd.to_owned());
+        }
+        Ok(Prepared {
+            confinement: Some(Confinement {
+                writable,
+                hidden: self.runtime.hidden(),
+                network: self.policy.network.clone(),
+                blocked_ports: self.runtime.blocked_ports(),
+            }),
+            env,
+            _tmp: Some(tmp),
+        })
+    }
+}
