@@ -284,7 +284,8 @@ pub(crate) async fn streaming(
     conversation.id().clone()
 }
 
-/// Waits for the process group id a tool's `echo $$ > pgid` writes in the
+/// Waits for the process group id a tool's `echo $pid > pgid` (its pid
+/// as `/proc/self/stat` says: `$$` is its PID namespace's) writes in the
 /// working directory.
 async fn wait_pgid(rig: &Rig) -> i32 {
     let path = rig.cwd().join("pgid");
@@ -659,7 +660,7 @@ async fn runtime_cancel_during_a_tool_kills_its_process_tree() {
     let mut subscription = watch(&conversation).await;
     conversation
         .send(
-            "run: echo $$ > pgid; sleep 30 & sleep 30 & wait",
+            "run: read -r pid _ < /proc/self/stat; echo $pid > pgid; sleep 30 & sleep 30 & wait",
             Vec::new(),
         )
         .await
@@ -1075,7 +1076,7 @@ async fn runtime_reopened_mid_tool_redispatches_the_same_call_under_resume() {
         let mut subscription = watch(&conversation).await;
         conversation
             .send(
-                "run: echo $$ >> runs; if [ -f done ]; then echo second; else touch done; echo $$ > pgid; sleep 30; fi",
+                "run: read -r pid _ < /proc/self/stat; echo $pid >> runs; if [ -f done ]; then echo second; else touch done; echo $pid > pgid; sleep 30; fi",
                 Vec::new(),
             )
             .await
@@ -1671,7 +1672,7 @@ async fn runtime_host_killed_mid_tool_leaves_no_process_behind() {
     let (mut host, id) = start_host(
         &rig,
         "idle",
-        "run: echo $$ >> runs; echo $$ > pgid; sleep 30 & sleep 30 & wait",
+        "run: read -r pid _ < /proc/self/stat; echo $pid >> runs; echo $pid > pgid; sleep 30 & sleep 30 & wait",
     );
     let pgid = wait_pgid(&rig).await;
     kill(Pid::from_raw(host.0.id() as i32), Signal::SIGKILL).unwrap();

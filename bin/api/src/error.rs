@@ -107,6 +107,9 @@ error_codes! {
     Unsupported => "unsupported",
     /// A decision was sent, but nothing waits for one.
     NothingWaits => "nothing_waits",
+    /// A sandbox this daemon does not allow (`full-access` without
+    /// `KEEL_SANDBOX_FULL_ACCESS=allow`).
+    SandboxNotAllowed => "sandbox_not_allowed",
     /// Anything else: a bug or an unexpected failure.
     Internal => "internal",
     /// An event stream could not read the log it owed its client.

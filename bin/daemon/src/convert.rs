@@ -39,7 +39,17 @@ pub fn summary(entry: IndexEntry, actor_state: Option<StateName>) -> Conversatio
 
 /// What `GET /v1/conversations/{id}` answers for an inspected conversation.
 /// `mcp` is what the daemon's MCP servers are doing (`McpHub::statuses`).
-pub fn detail(inspection: Inspection, mcp: &[keel_actors::McpServerStatus]) -> ConversationDetail {
+pub fn detail(
+    inspection: Inspection,
+    mcp: &[keel_actors::McpServerStatus],
+    sandbox: &keel_actors::tool_sandbox::ToolSandbox,
+) -> ConversationDetail {
+    let policy = sandbox.policy_of(inspection.config.sandbox.as_ref());
+    let sandbox = keel_api::types::ApiSandboxState {
+        mode: policy.mode.into(),
+        network: keel_api::types::ApiNetwork::from_core(&policy.network),
+        default: inspection.config.sandbox.is_none(),
+    };
     let mcp_servers = inspection
         .config
         .mcp_servers
@@ -63,6 +73,7 @@ pub fn detail(inspection: Inspection, mcp: &[keel_actors::McpServerStatus]) -> C
         model: inspection.config.primary.model,
         busy_policy: inspection.config.busy_policy.into(),
         tools_may_leave_cwd: inspection.config.tools_may_leave_cwd,
+        sandbox: Some(sandbox),
         last_seq: inspection.last_seq,
         turn: inspection.turn,
         usage: inspection.usage.into(),

@@ -67,11 +67,14 @@ async fn daemon_cancel_mid_tool_kills_its_processes() {
     let site = Site::new();
     let daemon = Daemon::start(&site, Wire::OpenAi, &mock, &[]);
     let id = daemon.create(&site, json!({})).await;
-    // The mock turns `run: CMD` into a bash call of CMD.
+    // The mock turns `run: CMD` into a bash call of CMD. Each process says
+    // its pid as `/proc/self/stat` has it: `$$` and `$!` are those of the
+    // call's PID namespace (docs/sandbox.md).
     daemon
         .send(
             &id,
-            "run: echo $$ > bash.pid; sleep 30 & echo $! > sleep.pid; wait",
+            "run: read -r pid _ < /proc/self/stat; echo $pid > bash.pid; \
+             sh -c 'read -r pid _ < /proc/self/stat; echo $pid > sleep.pid; exec sleep 30' & wait",
         )
         .await;
     let bash: i32 = wait_file(&site.cwd().join("bash.pid"))

@@ -325,11 +325,54 @@ async fn a_conversation_may_let_its_file_tools_leave_the_working_directory() {
     )
     .await;
 
+    // Reading leaves it; writing does not, under the default sandbox
+    // (workspace-write: the kernel refuses, docs/sandbox.md).
     assert_eq!(ok(&results, "read"), "     1\tnotes beside\n");
-    assert!(ok(&results, "write").starts_with("created "));
+    let refused = error(&results, "write");
+    assert!(refused.contains("denied"), "{refused}");
+    assert!(!outside.join("more.txt").exists());
+}
+
+/// Under a read-only sandbox the file tools write nothing, even in the
+/// working directory, and say why; they still read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_conversation_s_file_tools_write_nothing() {
+    let rig = Rig::new();
+    std::fs::write(rig.cwd().join("notes.txt"), "notes\n").unwrap();
+    let read_only = ConversationConfig {
+        sandbox: Some(keel_actors::core::config::SandboxPolicy {
+            mode: keel_actors::core::config::SandboxMode::ReadOnly,
+            ..Default::default()
+        }),
+        ..config()
+    };
+    let results = run_calls(
+        &rig,
+        read_only,
+        vec![
+            call("read", "read_file", json!({"path": "notes.txt"})),
+            call(
+                "write",
+                "write_file",
+                json!({"path": "new.txt", "content": "x\n"}),
+            ),
+            call(
+                "edit",
+                "edit_file",
+                json!({"path": "notes.txt", "old_string": "notes", "new_string": "changed"}),
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(ok(&results, "read"), "     1\tnotes\n");
+    for id in ["write", "edit"] {
+        let refused = error(&results, id);
+        assert!(refused.contains("read-only"), "{id}: {refused}");
+    }
+    assert!(!rig.cwd().join("new.txt").exists());
     assert_eq!(
-        std::fs::read_to_string(outside.join("more.txt")).unwrap(),
-        "more\n"
+        std::fs::read_to_string(rig.cwd().join("notes.txt")).unwrap(),
+        "notes\n"
     );
 }
 

@@ -309,7 +309,7 @@ async fn cancelling_the_parent_cancels_its_sub_agents_and_their_tools() {
     for task in ["TASK-1", "TASK-2"] {
         script.push(json!({
             "when": task,
-            "tool_calls": [{"name": "bash", "input": {"command": format!("echo $$ > pgid-{task}; sleep 30")}}]
+            "tool_calls": [{"name": "bash", "input": {"command": format!("read -r pid _ < /proc/self/stat; echo $pid > pgid-{task}; sleep 30")}}]
         }));
     }
     rig.mock.push_script(json!(script)).await;

@@ -6,7 +6,7 @@ use utoipa::ToSchema;
 
 use std::collections::BTreeMap;
 
-use keel_core::config::{BusyPolicy, ProviderKind, ToolPolicy};
+use keel_core::config::{BusyPolicy, NetworkAccess, ProviderKind, SandboxMode, ToolPolicy};
 
 /// `POST /v1/conversations`. Every field is optional; the daemon's
 /// configured model and the daemon's working directory are the defaults.
@@ -53,6 +53,9 @@ pub struct CreateConversation {
     /// their tools are offered as `mcp__{server}__{tool}`.
     #[serde(default)]
     pub mcp_servers: Vec<String>,
+    /// How its tools are confined (docs/sandbox.md); what is left out is
+    /// the daemon's default (`KEEL_SANDBOX`, `KEEL_SANDBOX_NETWORK`).
+    pub sandbox: Option<ApiSandbox>,
 }
 
 /// `PATCH /v1/conversations/{id}`: the settings a conversation may change
@@ -75,6 +78,9 @@ pub struct UpdateConversation {
     pub compact_at_percent: Option<u8>,
     /// Largest generation the model may produce per request.
     pub max_tokens: Option<u32>,
+    /// How its tools are confined from the next call on (docs/sandbox.md);
+    /// what is left out keeps its value.
+    pub sandbox: Option<ApiSandbox>,
 }
 
 /// A provider and, optionally, its model.
@@ -97,6 +103,82 @@ pub struct ApiRetry {
     pub max_delay_ms: Option<u64>,
     /// Ceiling of a provider's `retry-after`.
     pub retry_after_cap_ms: Option<u64>,
+}
+
+/// A conversation's sandbox as a request gives it (docs/sandbox.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApiSandbox {
+    /// `read-only`, `workspace-write` (keel's default) or `full-access`
+    /// (only where the daemon allows it: `KEEL_SANDBOX_FULL_ACCESS=allow`).
+    pub mode: Option<ApiSandboxMode>,
+    /// `"off"` (keel's default), `"all"` (every host and port but the
+    /// daemon's own), or a list of `"*:PORT"` (TCP to those ports only).
+    pub network: Option<ApiNetwork>,
+}
+
+/// Where a conversation's tools may write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum ApiSandboxMode {
+    ReadOnly,
+    WorkspaceWrite,
+    FullAccess,
+}
+
+impl From<ApiSandboxMode> for SandboxMode {
+    fn from(mode: ApiSandboxMode) -> SandboxMode {
+        match mode {
+            ApiSandboxMode::ReadOnly => SandboxMode::ReadOnly,
+            ApiSandboxMode::WorkspaceWrite => SandboxMode::WorkspaceWrite,
+            ApiSandboxMode::FullAccess => SandboxMode::FullAccess,
+        }
+    }
+}
+
+impl From<SandboxMode> for ApiSandboxMode {
+    fn from(mode: SandboxMode) -> ApiSandboxMode {
+        match mode {
+            SandboxMode::ReadOnly => ApiSandboxMode::ReadOnly,
+            SandboxMode::WorkspaceWrite => ApiSandboxMode::WorkspaceWrite,
+            SandboxMode::FullAccess => ApiSandboxMode::FullAccess,
+        }
+    }
+}
+
+/// The network a conversation's tools may use: `"off"`, `"all"`, or a
+/// list of `"*:PORT"`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum ApiNetwork {
+    One(String),
+    List(Vec<String>),
+}
+
+impl ApiNetwork {
+    /// The network as keel-core keeps it, or why this one is refused.
+    pub fn to_core(&self) -> Result<NetworkAccess, String> {
+        match self {
+            ApiNetwork::One(one) => NetworkAccess::parse_list([one.as_str()]),
+            ApiNetwork::List(list) if list.is_empty() => Ok(NetworkAccess::Off),
+            ApiNetwork::List(list) => {
+                if list.iter().any(|entry| entry == "off" || entry == "all") {
+                    return Err(format!(
+                        "network {list:?}: give \"off\" or \"all\" alone, or a list of \"*:PORT\""
+                    ));
+                }
+                NetworkAccess::parse_list(list.iter().map(String::as_str))
+            }
+        }
+    }
+
+    pub fn from_core(network: &NetworkAccess) -> ApiNetwork {
+        match network {
+            NetworkAccess::Off => ApiNetwork::One("off".to_owned()),
+            NetworkAccess::All => ApiNetwork::One("all".to_owned()),
+            NetworkAccess::Ports(_) => ApiNetwork::List(network.to_list()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

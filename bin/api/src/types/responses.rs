@@ -173,6 +173,10 @@ pub struct ConversationDetail {
     pub busy_policy: ApiBusyPolicy,
     /// Whether the file tools may reach paths outside `cwd`.
     pub tools_may_leave_cwd: bool,
+    /// How its tools are confined now (docs/sandbox.md): its own setting
+    /// or the daemon's default.
+    #[serde(default)]
+    pub sandbox: Option<ApiSandboxState>,
     pub last_seq: u64,
     pub turn: u32,
     pub usage: ApiUsage,
@@ -541,4 +545,15 @@ impl From<keel_core::event::ForkOrigin> for ApiForkOrigin {
             seq: origin.seq,
         }
     }
+}
+
+/// A conversation's sandbox as it applies (docs/sandbox.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ApiSandboxState {
+    pub mode: super::requests::ApiSandboxMode,
+    /// `"off"`, `"all"`, or a list of `"*:PORT"`.
+    pub network: super::requests::ApiNetwork,
+    /// Whether it is the daemon's default rather than the conversation's
+    /// own setting.
+    pub default: bool,
 }

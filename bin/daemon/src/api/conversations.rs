@@ -122,8 +122,10 @@ pub async fn create(
             request_timeout_ms: request.request_timeout_ms,
             context_window: request.context_window,
             compact_at_percent: request.compact_at_percent,
+            sandbox: request.sandbox,
             ..UpdateConversation::default()
         },
+        state.runtime.sandbox(),
     )?;
     let handle = state
         .runtime
@@ -240,6 +242,7 @@ pub async fn get_one(
     Ok(Json(crate::convert::detail(
         inspection,
         &state.runtime.mcp().statuses(),
+        state.runtime.sandbox(),
     )))
 }
 

@@ -10,9 +10,14 @@ use std::collections::BTreeMap;
 use axum::extract::State;
 use axum::Json;
 
-use keel_actors::core::config::{ConversationConfig, ToolPolicy};
+use axum::http::StatusCode;
+use keel_actors::core::config::{ConversationConfig, SandboxMode, SandboxPolicy, ToolPolicy};
 use keel_actors::core::retry::RetryPolicy;
-use keel_api::types::{ApiRetry, ApiToolPolicy, ConversationDetail, ErrorBody, UpdateConversation};
+use keel_actors::tool_sandbox::{ToolSandbox, FULL_ACCESS_SETTING};
+use keel_api::types::{
+    ApiRetry, ApiSandbox, ApiToolPolicy, ConversationDetail, ErrorBody, UpdateConversation,
+};
+use keel_api::ErrorCode;
 
 use super::error::{ApiError, ApiJson};
 use super::{AppState, ConversationPath};
@@ -30,6 +35,7 @@ const MAX_MAX_TOKENS: u32 = 1_000_000;
     responses(
         (status = 200, description = "The conversation with its new settings", body = ConversationDetail),
         (status = 400, description = "Malformed JSON, an unknown field, or a value out of range", body = ErrorBody),
+        (status = 403, description = "A sandbox the daemon does not allow (`sandbox_not_allowed`)", body = ErrorBody),
         (status = 404, body = ErrorBody),
         (status = 409, description = "A sub-agent that has finished", body = ErrorBody),
     )
@@ -42,12 +48,13 @@ pub async fn update(
     let handle = state.runtime.handle(id.clone());
     let runtime_error = |error| ApiError::from_runtime(id.as_str(), error);
     let mut config = handle.inspect().await.map_err(runtime_error)?.config;
-    apply(&mut config, update)?;
+    apply(&mut config, update, state.runtime.sandbox())?;
     handle.change_config(config).await.map_err(runtime_error)?;
     let inspection = handle.inspect().await.map_err(runtime_error)?;
     Ok(Json(crate::convert::detail(
         inspection,
         &state.runtime.mcp().statuses(),
+        state.runtime.sandbox(),
     )))
 }
 
@@ -57,7 +64,11 @@ pub async fn update(
 pub(super) fn apply(
     config: &mut ConversationConfig,
     update: UpdateConversation,
+    sandbox: &ToolSandbox,
 ) -> Result<(), ApiError> {
+    if let Some(asked) = update.sandbox {
+        config.sandbox = Some(sandbox_policy(config.sandbox.as_ref(), asked, sandbox)?);
+    }
     if let Some(system) = update.system {
         config.system = (!system.is_empty()).then_some(system);
     }
@@ -88,6 +99,36 @@ pub(super) fn apply(
         config.max_tokens = max_tokens;
     }
     Ok(())
+}
+
+/// The sandbox `asked` makes of `current` (the daemon's default where the
+/// conversation has none of its own), checked: `full-access` only where
+/// the daemon allows it.
+fn sandbox_policy(
+    current: Option<&SandboxPolicy>,
+    asked: ApiSandbox,
+    sandbox: &ToolSandbox,
+) -> Result<SandboxPolicy, ApiError> {
+    let mut policy = sandbox.policy_of(current);
+    if let Some(mode) = asked.mode {
+        policy.mode = mode.into();
+    }
+    if let Some(network) = asked.network {
+        policy.network = network
+            .to_core()
+            .map_err(|reason| ApiError::bad_request(format!("sandbox.{reason}")))?;
+    }
+    if policy.mode == SandboxMode::FullAccess && !sandbox.settings().allow_full_access {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            ErrorCode::SandboxNotAllowed,
+            format!(
+                "sandbox.mode full-access runs tools unconfined, which this daemon does not \
+                 allow; its operator can with {FULL_ACCESS_SETTING}"
+            ),
+        ));
+    }
+    Ok(policy)
 }
 
 /// The per-tool policies as the API names them, as the core keeps them.

@@ -89,25 +89,16 @@ pub(super) fn text_of(event: &Value) -> String {
         .collect()
 }
 
-/// The pids a `TREE_COMMAND` printed: `pids LEADER CHILD CHILD`.
-pub(super) fn pids_in(output: &str) -> anyhow::Result<Vec<u32>> {
-    let line = output
+/// The process group a `TREE_COMMAND` printed: `process group PGID`.
+pub(super) fn group_in(output: &str) -> anyhow::Result<u32> {
+    let group = output
         .lines()
-        .find_map(|line| line.trim().strip_prefix("pids "))
-        .ok_or_else(|| anyhow!("the command did not say its pids: {output:?}"))?;
-    let pids = line
-        .split_whitespace()
-        .map(str::parse)
-        .collect::<Result<Vec<u32>, _>>()
-        .with_context(|| format!("not pids: {line:?}"))?;
-    ensure!(pids.len() == 3, "expected three pids, got {pids:?}");
-    Ok(pids)
-}
-
-pub(super) fn sorted(pids: &[u32]) -> Vec<u32> {
-    let mut pids = pids.to_vec();
-    pids.sort_unstable();
-    pids
+        .find_map(|line| line.trim().strip_prefix("process group "))
+        .ok_or_else(|| anyhow!("the command did not say its process group: {output:?}"))?;
+    group
+        .trim()
+        .parse()
+        .with_context(|| format!("not a process group: {group:?}"))
 }
 
 pub(super) fn join(pids: &[u32]) -> String {
