@@ -29,6 +29,7 @@ mod mcp;
 mod operations;
 mod refusals;
 mod restart;
+mod sandbox;
 mod sse;
 mod startup;
 mod streaming;
