@@ -174,12 +174,11 @@ impl CallSandbox {
 
     /// Whether the policy lets the file tools write in the working
     /// directory; `Err` says why not, for the model.
-    pub fn may_write(&self, tool: &str) -> Result<(), String> {
+    pub fn may_write(&self) -> Result<(), String> {
         match self.policy.mode {
-            SandboxMode::ReadOnly => Err(format!(
-                "{tool} was refused: this conversation's sandbox is read-only, so its tools \
-                 write nothing (its sandbox.mode can be changed to workspace-write)"
-            )),
+            SandboxMode::ReadOnly => Err("this conversation's sandbox is read-only, so its \
+                 tools write nothing (its sandbox.mode can be changed to workspace-write)"
+                .to_owned()),
             SandboxMode::WorkspaceWrite | SandboxMode::FullAccess => {
                 self.full_access_allowed()?;
                 Ok(())

@@ -90,8 +90,8 @@ impl Tool for EditFile {
     }
 
     async fn run(&self, ctx: ToolContext) -> ToolOutcome {
-        if let Err(refused) = ctx.sandbox.may_write(NAME) {
-            return ToolOutcome::error(refused);
+        if let Err(refused) = ctx.sandbox.may_write() {
+            return ToolOutcome::error(format!("{NAME} was not run: {refused}"));
         }
         blocking::run(&ctx, edit).await
     }

@@ -76,6 +76,22 @@ async fn run_calls(
     config: ConversationConfig,
     calls: Vec<Value>,
 ) -> BTreeMap<String, (String, bool)> {
+    run_calls_on(
+        rig,
+        rig.runtime_config(rig.store(BackendKind::Memory)),
+        config,
+        calls,
+    )
+    .await
+}
+
+/// [`run_calls`] on a runtime opened with `runtime_config`.
+async fn run_calls_on(
+    rig: &Rig,
+    runtime_config: RuntimeConfig,
+    config: ConversationConfig,
+    calls: Vec<Value>,
+) -> BTreeMap<String, (String, bool)> {
     let n_calls = calls.len();
     rig.mock
         .push_script(json!([
@@ -83,7 +99,7 @@ async fn run_calls(
             {"endpoint": "anthropic", "text": "done"},
         ]))
         .await;
-    let runtime = rig.runtime(rig.store(BackendKind::Memory)).await;
+    let runtime = rig.open(runtime_config).await;
     let conversation = runtime.create(rig.cwd(), config).await.unwrap();
     let mut watch = watch(&conversation).await;
     conversation
@@ -449,4 +465,79 @@ async fn an_edit_run_again_by_recovery_is_reported_as_already_applied() {
     drop(watch);
     drop(conversation);
     runtime.shutdown().await;
+}
+
+/// A kernel without Landlock (the runtime told so, as its probe would
+/// find): nothing runs unconfined silently. `bash` and the file tools get
+/// an error result that says so and names the setting that would let them
+/// run unconfined, nothing is written, and the turn completes; a
+/// `full-access` conversation, where the operator allows it, runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kernel_that_cannot_confine_fails_closed() {
+    use keel_actors::core::config::{SandboxMode, SandboxPolicy};
+    use keel_actors::sandbox::Protections;
+    use keel_actors::tool_sandbox::SandboxSettings;
+
+    // A rig per run: each counts its fake provider's requests from the
+    // start.
+    let without_landlock = |rig: &Rig, allow_full_access: bool| RuntimeConfig {
+        sandbox: SandboxSettings {
+            data_dir: Some(rig.data_dir()),
+            allow_full_access,
+            protections: Some(Protections {
+                landlock_abi: None,
+                seccomp: true,
+            }),
+            ..SandboxSettings::default()
+        },
+        ..rig.runtime_config(rig.store(BackendKind::Memory))
+    };
+    let calls = || {
+        vec![
+            call("bash", "bash", json!({"command": "echo ran > ran.txt"})),
+            call(
+                "write",
+                "write_file",
+                json!({"path": "written.txt", "content": "x\n"}),
+            ),
+            call("read", "read_file", json!({"path": "."})),
+        ]
+    };
+    let rig = Rig::new();
+    let results = run_calls_on(&rig, without_landlock(&rig, false), config(), calls()).await;
+    for id in ["bash", "write", "read"] {
+        let refused = error(&results, id);
+        assert!(refused.contains("no Landlock"), "{id}: {refused}");
+        assert!(
+            refused.contains("KEEL_SANDBOX_FULL_ACCESS=allow"),
+            "{id} names the setting: {refused}"
+        );
+    }
+    assert!(!rig.cwd().join("ran.txt").exists());
+    assert!(!rig.cwd().join("written.txt").exists());
+
+    let unconfined = ConversationConfig {
+        sandbox: Some(SandboxPolicy {
+            mode: SandboxMode::FullAccess,
+            ..SandboxPolicy::default()
+        }),
+        ..config()
+    };
+    // Full access the operator did not allow is refused too.
+    let rig = Rig::new();
+    let results = run_calls_on(
+        &rig,
+        without_landlock(&rig, false),
+        unconfined.clone(),
+        calls(),
+    )
+    .await;
+    assert!(error(&results, "bash").contains("does not allow"));
+    assert!(!rig.cwd().join("ran.txt").exists());
+
+    let rig = Rig::new();
+    let results = run_calls_on(&rig, without_landlock(&rig, true), unconfined, calls()).await;
+    assert_eq!(ok(&results, "bash"), "(no output)");
+    assert!(rig.cwd().join("ran.txt").exists());
+    assert!(ok(&results, "write").starts_with("created "));
 }
