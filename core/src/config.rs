@@ -386,4 +386,51 @@ mod tests {
         let read: ConversationConfig = rmp_serde::from_slice(&packed).unwrap();
         assert_eq!(read, config);
     }
+
+    /// A config recorded before the sandbox existed reads as "the
+    /// runtime's default", and none is written until one is set.
+    #[test]
+    fn a_config_without_a_sandbox_reads_as_the_default_and_writes_none() {
+        let encoded = serde_json::to_value(ConversationConfig::default()).unwrap();
+        assert!(encoded.get("sandbox").is_none(), "{encoded}");
+        let config: ConversationConfig = serde_json::from_value(encoded).unwrap();
+        assert_eq!(config.sandbox, None);
+        let set = ConversationConfig {
+            sandbox: Some(SandboxPolicy {
+                mode: SandboxMode::ReadOnly,
+                network: NetworkAccess::Ports(vec![443]),
+            }),
+            ..ConversationConfig::default()
+        };
+        let packed = rmp_serde::to_vec_named(&set).unwrap();
+        let back: ConversationConfig = rmp_serde::from_slice(&packed).unwrap();
+        assert_eq!(back, set);
+    }
+
+    #[test]
+    fn network_lists_read_ports_and_refuse_hosts() {
+        assert_eq!(NetworkAccess::parse_list(["off"]), Ok(NetworkAccess::Off));
+        assert_eq!(NetworkAccess::parse_list([]), Ok(NetworkAccess::Off));
+        assert_eq!(NetworkAccess::parse_list(["all"]), Ok(NetworkAccess::All));
+        assert_eq!(
+            NetworkAccess::parse_list(["*:443", " 80 ", "*:443"]),
+            Ok(NetworkAccess::Ports(vec![80, 443]))
+        );
+        for bad in ["example.com:443", "*:0", "*:70000", "*:http", "somewhere"] {
+            assert!(NetworkAccess::parse_list([bad]).is_err(), "{bad}");
+        }
+        let ports = NetworkAccess::Ports(vec![80, 443]);
+        let list = ports.to_list();
+        assert_eq!(
+            NetworkAccess::parse_list(list.iter().map(String::as_str)),
+            Ok(ports)
+        );
+        for mode in [
+            SandboxMode::ReadOnly,
+            SandboxMode::WorkspaceWrite,
+            SandboxMode::FullAccess,
+        ] {
+            assert_eq!(mode.as_str().parse::<SandboxMode>(), Ok(mode));
+        }
+    }
 }

@@ -709,6 +709,35 @@ mod tests {
     }
 
     #[test]
+    fn the_sandbox_defaults_to_workspace_write_and_reads_its_settings() {
+        let config = load(&[], None).unwrap();
+        assert_eq!(config.sandbox, SandboxPolicy::default());
+        assert!(!config.sandbox_full_access);
+
+        let file = "[sandbox]\nmode = \"read-only\"\nnetwork = [\"*:443\", \"*:80\"]\n";
+        let config = load(&[], Some(file)).unwrap();
+        assert_eq!(config.sandbox.mode, SandboxMode::ReadOnly);
+        assert_eq!(config.sandbox.network, NetworkAccess::Ports(vec![80, 443]));
+
+        let config = load(
+            &[
+                ("KEEL_SANDBOX_NETWORK", "all"),
+                ("KEEL_SANDBOX_FULL_ACCESS", "allow"),
+            ],
+            Some(file),
+        )
+        .unwrap();
+        assert_eq!(config.sandbox.network, NetworkAccess::All);
+        assert!(config.sandbox_full_access);
+
+        let config = load(&[("KEEL_SANDBOX", "full-access")], None).unwrap();
+        assert!(
+            config.sandbox_full_access,
+            "the default implies the permission"
+        );
+    }
+
+    #[test]
     fn unusable_settings_are_refused_naming_the_setting() {
         let cases: &[(&[(&str, &str)], &str)] = &[
             (&[("KEEL_ADDR", "localhost")], "KEEL_ADDR"),
@@ -717,6 +746,22 @@ mod tests {
             (&[("KEEL_PROVIDER", "anthropic")], "ANTHROPIC_API_KEY"),
             (&[("KEEL_PROVIDER", "openai")], "OPENAI_API_KEY"),
             (&[("KEEL_STORE", "memory")], "KEEL_STORE"),
+            (&[("KEEL_SANDBOX", "strict")], "KEEL_SANDBOX"),
+            (
+                &[("KEEL_SANDBOX_NETWORK", "github.com:443")],
+                "KEEL_SANDBOX_NETWORK",
+            ),
+            (
+                &[("KEEL_SANDBOX_FULL_ACCESS", "yes")],
+                "KEEL_SANDBOX_FULL_ACCESS",
+            ),
+            (
+                &[
+                    ("KEEL_SANDBOX", "full-access"),
+                    ("KEEL_SANDBOX_FULL_ACCESS", "deny"),
+                ],
+                "KEEL_SANDBOX_FULL_ACCESS",
+            ),
             (&[("KEEL_STORE", "postgres")], "KEEL_STORE"),
             (&[("KEEL_LOG_FORMAT", "xml")], "KEEL_LOG_FORMAT"),
             (

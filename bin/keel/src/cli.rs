@@ -20,7 +20,10 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 use keel_api::client::Client;
-use keel_api::types::{ApiBusyPolicy, ApiDecisionKind, ApiModelChoice, ApiProvider, ApiToolPolicy};
+use keel_api::types::{
+    ApiBusyPolicy, ApiDecisionKind, ApiModelChoice, ApiNetwork, ApiProvider, ApiSandboxMode,
+    ApiToolPolicy,
+};
 use keel_daemon::daemon;
 use keel_lab::{bench, demo, drill, mock_llm};
 
@@ -342,6 +345,25 @@ Exit status:
      `keel log ID --from SEQ --follow` shows the rest of the turn
 
 keel send does not wait for a person: a script decides pending calls itself.";
+
+fn parse_sandbox_mode(text: &str) -> Result<ApiSandboxMode, String> {
+    wire_enum(text, "read-only, workspace-write or full-access")
+}
+
+/// `off`, `all`, or `*:PORT` entries separated by commas, checked as the
+/// daemon checks them.
+fn parse_network(text: &str) -> Result<ApiNetwork, String> {
+    let network = match text.trim() {
+        one @ ("off" | "all") => ApiNetwork::One(one.to_owned()),
+        list => ApiNetwork::List(
+            list.split(',')
+                .map(|entry| entry.trim().to_owned())
+                .collect(),
+        ),
+    };
+    network.to_core()?;
+    Ok(network)
+}
 
 fn parse_provider(text: &str) -> Result<ApiProvider, String> {
     wire_enum(text, "anthropic, openai or mock")
@@ -854,6 +876,37 @@ mod tests {
         };
         assert!(!allowed(&["keel", "new"]));
         assert!(allowed(&["keel", "new", "--tools-may-leave-cwd"]));
+    }
+
+    #[test]
+    fn new_takes_a_sandbox_and_a_network_and_refuses_hosts() {
+        let sandbox = |args: &[&str]| {
+            let cli = Cli::try_parse_from(args).unwrap();
+            let Command::New { options, .. } = cli.command else {
+                panic!("new parses to Command::New")
+            };
+            commands::create_request(options).unwrap().sandbox
+        };
+        assert_eq!(sandbox(&["keel", "new"]), None);
+        assert_eq!(
+            sandbox(&[
+                "keel",
+                "new",
+                "--sandbox",
+                "read-only",
+                "--network",
+                "*:443,*:80"
+            ]),
+            Some(keel_api::types::ApiSandbox {
+                mode: Some(ApiSandboxMode::ReadOnly),
+                network: Some(ApiNetwork::List(vec![
+                    "*:443".to_owned(),
+                    "*:80".to_owned()
+                ])),
+            })
+        );
+        assert!(Cli::try_parse_from(["keel", "new", "--network", "github.com:443"]).is_err());
+        assert!(Cli::try_parse_from(["keel", "new", "--sandbox", "strict"]).is_err());
     }
 
     #[test]

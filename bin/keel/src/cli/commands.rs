@@ -13,7 +13,8 @@ use super::Exit;
 use keel_api::client::{Client, Frame};
 use keel_api::types::{
     ApiBusyPolicy, ApiDecisionKind, ApiEvent, ApiEventKind, ApiLiveEvent, ApiModelChoice,
-    ApiProvider, ApiState, ApiToolPolicy, ConversationSummary, CreateConversation,
+    ApiNetwork, ApiProvider, ApiSandbox, ApiSandboxMode, ApiState, ApiToolPolicy,
+    ConversationSummary, CreateConversation,
 };
 
 /// `keel ls`.
@@ -115,9 +116,17 @@ pub struct NewOptions {
     #[arg(long, value_name = "PROVIDER[/MODEL]", value_parser = super::parse_fallback)]
     pub fallback: Option<ApiModelChoice>,
     /// Let the file tools reach paths outside the working directory
-    /// (refused by default; `bash` is never confined).
+    /// (refused by default). Writing there is the sandbox's to allow.
     #[arg(long)]
     pub tools_may_leave_cwd: bool,
+    /// How tools are confined: read-only, workspace-write or full-access
+    /// (default: the daemon's; docs/sandbox.md).
+    #[arg(long, value_name = "MODE", value_parser = super::parse_sandbox_mode)]
+    pub sandbox: Option<ApiSandboxMode>,
+    /// The network tools may use: off, all, or *:PORT[,*:PORT…]
+    /// (default: the daemon's).
+    #[arg(long, value_name = "NETWORK", value_parser = super::parse_network)]
+    pub network: Option<ApiNetwork>,
     /// Use this MCP server of the daemon's (`keel mcp ls`); repeatable.
     #[arg(long = "mcp", value_name = "NAME")]
     pub mcp: Vec<String>,
@@ -153,6 +162,10 @@ pub fn create_request(options: NewOptions) -> anyhow::Result<CreateConversation>
         fallback: options.fallback,
         tools_may_leave_cwd: options.tools_may_leave_cwd,
         mcp_servers: options.mcp,
+        sandbox: (options.sandbox.is_some() || options.network.is_some()).then(|| ApiSandbox {
+            mode: options.sandbox,
+            network: options.network,
+        }),
         ..CreateConversation::default()
     })
 }
@@ -194,6 +207,7 @@ pub async fn inspect(client: &Client, id: &str, json: bool) -> anyhow::Result<Ex
             format!("{} ({})", detail.model, enum_name(&detail.provider)),
         ),
         ("busy policy", enum_name(&detail.busy_policy)),
+        ("sandbox", sandbox_line(detail.sandbox.as_ref())),
         ("turns", detail.turn.to_string()),
         ("last seq", detail.last_seq.to_string()),
         (
@@ -766,4 +780,24 @@ mod tests {
         let value = serde_json::to_value(&kind).unwrap();
         assert_eq!(summary(&kind, &value), "error=boom turn=2");
     }
+}
+
+/// "workspace-write, network off (the daemon's default)".
+fn sandbox_line(sandbox: Option<&keel_api::types::ApiSandboxState>) -> String {
+    let Some(sandbox) = sandbox else {
+        return "unknown (an older daemon)".to_owned();
+    };
+    let network = match &sandbox.network {
+        ApiNetwork::One(one) => one.clone(),
+        ApiNetwork::List(list) => list.join(","),
+    };
+    format!(
+        "{}, network {network}{}",
+        enum_name(&sandbox.mode),
+        if sandbox.default {
+            " (the daemon's default)"
+        } else {
+            ""
+        }
+    )
 }
