@@ -48,6 +48,8 @@ use tokio::sync::{mpsc, oneshot};
 use crate::image::ImageUpload;
 use crate::process_group::ProcessLedger;
 use crate::tool::{schema::Checked, Tool, ToolContext, ToolOutcome};
+use crate::tool_sandbox::{CallSandbox, Prepared, ToolSandbox};
+use keel_core::config::SandboxPolicy;
 
 /// How a tool of an MCP server is named to the model.
 pub const PREFIX: &str = "mcp__";
@@ -80,6 +82,10 @@ pub enum McpServerConfig {
         /// One server process per conversation that uses it, stopped with
         /// the conversation's actor, instead of one shared by all.
         per_conversation: bool,
+        /// Confine the server as a tool's process is (docs/sandbox.md),
+        /// writing in `cwd` (the daemon's when not given); `None` runs it
+        /// as the daemon's user, with the daemon's environment.
+        sandbox: Option<SandboxPolicy>,
     },
     /// A remote server over streamable HTTP.
     Http {
@@ -151,6 +157,7 @@ struct Server {
     name: String,
     config: McpServerConfig,
     ledger: Option<Arc<ProcessLedger>>,
+    sandbox: Arc<ToolSandbox>,
     slot: tokio::sync::Mutex<Slot>,
     /// The latest tool list and state, readable without the slot's lock.
     seen: Mutex<Seen>,
@@ -193,6 +200,7 @@ impl McpHub {
     pub fn new(
         configs: BTreeMap<String, McpServerConfig>,
         ledger: Option<Arc<ProcessLedger>>,
+        sandbox: Arc<ToolSandbox>,
     ) -> McpHub {
         let servers = configs
             .into_iter()
@@ -202,6 +210,7 @@ impl McpHub {
                     name: name.clone(),
                     config,
                     ledger: ledger.clone(),
+                    sandbox: sandbox.clone(),
                     slot: tokio::sync::Mutex::new(Slot::Idle),
                     seen: Mutex::new(Seen::default()),
                 };
@@ -232,6 +241,7 @@ impl McpHub {
                     name: server.name.clone(),
                     config: server.config.clone(),
                     ledger: server.ledger.clone(),
+                    sandbox: server.sandbox.clone(),
                     slot: tokio::sync::Mutex::new(Slot::Idle),
                     seen: Mutex::new(Seen::default()),
                 })
@@ -389,6 +399,33 @@ impl McpHub {
 }
 
 impl Server {
+    /// What a stdio server confined by `policy` runs with: its
+    /// confinement, its environment (the daemon's without its secrets,
+    /// then `env`) and a private temporary directory.
+    fn confine(
+        &self,
+        policy: &SandboxPolicy,
+        cwd: Option<&std::path::Path>,
+        env: &BTreeMap<String, String>,
+    ) -> Result<Prepared, String> {
+        let cwd = match cwd {
+            Some(cwd) => cwd.to_owned(),
+            None => std::env::current_dir().map_err(|error| {
+                format!("MCP server {:?}: no working directory: {error}", self.name)
+            })?,
+        };
+        let extra: Vec<(std::ffi::OsString, std::ffi::OsString)> = env
+            .iter()
+            .map(|(name, value)| (name.into(), value.into()))
+            .collect();
+        CallSandbox {
+            runtime: self.sandbox.clone(),
+            policy: policy.clone(),
+        }
+        .prepare(&cwd, &extra)
+        .map_err(|why| format!("MCP server {:?} was not started: {why}", self.name))
+    }
+
     fn per_conversation(&self) -> bool {
         matches!(
             self.config,
@@ -509,19 +546,49 @@ impl Server {
                 args,
                 env,
                 cwd,
+                sandbox,
                 ..
             } => {
                 let mut process = tokio::process::Command::new(command);
-                process.args(args).envs(env).process_group(0);
+                process.args(args).process_group(0);
                 if let Some(cwd) = cwd {
                     process.current_dir(cwd);
                 }
-                let (transport, pipe) = TokioChildProcess::builder(process)
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .map_err(|error| {
-                        format!("MCP server {name:?}: cannot start {command:?}: {error}")
-                    })?;
+                // Held for as long as the server runs (its stderr is read):
+                // its private temporary directory goes with it.
+                let confined = match sandbox {
+                    Some(policy) => Some(self.confine(policy, cwd.as_deref(), env)?),
+                    None => None,
+                };
+                match &confined {
+                    Some(prepared) => {
+                        process.env_clear().envs(prepared.env.iter().cloned());
+                    }
+                    None => {
+                        process.envs(env);
+                    }
+                }
+                let builder = TokioChildProcess::builder(process).stderr(Stdio::piped());
+                let spawned = match confined
+                    .as_ref()
+                    .and_then(|prepared| prepared.confinement.as_ref())
+                {
+                    Some(confinement) => {
+                        let handle = tokio::runtime::Handle::current();
+                        crate::sandbox::confined(confinement, move || {
+                            let _runtime = handle.enter();
+                            builder.spawn()
+                        })
+                        .map_err(|error| match error {
+                            crate::sandbox::SandboxError::Spawn(error) => error,
+                            refused => std::io::Error::other(refused),
+                        })
+                    }
+                    None => builder.spawn(),
+                };
+                let (transport, pipe) = spawned.map_err(|error| {
+                    format!("MCP server {name:?}: cannot start {command:?}: {error}")
+                })?;
                 let pgid = transport.id();
                 if let (Some(pgid), Some(ledger)) = (pgid, &self.ledger) {
                     let _ = ledger.record(pgid, &format!("mcp:{name}"));
@@ -529,6 +596,7 @@ impl Server {
                 if let Some(pipe) = pipe {
                     let lines = stderr.clone();
                     tokio::spawn(async move {
+                        let _confined = confined;
                         let mut reader = tokio::io::BufReader::new(pipe).lines();
                         while let Ok(Some(line)) = reader.next_line().await {
                             let mut lines = lines.lock().unwrap_or_else(|p| p.into_inner());

@@ -139,7 +139,11 @@ impl Runtime {
             std::process::id(),
             INSTANCES.fetch_add(1, Ordering::Relaxed)
         );
-        let mcp = Arc::new(crate::mcp::McpHub::new(mcp_servers, ledger.clone()));
+        let mcp = Arc::new(crate::mcp::McpHub::new(
+            mcp_servers,
+            ledger.clone(),
+            sandbox.clone(),
+        ));
         let shared = Arc::new(Shared {
             mcp,
             instance: instance.clone(),

@@ -70,6 +70,23 @@ def too_long() -> str:
 
 
 @server.tool()
+def write_file(path: str, text: str) -> str:
+    """Write `text` to `path` (for the sandbox's tests); say why not."""
+    try:
+        with open(path, "w") as out:
+            out.write(text)
+    except OSError as error:
+        return f"not written: {error}"
+    return "written"
+
+
+@server.tool()
+def getenv(name: str) -> str:
+    """The server's environment variable `name`, or `(unset)`."""
+    return os.environ.get(name, "(unset)")
+
+
+@server.tool()
 def crash() -> str:
     """Exit at once, as a server that dies mid-call."""
     print("about to die: last words on stderr", file=sys.stderr, flush=True)

@@ -154,6 +154,16 @@ struct McpSection {
     /// one shared by all.
     #[serde(default)]
     per_conversation: bool,
+    /// Confine a `command` as tools are (docs/sandbox.md): `{mode =
+    /// "workspace-write", network = "off"}`, writing in its `cwd`.
+    sandbox: Option<McpSandbox>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct McpSandbox {
+    mode: Option<String>,
+    network: Option<NetworkSetting>,
 }
 
 /// `[sandbox]`: `mode`, `network` (a string or a list) and `full_access`.
@@ -165,7 +175,7 @@ struct SandboxSection {
     full_access: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 enum NetworkSetting {
     One(String),
@@ -469,12 +479,34 @@ fn mcp_servers(
                         ));
                     }
                 }
+                let sandbox = match section.sandbox {
+                    None => None,
+                    Some(sandbox) => Some(SandboxPolicy {
+                        mode: match sandbox.mode {
+                            None => SandboxMode::default(),
+                            Some(mode) => mode.parse().map_err(|reason| {
+                                invalid(&format!("{at}: sandbox.mode"), reason)
+                            })?,
+                        },
+                        network: match sandbox.network {
+                            None => Ok(NetworkAccess::Off),
+                            Some(NetworkSetting::One(one)) => {
+                                NetworkAccess::parse_list([one.as_str()])
+                            }
+                            Some(NetworkSetting::List(list)) => {
+                                NetworkAccess::parse_list(list.iter().map(String::as_str))
+                            }
+                        }
+                        .map_err(|reason| invalid(&format!("{at}: sandbox.network"), reason))?,
+                    }),
+                };
                 McpServerConfig::Stdio {
                     command: found.display().to_string(),
                     args: section.args,
                     env: section.env,
                     cwd,
                     per_conversation: section.per_conversation,
+                    sandbox,
                 }
             }
             (None, Some(url)) => {

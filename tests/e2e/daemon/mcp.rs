@@ -781,3 +781,80 @@ async fn daemon_stop_takes_an_mcp_servers_children_too() {
     super::wait_process_gone(server).await;
     super::wait_process_gone(child).await;
 }
+
+/// A stdio server whose configuration asks for the sandbox
+/// (docs/sandbox.md) is confined as a `bash` call is: it writes in its
+/// working directory and nowhere else, and the daemon's secrets are not in
+/// its environment, while the variables its configuration gives are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandboxed_stdio_server_writes_only_in_its_directory() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let outside = site.cwd().parent().unwrap().join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let servers = json!({
+        "boxed": {
+            "command": mcp_python().display().to_string(),
+            "args": [mcp_slow_server().display().to_string()],
+            "env": {"SLOW_LOG": site.cwd().join("slow.log").display().to_string(), "GIVEN": "yes"},
+            "cwd": site.cwd().display().to_string(),
+            "sandbox": {"mode": "workspace-write", "network": "off"},
+        }
+    });
+    let daemon = Daemon::start(
+        &site,
+        Wire::Anthropic,
+        &mock,
+        &[
+            ("KEEL_MCP_SERVERS", &servers.to_string()),
+            ("KEEL_TOKEN", "kt-mcp-secret"),
+        ],
+    );
+    let id = daemon
+        .create(&site, json!({"mcp_servers": ["boxed"]}))
+        .await;
+    let mut turn = 0;
+    let mut call = |text: String| {
+        turn += 1;
+        let (daemon, id) = (&daemon, id.clone());
+        async move {
+            daemon.send(&id, &text).await;
+            let log = daemon.wait_turn_done(&id, turn).await;
+            of_kind(&log, "tool_result")
+                .last()
+                .copied()
+                .cloned()
+                .unwrap()
+        }
+    };
+    let write = |path: &Path| {
+        format!(
+            "call: mcp__boxed__write_file {}",
+            json!({"path": path.display().to_string(), "text": "x"})
+        )
+    };
+    let inside = call(write(&site.cwd().join("inside.txt"))).await;
+    assert_eq!(inside["is_error"], json!(false), "{inside}");
+    assert!(site.cwd().join("inside.txt").exists());
+    assert!(inside["content"].to_string().contains("written"), "{inside}");
+    let refused = call(write(&outside.join("victim"))).await;
+    assert!(
+        refused["content"]
+            .to_string()
+            .contains("not written: [Errno 13] Permission denied"),
+        "{refused}"
+    );
+    assert!(!outside.join("victim").exists());
+    for (name, wanted) in [
+        ("KEEL_TOKEN", "(unset)"),
+        ("ANTHROPIC_API_KEY", "(unset)"),
+        ("GIVEN", "yes"),
+    ] {
+        let got = call(format!(
+            "call: mcp__boxed__getenv {}",
+            json!({"name": name})
+        ))
+        .await;
+        assert!(got["content"].to_string().contains(wanted), "{name}: {got}");
+    }
+}
