@@ -836,7 +836,10 @@ async fn a_sandboxed_stdio_server_writes_only_in_its_directory() {
     let inside = call(write(&site.cwd().join("inside.txt"))).await;
     assert_eq!(inside["is_error"], json!(false), "{inside}");
     assert!(site.cwd().join("inside.txt").exists());
-    assert!(inside["content"].to_string().contains("written"), "{inside}");
+    assert!(
+        inside["content"].to_string().contains("written"),
+        "{inside}"
+    );
     let refused = call(write(&outside.join("victim"))).await;
     assert!(
         refused["content"]

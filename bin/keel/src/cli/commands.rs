@@ -162,7 +162,7 @@ pub fn create_request(options: NewOptions) -> anyhow::Result<CreateConversation>
         fallback: options.fallback,
         tools_may_leave_cwd: options.tools_may_leave_cwd,
         mcp_servers: options.mcp,
-        sandbox: (options.sandbox.is_some() || options.network.is_some()).then(|| ApiSandbox {
+        sandbox: (options.sandbox.is_some() || options.network.is_some()).then_some(ApiSandbox {
             mode: options.sandbox,
             network: options.network,
         }),
@@ -724,6 +724,26 @@ fn state_name(state: &keel_api::types::ApiState) -> String {
     enum_name(state)
 }
 
+/// "workspace-write, network off (the daemon's default)".
+fn sandbox_line(sandbox: Option<&keel_api::types::ApiSandboxState>) -> String {
+    let Some(sandbox) = sandbox else {
+        return "unknown (an older daemon)".to_owned();
+    };
+    let network = match &sandbox.network {
+        ApiNetwork::One(one) => one.clone(),
+        ApiNetwork::List(list) => list.join(","),
+    };
+    format!(
+        "{}, network {network}{}",
+        enum_name(&sandbox.mode),
+        if sandbox.default {
+            " (the daemon's default)"
+        } else {
+            ""
+        }
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -780,24 +800,4 @@ mod tests {
         let value = serde_json::to_value(&kind).unwrap();
         assert_eq!(summary(&kind, &value), "error=boom turn=2");
     }
-}
-
-/// "workspace-write, network off (the daemon's default)".
-fn sandbox_line(sandbox: Option<&keel_api::types::ApiSandboxState>) -> String {
-    let Some(sandbox) = sandbox else {
-        return "unknown (an older daemon)".to_owned();
-    };
-    let network = match &sandbox.network {
-        ApiNetwork::One(one) => one.clone(),
-        ApiNetwork::List(list) => list.join(","),
-    };
-    format!(
-        "{}, network {network}{}",
-        enum_name(&sandbox.mode),
-        if sandbox.default {
-            " (the daemon's default)"
-        } else {
-            ""
-        }
-    )
 }
