@@ -15,7 +15,9 @@
 //! one conversation; on-demand compaction of a conversation with 100,000
 //! tokens of history, until its `compacted` event is read. Apart from the
 //! full run, `--only mcp`: tool turns that call an MCP server's tool, and
-//! cancel to idle with an MCP call in flight (`mcp`).
+//! cancel to idle with an MCP call in flight (`mcp`). And what the tool
+//! sandbox costs: keel's CPU (daemon and spawner) per tool turn, confined
+//! and not (`sandbox`).
 
 use std::io::Write;
 use std::time::Instant;
@@ -29,6 +31,7 @@ use keel_test_support::{self as rig, ChildDaemon};
 
 mod mcp;
 mod runs;
+mod sandbox;
 
 use mcp::McpSizes;
 pub use mcp::{McpCancels, McpReport, McpTurns};
@@ -36,6 +39,7 @@ use runs::{
     cancels, compaction_run, crowded_run, fanout, idle_memory, latency, ms, shaped_run, turn_run,
 };
 pub use runs::{CompactionSample, Compactions, Latency, Turns};
+pub use sandbox::SandboxCost;
 
 #[derive(Debug, Clone, Default)]
 pub struct Options {
@@ -77,6 +81,8 @@ pub enum TurnKind {
     /// MCP tool turns beside `bash` ones, and cancel to idle of an MCP call
     /// (`mcp`); never part of the full run, as it needs an MCP server.
     Mcp,
+    /// Tool turns confined and not (`sandbox.rs`).
+    Sandbox,
 }
 
 struct Sizes {
@@ -94,6 +100,8 @@ struct Sizes {
     compaction: Option<(usize, u64, usize)>,
     /// MCP tool turns and cancels; `None` for none.
     mcp: Option<McpSizes>,
+    /// (turns, rounds) of the sandbox's cost; `None` for none.
+    sandbox: Option<(usize, usize)>,
     cancels: usize,
     cold_loads: usize,
     /// Subscribers of one conversation, and messages sent to it.
@@ -115,6 +123,7 @@ impl Sizes {
                 turns: vec![(1, 200), (20, 10)],
                 cancels: 50,
             }),
+            sandbox: Some((100, 6)),
             cancels: 20,
             cold_loads: 200,
             fanout: (1_000, 30),
@@ -143,6 +152,9 @@ impl Sizes {
         if !kinds.contains(&TurnKind::Compaction) {
             self.compaction = None;
         }
+        if !kinds.contains(&TurnKind::Sandbox) {
+            self.sandbox = None;
+        }
         self.rest = false;
     }
 
@@ -157,6 +169,7 @@ impl Sizes {
                 turns: vec![(1, 5), (5, 1)],
                 cancels: 3,
             }),
+            sandbox: Some((5, 2)),
             cancels: 3,
             cold_loads: 10,
             fanout: (50, 3),
@@ -178,6 +191,9 @@ pub struct Report {
     pub compaction: Option<Compactions>,
     /// MCP tool calls; `None` unless `--only` named `mcp`.
     pub mcp: Option<McpReport>,
+    /// What the tool sandbox costs; `None` when left out, or where the
+    /// daemon's processes are not known.
+    pub sandbox: Option<SandboxCost>,
     /// Growth of keel's resident memory per live idle conversation, with
     /// this many live; `None` when the process is unknown.
     pub rss_per_idle_conversation_bytes: Option<f64>,
@@ -272,6 +288,9 @@ fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
     }
     if let Some(mcp) = &report.mcp {
         mcp::print(out, mcp)?;
+    }
+    if let Some(cost) = &report.sandbox {
+        sandbox::print(out, cost)?;
     }
     if report.fanout.is_none() {
         // `--only`: turns alone.
@@ -409,6 +428,8 @@ impl Target {
                 crate::mock_llm::start_in_process(crate::mock_llm::Settings::default()).await?;
             let mut daemon = ChildDaemon::new(dir, &mock_url, "keel-bench")?;
             daemon.env("KEEL_MCP_SERVERS", mcp_servers);
+            // The sandbox's cost is measured beside unconfined tool runs.
+            daemon.env("KEEL_SANDBOX_FULL_ACCESS", "allow");
             daemon.spawn()?;
             let client = daemon.client();
             daemon.ready(&client).await?;
@@ -579,6 +600,22 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
         None => None,
     };
 
+    let sandbox = match (sizes.sandbox, target.pid()) {
+        (Some((turns_each, rounds)), Some(pid)) => {
+            let cost = sandbox::run(&client, pid, &cwd, turns_each, rounds).await?;
+            progress(format!(
+                "tool sandbox: {:.3} ms keel CPU per tool turn confined, {:.3} ms unconfined: +{:.3} ms",
+                cost.confined_cpu_ms, cost.unconfined_cpu_ms, cost.overhead_cpu_ms
+            ))?;
+            Some(cost)
+        }
+        (Some(_), None) => {
+            progress("tool sandbox: not measured (the daemon's process is not known)".to_owned())?;
+            None
+        }
+        (None, _) => None,
+    };
+
     let mut mcp = match &sizes.mcp {
         Some(mcp_sizes) => {
             if options.addr.is_some() && options.mcp_server.is_some() {
@@ -627,6 +664,7 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
             turns,
             compaction,
             mcp,
+            sandbox,
             rss_per_idle_conversation_bytes: None,
             live_conversations: 0,
             restart_to_ready_ms: None,
@@ -699,6 +737,7 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
         turns,
         compaction,
         mcp,
+        sandbox,
         rss_per_idle_conversation_bytes: per_conversation,
         live_conversations: live,
         restart_to_ready_ms: restart.map(|(ready, _)| ready),
