@@ -212,6 +212,33 @@ impl ChildExit {
     }
 }
 
+/// `program` as `execvp` would find it on the `PATH` of `env`: a path
+/// already, or the first executable file of that name in its
+/// directories; as it is if none (the spawn then fails as it would have).
+///
+/// Given a path, `std` starts the child with `posix_spawn` (a `vfork`);
+/// given a bare name with an environment of its own, it must fork instead
+/// (the child's `PATH` is not the parent's), copying the spawning
+/// process's page tables at every spawn.
+fn on_path(program: &OsString, env: &[(OsString, OsString)]) -> OsString {
+    use std::os::unix::ffi::OsStrExt as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    if program.as_bytes().contains(&b'/') {
+        return program.clone();
+    }
+    let Some((_, path)) = env.iter().rev().find(|(name, _)| name == "PATH") else {
+        return program.clone();
+    };
+    std::env::split_paths(path)
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .map(|dir| dir.join(program))
+        .find(|candidate| {
+            std::fs::metadata(candidate)
+                .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+        })
+        .map_or_else(|| program.clone(), PathBuf::into_os_string)
+}
+
 /// The three pipes of a child: its ends and ours.
 struct Pipes {
     child: [OwnedFd; 3],
@@ -246,8 +273,9 @@ fn spawn_direct(launch: &Launch<'_>) -> io::Result<Launched> {
         stdout: our_stdout,
         stderr: our_stderr,
     } = pipes()?;
-    let mut command = tokio::process::Command::new(program);
+    let mut command = tokio::process::Command::new(on_path(program, launch.env));
     command
+        .arg0(program)
         .args(launch.argv.get(1..).unwrap_or_default())
         .env_clear()
         .envs(launch.env.iter().map(|(name, value)| (name, value)))

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use keel_core::config::{NetworkAccess, SandboxMode, SandboxPolicy};
 
-use crate::sandbox::{self, Confinement, Protections, TOOL_TMP_DIR};
+use crate::sandbox::{self, Confinement, Protections};
 
 /// The daemon setting that lets conversations run unconfined.
 pub const FULL_ACCESS_SETTING: &str = "KEEL_SANDBOX_FULL_ACCESS=allow";
@@ -76,10 +76,9 @@ impl ToolSandbox {
                 .unwrap_or(dir)
         });
         let protections = settings.protections.unwrap_or_else(sandbox::probe);
-        let tmp_root = match &settings.data_dir {
-            Some(data_dir) => data_dir.join(TOOL_TMP_DIR),
-            None => std::env::temp_dir().join(format!("keel-tools-{}", std::process::id())),
-        };
+        let tmp_root = tmp_root(settings.data_dir.as_deref());
+        // What calls that ended with a crash left there.
+        let _ = std::fs::remove_dir_all(&tmp_root);
         let api_port = AtomicU32::new(settings.api_port.map_or(0, u32::from));
         ToolSandbox {
             settings,
@@ -118,15 +117,43 @@ impl ToolSandbox {
             .unwrap_or_else(|| self.settings.default.clone())
     }
 
-    /// What is hidden from every tool: the data directory and the root of
-    /// all calls' temporary directories (a call sees its own only).
+    /// What is hidden from every tool: the data directory.
     fn hidden(&self) -> Vec<PathBuf> {
-        let mut hidden: Vec<PathBuf> = self.settings.data_dir.iter().cloned().collect();
-        if !hidden.iter().any(|dir| self.tmp_root.starts_with(dir)) {
-            hidden.push(self.tmp_root.clone());
-        }
-        hidden
+        self.settings.data_dir.iter().cloned().collect()
     }
+}
+
+/// Make `dir` (mode 0700) if it is not there.
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
+            .mode(0o700)
+            .recursive(true)
+            .create(dir),
+        done => done,
+    }
+}
+
+/// Where a runtime makes its calls' temporary directories: beside the
+/// system's temporary files, named after the data directory (so a runtime
+/// opened again on it clears what a crash left), or after this process.
+fn tmp_root(data_dir: Option<&Path>) -> PathBuf {
+    use sha2::Digest as _;
+    let name = match data_dir {
+        Some(dir) => {
+            let digest = sha2::Sha256::digest(dir.as_os_str().as_encoded_bytes());
+            let hex: String = digest
+                .iter()
+                .take(8)
+                .map(|byte| format!("{byte:02x}"))
+                .collect();
+            format!("keel-tools-{hex}")
+        }
+        None => format!("keel-tools-{}", std::process::id()),
+    };
+    std::env::temp_dir().join(name)
 }
 
 /// One call's sandbox: its runtime's and its conversation's policy.
@@ -250,7 +277,7 @@ impl CallSandbox {
         if !self.runtime.protections.enough() {
             return Err(self.cannot_confine());
         }
-        std::fs::create_dir_all(&self.runtime.tmp_root).map_err(|error| {
+        create_private_dir(&self.runtime.tmp_root).map_err(|error| {
             format!(
                 "cannot make the call's temporary directory in {}: {error}",
                 self.runtime.tmp_root.display()

@@ -132,8 +132,9 @@ fn spawn(
             rustix::io::Errno::INVAL.raw_os_error(),
         ))
     })?;
-    let mut command = Command::new(program);
+    let mut command = Command::new(super::on_path(program, &env));
     command
+        .arg0(program)
         .args(argv.get(1..).unwrap_or_default())
         .env_clear()
         .envs(env)

@@ -123,7 +123,7 @@ impl Sizes {
                 turns: vec![(1, 200), (20, 10)],
                 cancels: 50,
             }),
-            sandbox: Some((100, 6)),
+            sandbox: Some((100, 16)),
             cancels: 20,
             cold_loads: 200,
             fanout: (1_000, 30),

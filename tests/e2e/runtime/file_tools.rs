@@ -541,3 +541,33 @@ async fn a_kernel_that_cannot_confine_fails_closed() {
     assert!(rig.cwd().join("ran.txt").exists());
     assert!(ok(&results, "write").starts_with("created "));
 }
+
+/// Spawned straight from the runtime (no spawner process, so no namespace
+/// of its own), a confined call still has its private temporary directory
+/// and nothing else to write outside its working directory, and the
+/// directory is gone once the call is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confined_call_writes_its_own_temporary_directory() {
+    let rig = Rig::new();
+    let results = run_calls(
+        &rig,
+        config(),
+        vec![
+            call(
+                "tmp",
+                "bash",
+                json!({"command": "echo t > \"$TMPDIR/t\" && cat \"$TMPDIR/t\" && echo \"$TMPDIR\" > tmpdir"}),
+            ),
+            call("slash-tmp", "bash", json!({"command": "echo x > /tmp/keel-escape-test"})),
+        ],
+    )
+    .await;
+    assert!(ok(&results, "tmp").starts_with("t\n"));
+    let tmpdir = std::fs::read_to_string(rig.cwd().join("tmpdir")).unwrap();
+    assert!(
+        !std::path::Path::new(tmpdir.trim()).exists(),
+        "{tmpdir} removed"
+    );
+    assert!(error(&results, "slash-tmp").contains("denied"));
+    assert!(!std::path::Path::new("/tmp/keel-escape-test").exists());
+}

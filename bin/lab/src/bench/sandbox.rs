@@ -77,15 +77,20 @@ pub(super) async fn run(
         }),
         ..CreateConversation::default()
     };
-    let confined = client
-        .create(&create(ApiSandboxMode::WorkspaceWrite))
-        .await?
-        .id;
-    let unconfined = client
-        .create(&create(ApiSandboxMode::FullAccess))
-        .await
-        .context("a full-access conversation (the daemon must allow it: KEEL_SANDBOX_FULL_ACCESS=allow)")?
-        .id;
+    let pair = || async {
+        let confined = client
+            .create(&create(ApiSandboxMode::WorkspaceWrite))
+            .await?
+            .id;
+        let unconfined = client
+            .create(&create(ApiSandboxMode::FullAccess))
+            .await
+            .context(
+                "a full-access conversation (the daemon must allow it: KEEL_SANDBOX_FULL_ACCESS=allow)",
+            )?
+            .id;
+        anyhow::Ok([confined, unconfined])
+    };
     let spawner = spawner_of(pid)
         .ok_or_else(|| anyhow!("the daemon (pid {pid}) has no process spawner to measure"))?;
     // [confined, unconfined]: (daemon, spawner) CPU, and p50s.
@@ -93,13 +98,26 @@ pub(super) async fn run(
     let mut p50s = [Vec::new(), Vec::new()];
     // A warm-up turn each: the first confined spawn builds the network
     // layer and the seccomp filters, once per daemon.
-    for id in [&confined, &unconfined] {
-        turns_of(client, None, "tool", &[id.clone()], "run: true", 1).await?;
+    for id in pair().await? {
+        turns_of(client, None, "tool", &[id], "run: true", 1).await?;
     }
-    for _ in 0..rounds {
-        for (side, id) in [&confined, &unconfined].into_iter().enumerate() {
+    for round in 0..rounds {
+        // A fresh pair each round, so that no history grows long (each
+        // turn sends it all), and each side first in every other round.
+        let ids = pair().await?;
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for side in order {
+            let id = &ids[side];
             let before = cpu(pid, spawner)?;
-            let run = turns_of(client, None, "tool", &[id.clone()], "run: true", turns_each).await?;
+            let run = turns_of(
+                client,
+                None,
+                "tool",
+                std::slice::from_ref(id),
+                "run: true",
+                turns_each,
+            )
+            .await?;
             let after = cpu(pid, spawner)?;
             spent[side].0 += after.0.saturating_sub(before.0);
             spent[side].1 += after.1.saturating_sub(before.1);
