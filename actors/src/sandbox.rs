@@ -305,12 +305,12 @@ impl Restrictions {
         let hidden: Vec<PathBuf> = confinement
             .hidden
             .iter()
-            .map(|path| std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()))
+            .map(|path| canonical(path))
             .collect();
         let writable: Vec<PathBuf> = confinement
             .writable
             .iter()
-            .map(|path| std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()))
+            .map(|path| canonical(path))
             .collect();
         // What Landlock hides: not what this process hid already (the
         // spawner's namespace shows an empty directory there); and a path
@@ -476,6 +476,29 @@ fn network_layer(network: &NetworkAccess, blocked: &[u16]) -> Result<RulesetCrea
         .map_err(|error| unsupported(format!("Landlock network: {error}")))?;
     layers.insert(key, created);
     Ok(copy)
+}
+
+/// Paths resolved lately, and when: a confined spawn resolves its hidden
+/// and writable paths (a `stat` per component each), which are the same
+/// for the calls of a conversation.
+static CANONICAL: LazyLock<Mutex<HashMap<PathBuf, (Instant, PathBuf)>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// `path` with symlinks, `.` and `..` resolved (as it is if it cannot be),
+/// as resolved at most [`READ_RULES_FRESH`] ago.
+fn canonical(path: &Path) -> PathBuf {
+    let mut resolved = CANONICAL.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((at, canonical)) = resolved.get(path) {
+        if at.elapsed() < READ_RULES_FRESH {
+            return canonical.clone();
+        }
+    }
+    let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+    if resolved.len() > 1024 {
+        resolved.retain(|_, (at, _)| at.elapsed() < READ_RULES_FRESH);
+    }
+    resolved.insert(path.to_owned(), (Instant::now(), canonical.clone()));
+    canonical
 }
 
 /// How long a listing of what may be reached serves: listing the

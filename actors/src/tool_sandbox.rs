@@ -172,7 +172,20 @@ pub struct Prepared {
     /// `TMPDIR` its private temporary directory.
     pub env: Vec<(OsString, OsString)>,
     /// Removed (with what the call left there) when dropped.
-    _tmp: Option<tempfile::TempDir>,
+    _tmp: Option<PrivateTmp>,
+}
+
+/// A call's temporary directory, removed when dropped.
+#[derive(Debug)]
+struct PrivateTmp(PathBuf);
+
+impl Drop for PrivateTmp {
+    fn drop(&mut self) {
+        // Most calls leave it empty: one `rmdir`, else the whole tree.
+        if std::fs::remove_dir(&self.0).is_err() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 impl CallSandbox {
@@ -308,7 +321,7 @@ impl CallSandbox {
                 blocked_ports: self.runtime.blocked_ports(),
             }),
             env,
-            _tmp: Some(tmp),
+            _tmp: Some(PrivateTmp(tmp.keep())),
         })
     }
 }

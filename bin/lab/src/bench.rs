@@ -603,11 +603,14 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
     let sandbox = match (sizes.sandbox, target.pid()) {
         (Some((turns_each, rounds)), Some(pid)) => {
             let cost = sandbox::run(&client, pid, &cwd, turns_each, rounds).await?;
-            progress(format!(
-                "tool sandbox: {:.3} ms keel CPU per tool turn confined, {:.3} ms unconfined: +{:.3} ms",
-                cost.confined_cpu_ms, cost.unconfined_cpu_ms, cost.overhead_cpu_ms
-            ))?;
-            Some(cost)
+            progress(match &cost {
+                Some(cost) => format!(
+                    "tool sandbox: {:.3} ms keel CPU per tool turn confined, {:.3} ms unconfined: +{:.3} ms",
+                    cost.confined_cpu_ms, cost.unconfined_cpu_ms, cost.overhead_cpu_ms
+                ),
+                None => "tool sandbox: not measured (the daemon does not allow full-access to compare with: KEEL_SANDBOX_FULL_ACCESS=allow)".to_owned(),
+            })?;
+            cost
         }
         (Some(_), None) => {
             progress("tool sandbox: not measured (the daemon's process is not known)".to_owned())?;

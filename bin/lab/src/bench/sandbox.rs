@@ -61,13 +61,16 @@ fn cpu(pid: u32, spawner: u32) -> anyhow::Result<(Duration, Duration)> {
     Ok((daemon, spawner))
 }
 
+/// The sandbox's cost; `None` where the daemon does not allow the
+/// unconfined side (a daemon at `--addr` without
+/// `KEEL_SANDBOX_FULL_ACCESS=allow`).
 pub(super) async fn run(
     client: &Client,
     pid: u32,
     cwd: &str,
     turns_each: usize,
     rounds: usize,
-) -> anyhow::Result<SandboxCost> {
+) -> anyhow::Result<Option<SandboxCost>> {
     let create = |mode: ApiSandboxMode| CreateConversation {
         cwd: Some(cwd.to_owned()),
         provider: Some(ApiProvider::Mock),
@@ -77,18 +80,18 @@ pub(super) async fn run(
         }),
         ..CreateConversation::default()
     };
+    match client.create(&create(ApiSandboxMode::FullAccess)).await {
+        Err(error) if error.code() == Some("sandbox_not_allowed") => return Ok(None),
+        answer => {
+            answer.context("a full-access conversation")?;
+        }
+    }
     let pair = || async {
         let confined = client
             .create(&create(ApiSandboxMode::WorkspaceWrite))
             .await?
             .id;
-        let unconfined = client
-            .create(&create(ApiSandboxMode::FullAccess))
-            .await
-            .context(
-                "a full-access conversation (the daemon must allow it: KEEL_SANDBOX_FULL_ACCESS=allow)",
-            )?
-            .id;
+        let unconfined = client.create(&create(ApiSandboxMode::FullAccess)).await?.id;
         anyhow::Ok([confined, unconfined])
     };
     let spawner = spawner_of(pid)
@@ -132,7 +135,7 @@ pub(super) async fn run(
     };
     let [confined_spent, unconfined_spent] = spent;
     let [mut confined_p50s, mut unconfined_p50s] = p50s;
-    Ok(SandboxCost {
+    Ok(Some(SandboxCost {
         turns_each,
         rounds,
         confined_cpu_ms: per_turn(confined_spent),
@@ -142,7 +145,7 @@ pub(super) async fn run(
         unconfined_spawner_cpu_ms: ms(unconfined_spent.1) / turns,
         confined_p50_ms: median(&mut confined_p50s),
         unconfined_p50_ms: median(&mut unconfined_p50s),
-    })
+    }))
 }
 
 pub(super) fn print(out: &mut impl std::io::Write, cost: &SandboxCost) -> anyhow::Result<()> {
