@@ -250,19 +250,18 @@ fn keel_bench_quick_reports_every_figure() {
     assert!(report["restart_to_ready_ms"].as_f64().unwrap() > 0.0);
     assert!(report["stored_conversations"].as_u64().unwrap() > 200);
     assert_eq!(report["fanout_subscribers"], 50, "{report:#}");
-    // The sandbox's cost: both sides measured, the spawner included.
+    // The sandbox's cost: both sides measured (the spawner's share, in
+    // clock ticks over so few turns, may read 0).
     let sandbox = &report["sandbox"];
-    for figure in [
-        "confined_cpu_ms",
-        "unconfined_cpu_ms",
-        "confined_spawner_cpu_ms",
-    ] {
+    for figure in ["confined_cpu_ms", "unconfined_cpu_ms"] {
         assert!(
             sandbox[figure].as_f64().unwrap() > 0.0,
             "{figure}: {sandbox:#}"
         );
     }
-    assert!(sandbox["overhead_cpu_ms"].is_number(), "{sandbox:#}");
+    for figure in ["overhead_cpu_ms", "confined_spawner_cpu_ms"] {
+        assert!(sandbox[figure].is_number(), "{figure}: {sandbox:#}");
+    }
     assert_eq!(report["fanout"]["samples"], 50 * 3, "{report:#}");
     for latency in [
         "cold_load",
