@@ -11,7 +11,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use keel_core::config::{NetworkAccess, SandboxMode, SandboxPolicy};
 
@@ -62,7 +62,15 @@ pub struct ToolSandbox {
     /// The daemon's API port once known (0: none), see
     /// [`ToolSandbox::block_port`].
     api_port: AtomicU32,
+    /// Temporary directories of calls that ended, emptied, for later
+    /// calls: making and removing one per call had the file system
+    /// allocate and free an inode each time, which showed under load
+    /// (docs/benchmarks.md, "The tool sandbox").
+    spare_tmp: Arc<Mutex<Vec<PathBuf>>>,
 }
+
+/// The most emptied temporary directories kept for later calls.
+const MAX_SPARE_TMP: usize = 256;
 
 impl ToolSandbox {
     /// The sandbox of a runtime opened with `settings`: the kernel is
@@ -85,6 +93,7 @@ impl ToolSandbox {
             protections,
             tmp_root,
             api_port,
+            spare_tmp: Arc::new(Mutex::new(Vec::new())),
         }
     }
 
@@ -175,17 +184,38 @@ pub struct Prepared {
     _tmp: Option<PrivateTmp>,
 }
 
-/// A call's temporary directory, removed when dropped.
+/// A call's temporary directory: emptied when dropped and kept for a
+/// later call, or removed.
 #[derive(Debug)]
-struct PrivateTmp(PathBuf);
+struct PrivateTmp {
+    path: PathBuf,
+    spare: Arc<Mutex<Vec<PathBuf>>>,
+}
 
 impl Drop for PrivateTmp {
     fn drop(&mut self) {
-        // Most calls leave it empty: one `rmdir`, else the whole tree.
-        if std::fs::remove_dir(&self.0).is_err() {
-            let _ = std::fs::remove_dir_all(&self.0);
+        if empty(&self.path).is_ok() {
+            let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
+            if spare.len() < MAX_SPARE_TMP {
+                spare.push(std::mem::take(&mut self.path));
+                return;
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Remove everything in `dir`, keeping `dir`.
+fn empty(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(entry.path())?;
+        } else {
+            std::fs::remove_file(entry.path())?;
         }
     }
+    Ok(())
 }
 
 impl CallSandbox {
@@ -296,20 +326,34 @@ impl CallSandbox {
                 self.runtime.tmp_root.display()
             )
         })?;
-        let tmp = tempfile::Builder::new()
-            .prefix("call-")
-            .tempdir_in(&self.runtime.tmp_root)
-            .map_err(|error| {
-                format!(
-                    "cannot make the call's temporary directory in {}: {error}",
-                    self.runtime.tmp_root.display()
-                )
-            })?;
+        let spare = self
+            .runtime
+            .spare_tmp
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let tmp = match spare {
+            Some(path) => path,
+            None => tempfile::Builder::new()
+                .prefix("call-")
+                .tempdir_in(&self.runtime.tmp_root)
+                .map_err(|error| {
+                    format!(
+                        "cannot make the call's temporary directory in {}: {error}",
+                        self.runtime.tmp_root.display()
+                    )
+                })?
+                .keep(),
+        };
+        let tmp = PrivateTmp {
+            path: tmp,
+            spare: self.runtime.spare_tmp.clone(),
+        };
         for name in ["TMPDIR", "TMP", "TEMP"] {
             env.retain(|(key, _)| key != name);
-            env.push((name.into(), tmp.path().as_os_str().to_owned()));
+            env.push((name.into(), tmp.path.as_os_str().to_owned()));
         }
-        let mut writable = vec![tmp.path().to_owned()];
+        let mut writable = vec![tmp.path.clone()];
         if self.policy.mode == SandboxMode::WorkspaceWrite {
             writable.push(cwd.to_owned());
         }
@@ -321,7 +365,55 @@ impl CallSandbox {
                 blocked_ports: self.runtime.blocked_ports(),
             }),
             env,
-            _tmp: Some(PrivateTmp(tmp.keep())),
+            _tmp: Some(tmp),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// A call's temporary directory serves a later call once the first is
+    /// over, emptied: nothing one call left there is seen by the next.
+    #[test]
+    fn a_temporary_directory_is_emptied_and_kept_for_a_later_call() {
+        let data = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let runtime = Arc::new(ToolSandbox::new(SandboxSettings {
+            data_dir: Some(data.path().to_owned()),
+            protections: Some(Protections {
+                landlock_abi: Some(7),
+                seccomp: true,
+            }),
+            ..SandboxSettings::default()
+        }));
+        let call = CallSandbox {
+            policy: runtime.policy_of(None),
+            runtime,
+        };
+        let tmpdir = |prepared: &Prepared| {
+            prepared
+                .env
+                .iter()
+                .find(|(name, _)| name == "TMPDIR")
+                .map(|(_, value)| PathBuf::from(value))
+                .unwrap()
+        };
+        let first = call.prepare(work.path(), &[]).unwrap();
+        let dir = tmpdir(&first);
+        std::fs::write(dir.join("left"), "x").unwrap();
+        std::fs::create_dir(dir.join("sub")).unwrap();
+        std::fs::write(dir.join("sub").join("deep"), "x").unwrap();
+        // Two at once get two directories.
+        let beside = call.prepare(work.path(), &[]).unwrap();
+        assert_ne!(tmpdir(&beside), dir);
+        drop(first);
+        let second = call.prepare(work.path(), &[]).unwrap();
+        assert_eq!(tmpdir(&second), dir, "kept for the next call");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "and emptied");
+        drop((second, beside));
     }
 }
