@@ -574,14 +574,8 @@ impl Server {
                     .and_then(|prepared| prepared.confinement.as_ref())
                 {
                     Some(confinement) => {
-                        let handle = tokio::runtime::Handle::current();
-                        crate::sandbox::confined(confinement, move || {
-                            let _runtime = handle.enter();
+                        crate::spawner::spawn_confined_on_tokio(confinement, move || {
                             builder.spawn()
-                        })
-                        .map_err(|error| match error {
-                            crate::sandbox::SandboxError::Spawn(error) => error,
-                            refused => std::io::Error::other(refused),
                         })
                     }
                     None => builder.spawn(),

@@ -774,7 +774,7 @@ pub fn is_secret(name: &str) -> bool {
 /// This process's environment without its secrets ([`is_secret`]).
 pub fn tool_environment() -> Vec<(OsString, OsString)> {
     std::env::vars_os()
-        .filter(|(name, _)| !name.to_str().is_some_and(is_secret) && name.to_str().is_some())
+        .filter(|(name, _)| name.to_str().is_some_and(|name| !is_secret(name)))
         .collect()
 }
 

@@ -288,19 +288,7 @@ fn spawn_direct(launch: &Launch<'_>) -> io::Result<Launched> {
         // also covers a failure between spawn and adoption.
         .kill_on_drop(true);
     let child = match launch.confinement {
-        Some(confinement) => {
-            // The confining thread is not one of tokio's: it enters the
-            // runtime to register the child.
-            let handle = tokio::runtime::Handle::current();
-            sandbox::confined(confinement, move || {
-                let _runtime = handle.enter();
-                command.spawn()
-            })
-            .map_err(|error| match error {
-                SandboxError::Spawn(error) => error,
-                refused => io::Error::other(refused),
-            })?
-        }
+        Some(confinement) => spawn_confined_on_tokio(confinement, move || command.spawn())?,
         None => command.spawn()?,
     };
     let pid = child
@@ -312,6 +300,25 @@ fn spawn_direct(launch: &Launch<'_>) -> io::Result<Launched> {
         stdout: our_stdout,
         stderr: our_stderr,
         exit: ChildExit(Exit::Direct(child)),
+    })
+}
+
+/// Start a process with `spawn`, which registers it with tokio (a
+/// `tokio::process` spawn), confined as `confinement` says: the confining
+/// thread is not one of tokio's, so it enters this runtime first. A
+/// refusal to confine is an error holding the [`SandboxError`].
+pub(crate) fn spawn_confined_on_tokio<T: Send>(
+    confinement: &Confinement,
+    spawn: impl FnOnce() -> io::Result<T> + Send,
+) -> io::Result<T> {
+    let handle = tokio::runtime::Handle::current();
+    sandbox::confined(confinement, move || {
+        let _runtime = handle.enter();
+        spawn()
+    })
+    .map_err(|error| match error {
+        SandboxError::Spawn(error) => error,
+        refused => io::Error::other(refused),
     })
 }
 

@@ -126,6 +126,31 @@ impl ToolSandbox {
             .unwrap_or_else(|| self.settings.default.clone())
     }
 
+    /// A temporary directory for a call: one an ended call left (emptied),
+    /// else a new one.
+    fn take_tmp(&self) -> Result<PathBuf, String> {
+        let spare = self
+            .spare_tmp
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        if let Some(path) = spare {
+            return Ok(path);
+        }
+        let cannot = |error: std::io::Error| {
+            format!(
+                "cannot make the call's temporary directory in {}: {error}",
+                self.tmp_root.display()
+            )
+        };
+        create_private_dir(&self.tmp_root).map_err(cannot)?;
+        Ok(tempfile::Builder::new()
+            .prefix("call-")
+            .tempdir_in(&self.tmp_root)
+            .map_err(cannot)?
+            .keep())
+    }
+
     /// What is hidden from every tool: the data directory.
     fn hidden(&self) -> Vec<PathBuf> {
         self.settings.data_dir.iter().cloned().collect()
@@ -256,6 +281,19 @@ impl CallSandbox {
         }
     }
 
+    /// Whether the call's processes and file tools are to be confined
+    /// (not under `full-access`), or why the call may not run at all.
+    fn must_confine(&self) -> Result<bool, String> {
+        self.full_access_allowed()?;
+        if self.policy.mode == SandboxMode::FullAccess {
+            return Ok(false);
+        }
+        if !self.runtime.protections.enough() {
+            return Err(self.cannot_confine());
+        }
+        Ok(true)
+    }
+
     fn full_access_allowed(&self) -> Result<(), String> {
         if self.policy.mode == SandboxMode::FullAccess && !self.runtime.settings.allow_full_access {
             return Err(format!(
@@ -280,12 +318,8 @@ impl CallSandbox {
 
     /// The confinement of the file tools' thread: `None` when unconfined.
     pub fn file_confinement(&self, cwd: &Path) -> Result<Option<Confinement>, String> {
-        self.full_access_allowed()?;
-        if self.policy.mode == SandboxMode::FullAccess {
+        if !self.must_confine()? {
             return Ok(None);
-        }
-        if !self.runtime.protections.enough() {
-            return Err(self.cannot_confine());
         }
         Ok(Some(Confinement {
             writable: match self.policy.mode {
@@ -307,46 +341,18 @@ impl CallSandbox {
     /// Prepare a call's process: its confinement, its private temporary
     /// directory and its environment (plus `extra`), or why it may not run.
     pub fn prepare(&self, cwd: &Path, extra: &[(OsString, OsString)]) -> Result<Prepared, String> {
-        self.full_access_allowed()?;
+        let confine = self.must_confine()?;
         let mut env = sandbox::tool_environment();
         env.extend(extra.iter().cloned());
-        if self.policy.mode == SandboxMode::FullAccess {
+        if !confine {
             return Ok(Prepared {
                 confinement: None,
                 env,
                 _tmp: None,
             });
         }
-        if !self.runtime.protections.enough() {
-            return Err(self.cannot_confine());
-        }
-        create_private_dir(&self.runtime.tmp_root).map_err(|error| {
-            format!(
-                "cannot make the call's temporary directory in {}: {error}",
-                self.runtime.tmp_root.display()
-            )
-        })?;
-        let spare = self
-            .runtime
-            .spare_tmp
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
-        let tmp = match spare {
-            Some(path) => path,
-            None => tempfile::Builder::new()
-                .prefix("call-")
-                .tempdir_in(&self.runtime.tmp_root)
-                .map_err(|error| {
-                    format!(
-                        "cannot make the call's temporary directory in {}: {error}",
-                        self.runtime.tmp_root.display()
-                    )
-                })?
-                .keep(),
-        };
         let tmp = PrivateTmp {
-            path: tmp,
+            path: self.runtime.take_tmp()?,
             spare: self.runtime.spare_tmp.clone(),
         };
         for name in ["TMPDIR", "TMP", "TEMP"] {

@@ -18,6 +18,7 @@ use keel_actors::core::config::{
 use keel_actors::provider::ProviderConfig;
 use keel_actors::store::BackendKind;
 use keel_actors::{McpServerConfig, DEFAULT_LIVE_INTERVAL};
+use keel_api::types::ApiNetwork;
 
 /// The default address: loopback only, so a first run exposes nothing.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:7777";
@@ -163,7 +164,7 @@ struct McpSection {
 #[serde(deny_unknown_fields)]
 struct McpSandbox {
     mode: Option<String>,
-    network: Option<NetworkSetting>,
+    network: Option<ApiNetwork>,
 }
 
 /// `[sandbox]`: `mode`, `network` (a string or a list) and `full_access`.
@@ -171,15 +172,8 @@ struct McpSandbox {
 #[serde(deny_unknown_fields)]
 struct SandboxSection {
     mode: Option<String>,
-    network: Option<NetworkSetting>,
+    network: Option<ApiNetwork>,
     full_access: Option<String>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-enum NetworkSetting {
-    One(String),
-    List(Vec<String>),
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -233,8 +227,8 @@ impl File {
             (
                 "KEEL_SANDBOX_NETWORK",
                 self.sandbox.network.map(|network| match network {
-                    NetworkSetting::One(one) => one,
-                    NetworkSetting::List(list) => list.join(","),
+                    ApiNetwork::One(one) => one,
+                    ApiNetwork::List(list) => list.join(","),
                 }),
             ),
             ("KEEL_SANDBOX_FULL_ACCESS", self.sandbox.full_access),
@@ -488,16 +482,15 @@ fn mcp_servers(
                                 invalid(&format!("{at}: sandbox.mode"), reason)
                             })?,
                         },
-                        network: match sandbox.network {
-                            None => Ok(NetworkAccess::Off),
-                            Some(NetworkSetting::One(one)) => {
-                                NetworkAccess::parse_list([one.as_str()])
-                            }
-                            Some(NetworkSetting::List(list)) => {
-                                NetworkAccess::parse_list(list.iter().map(String::as_str))
-                            }
-                        }
-                        .map_err(|reason| invalid(&format!("{at}: sandbox.network"), reason))?,
+                        network: sandbox
+                            .network
+                            .map_or(Ok(NetworkAccess::Off), |network| match network {
+                                ApiNetwork::One(one) => NetworkAccess::parse_list([one.as_str()]),
+                                ApiNetwork::List(list) => {
+                                    NetworkAccess::parse_list(list.iter().map(String::as_str))
+                                }
+                            })
+                            .map_err(|reason| invalid(&format!("{at}: sandbox.network"), reason))?,
                     }),
                 };
                 McpServerConfig::Stdio {
