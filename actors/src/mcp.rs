@@ -573,11 +573,11 @@ impl Server {
                     .as_ref()
                     .and_then(|prepared| prepared.confinement.as_ref())
                 {
-                    Some(confinement) => {
-                        crate::spawner::spawn_confined_on_tokio(confinement, move || {
-                            builder.spawn()
-                        })
-                    }
+                    Some(confinement) => crate::spawner::spawn_confined_on_tokio(
+                        confinement,
+                        move || builder.spawn(),
+                        |(transport, _)| transport.id(),
+                    ),
                     None => builder.spawn(),
                 };
                 let (transport, pipe) = spawned.map_err(|error| {

@@ -52,6 +52,9 @@ use std::sync::{Arc, LazyLock, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use keel_core::config::NetworkAccess;
+
+mod egress;
+pub use egress::{proxy_environment, PROXY_VARIABLES};
 use landlock::{
     Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus, NetPort, PathBeneath,
     PathFd, Ruleset, RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
@@ -212,23 +215,41 @@ pub fn spawn_confined(
     mut command: Command,
     confinement: &Confinement,
 ) -> Result<Child, SandboxError> {
-    confined(confinement, move || command.spawn())
+    confined(
+        confinement,
+        move || command.spawn(),
+        |child| Some(child.id()),
+    )
 }
 
 /// Run `spawn` (which starts a process) on a short-lived thread confined
 /// as `confinement` says, and give what it returned: for callers that
-/// start processes other than with `std::process::Command`.
+/// start processes other than with `std::process::Command`. `pid` tells
+/// the started process's pid, which a network list of hosts serves until
+/// that process exits (`sandbox/egress.rs`).
 pub fn confined<T: Send>(
     confinement: &Confinement,
     spawn: impl FnOnce() -> io::Result<T> + Send,
+    pid: impl FnOnce(&T) -> Option<u32>,
 ) -> Result<T, SandboxError> {
     // Everything that can be made ready is, on this thread: the confining
     // one only restricts itself and spawns, and ends.
     let layers = Restrictions::prepare(confinement, Layers::Process)?;
-    on_confined_thread(move || {
-        layers.apply()?;
-        spawn().map_err(SandboxError::Spawn)
-    })
+    let (started, listeners) = on_confined_thread(move || {
+        let listeners = layers.apply()?;
+        Ok((spawn().map_err(SandboxError::Spawn)?, listeners))
+    })?;
+    if let Some(listeners) = listeners {
+        // Served from this thread's namespace. If it cannot be, the call
+        // has no way out at all, which allows less than its list.
+        let served = pid(&started)
+            .ok_or_else(|| io::Error::other("the process is gone"))
+            .and_then(|pid| egress::serve(listeners, pid));
+        if let Err(error) = served {
+            tracing::warn!(%error, "a confined call's network list cannot be served: it has no network");
+        }
+    }
+    Ok(started)
 }
 
 /// Confine the calling thread's filesystem access as `confinement` says
@@ -238,7 +259,9 @@ pub fn confined<T: Send>(
 /// the caller's own checks: Landlock cannot hide it, and this process has
 /// no namespace that does.
 pub fn confine_files(confinement: &Confinement) -> Result<(), SandboxError> {
-    Restrictions::prepare(confinement, Layers::Files)?.apply()
+    Restrictions::prepare(confinement, Layers::Files)?
+        .apply()
+        .map(|_| ())
 }
 
 /// Run `work` on a short-lived thread of its own and give its result.
@@ -296,7 +319,11 @@ struct Restrictions {
     network: Option<RulesetCreated>,
     reach: RulesetCreated,
     write: RulesetCreated,
+    /// The network policy the kernel's own rules enforce: for a list of
+    /// hosts, everything, inside a network namespace of the call's own.
     network_access: NetworkAccess,
+    /// For a list of hosts, what the call's way out lets through.
+    egress: Option<Arc<egress::Rules>>,
 }
 
 impl Restrictions {
@@ -340,11 +367,21 @@ impl Restrictions {
         landlock_hidden.sort();
         landlock_hidden.dedup();
 
+        // A list of hosts: the kernel's rules allow every port, in a
+        // network namespace whose only way out is keel's (egress.rs).
+        let (network_access, blocked_ports, egress) = match &confinement.network {
+            NetworkAccess::Hosts(allowed) => (
+                NetworkAccess::All,
+                Vec::new(),
+                Some(Arc::new(egress::Rules {
+                    allowed: allowed.clone(),
+                    blocked_ports: confinement.blocked_ports.clone(),
+                })),
+            ),
+            network => (network.clone(), confinement.blocked_ports.clone(), None),
+        };
         let network = match layers {
-            Layers::Process => Some(network_layer(
-                &confinement.network,
-                &confinement.blocked_ports,
-            )?),
+            Layers::Process => Some(network_layer(&network_access, &blocked_ports)?),
             Layers::Files => None,
         };
         let reach = reach_layer(landlock_hidden)?;
@@ -378,22 +415,34 @@ impl Restrictions {
         }
         // The filters are built (once) here, not on the confining thread.
         if layers == Layers::Process {
-            process_filters(&confinement.network, true)?;
-            process_filters(&confinement.network, false)?;
+            process_filters(&network_access, true)?;
+            process_filters(&network_access, false)?;
         }
         Ok(Restrictions {
             layers,
             network,
             reach,
             write,
-            network_access: confinement.network.clone(),
+            network_access,
+            egress: egress.filter(|_| layers == Layers::Process),
         })
     }
 
     /// Take the restrictions on: the calling thread, and what it starts
-    /// from now on.
-    fn apply(self) -> Result<(), SandboxError> {
+    /// from now on. For a network list of hosts, the thread first enters
+    /// a network namespace of its own, and what listens there for the
+    /// call's way out is given back, to be served ([`egress::serve`]).
+    fn apply(self) -> Result<Option<egress::Listeners>, SandboxError> {
         let unsupported = |what: String| SandboxError::Unsupported { what };
+        let listeners = match self.egress {
+            Some(rules) => Some(egress::enter(rules).map_err(|error| {
+                unsupported(format!(
+                    "a network list that names hosts needs a network namespace of the \
+                     call's own, which this process cannot make: {error}"
+                ))
+            })?),
+            None => None,
+        };
         // Whether what this thread starts is the first process of a PID
         // namespace of its own (see the module docs).
         let own_pids = self.layers == Layers::Process
@@ -416,7 +465,7 @@ impl Restrictions {
                     .map_err(|error| unsupported(format!("seccomp: {error}")))?;
             }
         }
-        Ok(())
+        Ok(listeners)
     }
 }
 
@@ -454,7 +503,9 @@ fn network_layer(network: &NetworkAccess, blocked: &[u16]) -> Result<RulesetCrea
     let handled = match network {
         // Neither bind nor connect: seccomp refuses the sockets anyway.
         NetworkAccess::Off => AccessNet::from_all(ABI_NEEDED),
-        NetworkAccess::All | NetworkAccess::Ports(_) => AccessNet::ConnectTcp.into(),
+        NetworkAccess::All | NetworkAccess::Ports(_) | NetworkAccess::Hosts(_) => {
+            AccessNet::ConnectTcp.into()
+        }
     };
     let mut created = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
@@ -465,6 +516,8 @@ fn network_layer(network: &NetworkAccess, blocked: &[u16]) -> Result<RulesetCrea
         NetworkAccess::Off => Vec::new(),
         NetworkAccess::All => (0..=u16::MAX).collect(),
         NetworkAccess::Ports(ports) => ports.clone(),
+        // Not used: a list of hosts is enforced as `All` in a namespace.
+        NetworkAccess::Hosts(_) => Vec::new(),
     };
     for port in ports.into_iter().filter(|port| !blocked.contains(port)) {
         created = created
@@ -632,7 +685,8 @@ fn build_filter(
     // queries, no way out of the machine).
     let local = [AF_UNIX, AF_NETLINK];
     let socket_rules: Vec<SeccompRule> = match network {
-        NetworkAccess::All => Vec::new(),
+        // A list of hosts: the call's network namespace is the limit.
+        NetworkAccess::All | NetworkAccess::Hosts(_) => Vec::new(),
         NetworkAccess::Off => vec![SeccompRule::new(
             local
                 .iter()

@@ -288,7 +288,9 @@ fn spawn_direct(launch: &Launch<'_>) -> io::Result<Launched> {
         // also covers a failure between spawn and adoption.
         .kill_on_drop(true);
     let child = match launch.confinement {
-        Some(confinement) => spawn_confined_on_tokio(confinement, move || command.spawn())?,
+        Some(confinement) => {
+            spawn_confined_on_tokio(confinement, move || command.spawn(), |child| child.id())?
+        }
         None => command.spawn()?,
     };
     let pid = child
@@ -310,12 +312,17 @@ fn spawn_direct(launch: &Launch<'_>) -> io::Result<Launched> {
 pub(crate) fn spawn_confined_on_tokio<T: Send>(
     confinement: &Confinement,
     spawn: impl FnOnce() -> io::Result<T> + Send,
+    pid: impl FnOnce(&T) -> Option<u32>,
 ) -> io::Result<T> {
     let handle = tokio::runtime::Handle::current();
-    sandbox::confined(confinement, move || {
-        let _runtime = handle.enter();
-        spawn()
-    })
+    sandbox::confined(
+        confinement,
+        move || {
+            let _runtime = handle.enter();
+            spawn()
+        },
+        pid,
+    )
     .map_err(|error| match error {
         SandboxError::Spawn(error) => error,
         refused => io::Error::other(refused),

@@ -359,6 +359,15 @@ impl CallSandbox {
             env.retain(|(key, _)| key != name);
             env.push((name.into(), tmp.path.as_os_str().to_owned()));
         }
+        // A list of hosts: the call's only way out is keel's proxy.
+        if let NetworkAccess::Hosts(allowed) = &self.policy.network {
+            env.retain(|(key, _)| !sandbox::PROXY_VARIABLES.iter().any(|name| key == *name));
+            env.extend(
+                sandbox::proxy_environment(allowed)
+                    .into_iter()
+                    .map(|(name, value)| (name.into(), value.into())),
+            );
+        }
         let mut writable = vec![tmp.path.clone()];
         if self.policy.mode == SandboxMode::WorkspaceWrite {
             writable.push(cwd.to_owned());

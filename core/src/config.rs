@@ -216,6 +216,89 @@ pub enum NetworkAccess {
     All,
     /// TCP to these ports only, on any host.
     Ports(Vec<u16>),
+    /// TCP to these hosts and ports only: the call gets a network of its
+    /// own whose only way out is keel's proxy, which lets through what the
+    /// list names (docs/sandbox.md, "A list of hosts").
+    Hosts(Vec<HostPort>),
+}
+
+/// One entry of a network list that names hosts.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct HostPort {
+    /// A DNS name (lowercase), an IP address, `*` (any host) or
+    /// `*.example.com` (every name beneath `example.com`, not itself).
+    pub host: String,
+    pub port: u16,
+}
+
+impl HostPort {
+    /// Whether a connection to `host` (a name or an address as a client
+    /// gave it, IPv6 with or without brackets) and `port` is allowed by
+    /// this entry. Names are compared as names: an entry naming
+    /// `localhost` does not allow `127.0.0.1`, nor the reverse.
+    pub fn allows(&self, host: &str, port: u16) -> bool {
+        if port != self.port {
+            return false;
+        }
+        let Some(host) = normalized_host(host) else {
+            return false;
+        };
+        if self.host == "*" {
+            return true;
+        }
+        if let Some(parent) = self.host.strip_prefix("*.") {
+            return host
+                .strip_suffix(parent)
+                .is_some_and(|sub| sub.len() > 1 && sub.ends_with('.'));
+        }
+        host == self.host
+    }
+
+    /// Whether the host is this machine's loopback (`localhost`,
+    /// `127.0.0.0/8`, `::1`), which a call reaches at the same address
+    /// and port as outside, not only through the proxy.
+    pub fn is_loopback(&self) -> bool {
+        self.host == "localhost"
+            || self
+                .host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    }
+}
+
+impl std::fmt::Display for HostPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// A host as entries keep it: lowercase, without brackets or a final dot,
+/// an IP address in its canonical form; `None` if it is neither a name
+/// nor an address.
+fn normalized_host(host: &str) -> Option<String> {
+    let host = host.trim();
+    let host = host
+        .strip_prefix('[')
+        .and_then(|inner| inner.strip_suffix(']'))
+        .unwrap_or(host);
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return Some(ip.to_string());
+    }
+    let name = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
+    let label_ok = |label: &str| {
+        !label.is_empty()
+            && label.len() <= 63
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+            && label
+                .bytes()
+                .all(|byte| byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_')
+    };
+    (!name.is_empty() && name.len() <= 253 && name.split('.').all(label_ok)).then_some(name)
 }
 
 impl SandboxMode {
@@ -244,8 +327,11 @@ impl std::str::FromStr for SandboxMode {
 }
 
 impl NetworkAccess {
-    /// `off`, `all`, or a comma-separated list of `*:PORT` (hosts cannot
-    /// be enforced: the kernel's rules know ports only, docs/sandbox.md).
+    /// `off`, `all`, or a list of `HOST:PORT` entries (a bare `PORT` is
+    /// `*:PORT`). HOST is `*` (any host), a DNS name, `*.example.com` or an
+    /// IP address (IPv6 in brackets). A list whose hosts are all `*` is
+    /// [`NetworkAccess::Ports`], which the kernel's own rules enforce; one
+    /// that names a host is [`NetworkAccess::Hosts`].
     pub fn parse_list<'a>(entries: impl IntoIterator<Item = &'a str>) -> Result<Self, String> {
         let entries: Vec<&str> = entries
             .into_iter()
@@ -257,27 +343,40 @@ impl NetworkAccess {
             ["all"] => return Ok(NetworkAccess::All),
             _ => {}
         }
-        let mut ports = Vec::new();
+        let mut allowed = Vec::new();
         for entry in entries {
             let (host, port) = entry.rsplit_once(':').unwrap_or(("*", entry));
-            if host != "*" {
-                return Err(format!(
-                    "network entry {entry:?} names a host; the kernel's rules can enforce ports \
-                     only, so give \"*:{port}\" (any host), \"all\" or \"off\""
-                ));
-            }
-            match port.parse::<u16>() {
-                Ok(port) if port > 0 => ports.push(port),
+            let port = match port.parse::<u16>() {
+                Ok(port) if port > 0 => port,
                 _ => {
                     return Err(format!(
-                        "network entry {entry:?}: {port:?} is not a port (1 to 65535)"
+                        "network entry {entry:?}: {port:?} is not a port (1 to 65535); give \
+                         HOST:PORT, \"all\" or \"off\""
                     ))
                 }
-            }
+            };
+            let host = match host {
+                "*" => "*".to_owned(),
+                host if host.starts_with("*.") => {
+                    match normalized_host(host.trim_start_matches("*.")) {
+                        Some(parent) if parent.parse::<std::net::IpAddr>().is_err() => {
+                            format!("*.{parent}")
+                        }
+                        _ => return Err(not_a_host(entry, host)),
+                    }
+                }
+                host => normalized_host(host).ok_or_else(|| not_a_host(entry, host))?,
+            };
+            allowed.push(HostPort { host, port });
         }
-        ports.sort_unstable();
-        ports.dedup();
-        Ok(NetworkAccess::Ports(ports))
+        allowed.sort();
+        allowed.dedup();
+        if allowed.iter().all(|entry| entry.host == "*") {
+            return Ok(NetworkAccess::Ports(
+                allowed.iter().map(|entry| entry.port).collect(),
+            ));
+        }
+        Ok(NetworkAccess::Hosts(allowed))
     }
 
     /// The entries as [`NetworkAccess::parse_list`] reads them.
@@ -286,8 +385,16 @@ impl NetworkAccess {
             NetworkAccess::Off => vec!["off".to_owned()],
             NetworkAccess::All => vec!["all".to_owned()],
             NetworkAccess::Ports(ports) => ports.iter().map(|port| format!("*:{port}")).collect(),
+            NetworkAccess::Hosts(allowed) => allowed.iter().map(HostPort::to_string).collect(),
         }
     }
+}
+
+fn not_a_host(entry: &str, host: &str) -> String {
+    format!(
+        "network entry {entry:?}: {host:?} is not a host; give a DNS name, *.NAME, an IP \
+         address ([::1] for IPv6) or * for any host"
+    )
 }
 
 /// A tool that exists only in the client: keel offers it to the model and
@@ -408,7 +515,7 @@ mod tests {
     }
 
     #[test]
-    fn network_lists_read_ports_and_refuse_hosts() {
+    fn network_lists_read_ports_and_hosts() {
         assert_eq!(NetworkAccess::parse_list(["off"]), Ok(NetworkAccess::Off));
         assert_eq!(NetworkAccess::parse_list([]), Ok(NetworkAccess::Off));
         assert_eq!(NetworkAccess::parse_list(["all"]), Ok(NetworkAccess::All));
@@ -416,9 +523,60 @@ mod tests {
             NetworkAccess::parse_list(["*:443", " 80 ", "*:443"]),
             Ok(NetworkAccess::Ports(vec![80, 443]))
         );
-        for bad in ["example.com:443", "*:0", "*:70000", "*:http", "somewhere"] {
+        for bad in [
+            "*:0",
+            "*:70000",
+            "*:http",
+            "somewhere",
+            "exa mple.com:443",
+            "-bad.com:443",
+            "a..b:443",
+            "*.1.2.3.4:80",
+            "**:80",
+            "http://example.com:443",
+        ] {
             assert!(NetworkAccess::parse_list([bad]).is_err(), "{bad}");
         }
+        let hosts = NetworkAccess::parse_list([
+            "GitHub.com:443",
+            "*:22",
+            "[::1]:8080",
+            "127.0.0.1:80",
+            "*.pypi.org.:443",
+            "github.com:443",
+        ])
+        .unwrap();
+        let NetworkAccess::Hosts(allowed) = &hosts else {
+            panic!("{hosts:?}");
+        };
+        let entry = |host: &str, port| HostPort {
+            host: host.to_owned(),
+            port,
+        };
+        assert_eq!(
+            allowed,
+            &[
+                entry("*", 22),
+                entry("*.pypi.org", 443),
+                entry("127.0.0.1", 80),
+                entry("::1", 8080),
+                entry("github.com", 443),
+            ]
+        );
+        assert_eq!(
+            hosts.to_list(),
+            [
+                "*:22",
+                "*.pypi.org:443",
+                "127.0.0.1:80",
+                "[::1]:8080",
+                "github.com:443"
+            ]
+        );
+        assert_eq!(
+            NetworkAccess::parse_list(hosts.to_list().iter().map(String::as_str)),
+            Ok(hosts.clone())
+        );
         let ports = NetworkAccess::Ports(vec![80, 443]);
         let list = ports.to_list();
         assert_eq!(
@@ -432,5 +590,38 @@ mod tests {
         ] {
             assert_eq!(mode.as_str().parse::<SandboxMode>(), Ok(mode));
         }
+    }
+
+    #[test]
+    fn a_host_entry_allows_its_host_and_port_only() {
+        let entry = |host: &str, port| HostPort {
+            host: host.to_owned(),
+            port,
+        };
+        let github = entry("github.com", 443);
+        assert!(github.allows("github.com", 443));
+        assert!(github.allows("GitHub.COM.", 443));
+        assert!(!github.allows("github.com", 80));
+        assert!(!github.allows("api.github.com", 443));
+        assert!(!github.allows("evilgithub.com", 443));
+        assert!(!github.allows("github.com.evil.org", 443));
+        let any = entry("*", 22);
+        assert!(any.allows("anything.example", 22));
+        assert!(!any.allows("anything.example", 23));
+        assert!(!any.allows("not a host", 22));
+        let below = entry("*.pypi.org", 443);
+        assert!(below.allows("files.pypi.org", 443));
+        assert!(below.allows("a.b.pypi.org", 443));
+        assert!(!below.allows("pypi.org", 443));
+        assert!(!below.allows("xpypi.org", 443));
+        let v6 = entry("::1", 8080);
+        assert!(v6.allows("[::1]", 8080));
+        assert!(v6.allows("0:0:0:0:0:0:0:1", 8080));
+        assert!(!v6.allows("127.0.0.1", 8080));
+        assert!(entry("localhost", 1).is_loopback());
+        assert!(entry("127.0.0.2", 1).is_loopback());
+        assert!(entry("::1", 1).is_loopback());
+        assert!(!entry("github.com", 1).is_loopback());
+        assert!(!entry("*", 1).is_loopback());
     }
 }

@@ -490,7 +490,7 @@ impl WorkingSet {
                 self.end_turn();
                 self.last_error = Some(error.into_owned());
             }
-            Payload::ConfigChanged { config } => self.config = config.into_owned(),
+            Payload::ConfigChanged { config } => self.config = (*config).into_owned(),
             Payload::Recovered { action } => match action {
                 RecoveryAction::RerunRequest | RecoveryAction::Redispatch => {
                     self.consecutive_resumes += 1;
@@ -710,8 +710,10 @@ enum Payload<'a> {
     TurnFailed {
         error: Cow<'a, str>,
     },
+    /// Boxed: a config is the largest value an event holds, and changes
+    /// are rare; every other event's payload stays small.
     ConfigChanged {
-        config: Cow<'a, ConversationConfig>,
+        config: Box<Cow<'a, ConversationConfig>>,
     },
     Recovered {
         action: RecoveryAction,
@@ -784,7 +786,7 @@ impl<'a> Payload<'a> {
                 error: Cow::Borrowed(error.as_str()),
             },
             EventKind::ConfigChanged { config } => Payload::ConfigChanged {
-                config: Cow::Borrowed(config),
+                config: Box::new(Cow::Borrowed(config)),
             },
             EventKind::Recovered { action } => Payload::Recovered { action: *action },
             EventKind::Nudge { reason, text } => Payload::Nudge {
@@ -865,7 +867,7 @@ impl<'a> Payload<'a> {
                 error: Cow::Owned(error),
             },
             EventKind::ConfigChanged { config } => Payload::ConfigChanged {
-                config: Cow::Owned(config),
+                config: Box::new(Cow::Owned(config)),
             },
             EventKind::Recovered { action } => Payload::Recovered { action },
             EventKind::Nudge { reason, text } => Payload::Nudge {

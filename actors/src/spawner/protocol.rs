@@ -12,8 +12,9 @@
 //! done with the child's process group: the leader may be reaped).
 //!
 //! A `spawn-confined` request carries the child's confinement
-//! (`sandbox.rs`) between the cwd and the argv: the network (`off`, `all`
-//! or `ports` with a count and the ports), the blocked ports (a count and
+//! (`sandbox.rs`) between the cwd and the argv: the network (`off`, `all`,
+//! `ports` with a count and the ports, or `hosts` with a count and a host
+//! and a port for each), the blocked ports (a count and
 //! the ports), the writable paths and the hidden paths (each a count and
 //! the paths). A child that cannot be confined is not started: the answer
 //! is `refused` with the reason.
@@ -25,7 +26,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
-use keel_core::config::NetworkAccess;
+use keel_core::config::{HostPort, NetworkAccess};
 
 use crate::sandbox::Confinement;
 use rustix::net::{
@@ -170,6 +171,14 @@ fn encode_confinement(out: &mut Vec<u8>, confinement: &Confinement) {
             field(out, b"ports");
             ports(out, allowed);
         }
+        NetworkAccess::Hosts(allowed) => {
+            field(out, b"hosts");
+            field(out, allowed.len().to_string().as_bytes());
+            for entry in allowed {
+                field(out, entry.host.as_bytes());
+                field(out, entry.port.to_string().as_bytes());
+            }
+        }
     }
     ports(out, &confinement.blocked_ports);
     paths(out, &confinement.writable);
@@ -193,6 +202,19 @@ fn decode_confinement<'a>(fields: &mut impl Iterator<Item = &'a [u8]>) -> Option
         b"off" => NetworkAccess::Off,
         b"all" => NetworkAccess::All,
         b"ports" => NetworkAccess::Ports(ports(fields)?),
+        b"hosts" => {
+            let count: usize = number(fields.next()?)?;
+            NetworkAccess::Hosts(
+                (0..count.min(4096))
+                    .map(|_| {
+                        Some(HostPort {
+                            host: std::str::from_utf8(fields.next()?).ok()?.to_owned(),
+                            port: number(fields.next()?)?,
+                        })
+                    })
+                    .collect::<Option<_>>()?,
+            )
+        }
         _ => return None,
     };
     Some(Confinement {
@@ -362,6 +384,16 @@ mod tests {
             NetworkAccess::All,
             NetworkAccess::Ports(vec![443, 8080]),
             NetworkAccess::Ports(Vec::new()),
+            NetworkAccess::Hosts(vec![
+                HostPort {
+                    host: "github.com".to_owned(),
+                    port: 443,
+                },
+                HostPort {
+                    host: "::1".to_owned(),
+                    port: 8080,
+                },
+            ]),
         ] {
             let spawn = Request::Spawn {
                 cwd: "/work".into(),

@@ -350,7 +350,7 @@ fn parse_sandbox_mode(text: &str) -> Result<ApiSandboxMode, String> {
     wire_enum(text, "read-only, workspace-write or full-access")
 }
 
-/// `off`, `all`, or `*:PORT` entries separated by commas, checked as the
+/// `off`, `all`, or `HOST:PORT` entries separated by commas, checked as the
 /// daemon checks them.
 fn parse_network(text: &str) -> Result<ApiNetwork, String> {
     let network = match text.trim() {

@@ -347,7 +347,7 @@ async fn full_access_is_the_operator_s_to_allow() {
     assert_eq!(patch.status, StatusCode::FORBIDDEN, "{patch:?}");
     for network in [
         json!("somewhere"),
-        json!(["example.com:443"]),
+        json!(["exa mple.com:443"]),
         json!(["*:0"]),
     ] {
         let bad = daemon
@@ -446,4 +446,151 @@ async fn a_network_policy_opens_what_it_names_and_never_the_daemon() {
     session
         .refused("the daemon's API, even listed", &connect(daemon_port))
         .await;
+}
+
+/// A network list that names hosts: the call's only way out is keel's
+/// proxy (and, for this machine's loopback entries, the same address and
+/// port), which lets through what the list names and refuses the rest,
+/// the daemon's own port whatever the list says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_network_list_of_hosts_lets_through_what_it_names() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[]);
+    let allowed = serve_hello();
+    let other = serve_hello();
+    let daemon_port = port_of(&daemon);
+    let id = daemon
+        .create(
+            &site,
+            json!({"sandbox": {"network": [format!("127.0.0.1:{allowed}"), format!("*:{daemon_port}")]}}),
+        )
+        .await;
+    assert_eq!(
+        daemon.conversation(&id).await["sandbox"]["network"],
+        json!([format!("*:{daemon_port}"), format!("127.0.0.1:{allowed}")])
+    );
+    let mut session = Session {
+        daemon: &daemon,
+        id: id.clone(),
+        turn: 0,
+    };
+
+    let env = session
+        .works("the proxy's address", "echo \"$HTTPS_PROXY $http_proxy\"")
+        .await;
+    assert_eq!(env, "http://127.0.0.1:3128 http://127.0.0.1:3128\n");
+
+    // Allowed: at the same address, through a tunnel, as a plain request.
+    let direct = session
+        .works(
+            "the listed host directly",
+            &format!("exec 3<>/dev/tcp/127.0.0.1/{allowed}; printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3"),
+        )
+        .await;
+    assert!(direct.contains("hello from the host"), "{direct}");
+    let tunnel = session
+        .works(
+            "a tunnel to the listed host",
+            &format!(
+                "exec 3<>/dev/tcp/127.0.0.1/3128; printf 'CONNECT 127.0.0.1:{allowed} HTTP/1.1\\r\\n\\r\\n' >&3; \
+                 read -r status <&3; read -r blank <&3; echo \"$status\"; \
+                 printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3"
+            ),
+        )
+        .await;
+    assert!(tunnel.starts_with("HTTP/1.1 200"), "{tunnel}");
+    assert!(tunnel.contains("hello from the host"), "{tunnel}");
+    let plain = session
+        .works(
+            "a plain request through the proxy",
+            &format!(
+                "exec 3<>/dev/tcp/127.0.0.1/3128; \
+                 printf 'GET http://127.0.0.1:{allowed}/x HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\n\\r\\n' >&3; cat <&3"
+            ),
+        )
+        .await;
+    assert!(plain.contains("hello from the host"), "{plain}");
+
+    // Refused: another port of the same host, directly and through the
+    // proxy; a host by another name; the daemon's own port, listed or not.
+    let (content, is_error) = session
+        .run(&format!("echo hi > /dev/tcp/127.0.0.1/{other}"))
+        .await;
+    assert!(is_error, "{content}");
+    assert!(content.contains("Connection refused"), "{content}");
+    for (target, why) in [
+        (
+            format!("127.0.0.1:{other}"),
+            "is not on this conversation's network list",
+        ),
+        (
+            format!("localhost:{allowed}"),
+            "is not on this conversation's network list",
+        ),
+        (format!("127.0.0.1:{daemon_port}"), "keel's own"),
+    ] {
+        let refused = session
+            .works(
+                &format!("asking the proxy for {target}"),
+                &format!(
+                    "exec 3<>/dev/tcp/127.0.0.1/3128; printf 'CONNECT {target} HTTP/1.1\\r\\n\\r\\n' >&3; cat <&3"
+                ),
+            )
+            .await;
+        assert!(refused.starts_with("HTTP/1.1 403"), "{target}: {refused}");
+        assert!(refused.contains(why), "{target}: {refused}");
+    }
+    let (content, is_error) = session
+        .run(&format!("echo hi > /dev/tcp/127.0.0.1/{daemon_port}"))
+        .await;
+    assert!(is_error, "{content}");
+    // No way around the proxy: no route out of the call's network.
+    let (content, is_error) = session.run("echo hi > /dev/tcp/192.0.2.1/80").await;
+    assert!(is_error, "{content}");
+    assert!(content.contains("unreachable"), "{content}");
+
+    // The list can be changed by PATCH: the next call follows it.
+    let patched = daemon
+        .patch(
+            &format!("/v1/conversations/{id}"),
+            &json!({"sandbox": {"network": "off"}}),
+        )
+        .await;
+    assert_eq!(patched.status, StatusCode::OK, "{patched:?}");
+    let (content, is_error) = session
+        .run(&format!("echo hi > /dev/tcp/127.0.0.1/{allowed}"))
+        .await;
+    assert!(is_error, "{content}");
+    assert_eq!(daemon.conversation(&id).await["state"], "idle");
+}
+
+/// A server on loopback that answers every connection with a short HTTP
+/// response and closes it; its port.
+fn serve_hello() -> u16 {
+    use std::io::{Read, Write};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut byte = [0_u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match stream.read(&mut byte) {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                let body = "hello from the host\n";
+                let _ = write!(
+                    stream,
+                    "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    port
 }

@@ -113,7 +113,8 @@ pub struct ApiSandbox {
     /// (only where the daemon allows it: `KEEL_SANDBOX_FULL_ACCESS=allow`).
     pub mode: Option<ApiSandboxMode>,
     /// `"off"` (keel's default), `"all"` (every host and port but the
-    /// daemon's own), or a list of `"*:PORT"` (TCP to those ports only).
+    /// daemon's own), or a list of `"HOST:PORT"` (TCP to those only; HOST
+    /// `*` for any host).
     pub network: Option<ApiNetwork>,
 }
 
@@ -147,7 +148,8 @@ impl From<SandboxMode> for ApiSandboxMode {
 }
 
 /// The network a conversation's tools may use: `"off"`, `"all"`, or a
-/// list of `"*:PORT"`.
+/// list of `"HOST:PORT"` (HOST `*` for any host, a DNS name, `*.NAME` or
+/// an IP address).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum ApiNetwork {
@@ -164,7 +166,7 @@ impl ApiNetwork {
             ApiNetwork::List(list) => {
                 if list.iter().any(|entry| entry == "off" || entry == "all") {
                     return Err(format!(
-                        "network {list:?}: give \"off\" or \"all\" alone, or a list of \"*:PORT\""
+                        "network {list:?}: give \"off\" or \"all\" alone, or a list of \"HOST:PORT\""
                     ));
                 }
                 NetworkAccess::parse_list(list.iter().map(String::as_str))
@@ -176,7 +178,9 @@ impl ApiNetwork {
         match network {
             NetworkAccess::Off => ApiNetwork::One("off".to_owned()),
             NetworkAccess::All => ApiNetwork::One("all".to_owned()),
-            NetworkAccess::Ports(_) => ApiNetwork::List(network.to_list()),
+            NetworkAccess::Ports(_) | NetworkAccess::Hosts(_) => {
+                ApiNetwork::List(network.to_list())
+            }
         }
     }
 }

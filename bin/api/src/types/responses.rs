@@ -551,7 +551,7 @@ impl From<keel_core::event::ForkOrigin> for ApiForkOrigin {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ApiSandboxState {
     pub mode: super::requests::ApiSandboxMode,
-    /// `"off"`, `"all"`, or a list of `"*:PORT"`.
+    /// `"off"`, `"all"`, or a list of `"HOST:PORT"` (HOST `*`: any host).
     pub network: super::requests::ApiNetwork,
     /// Whether it is the daemon's default rather than the conversation's
     /// own setting.

@@ -123,7 +123,7 @@ pub struct NewOptions {
     /// (default: the daemon's; docs/sandbox.md).
     #[arg(long, value_name = "MODE", value_parser = super::parse_sandbox_mode)]
     pub sandbox: Option<ApiSandboxMode>,
-    /// The network tools may use: off, all, or *:PORT[,*:PORT…]
+    /// The network tools may use: off, all, or HOST:PORT[,HOST:PORT…] (HOST * for any host)
     /// (default: the daemon's).
     #[arg(long, value_name = "NETWORK", value_parser = super::parse_network)]
     pub network: Option<ApiNetwork>,
