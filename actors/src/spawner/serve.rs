@@ -7,6 +7,10 @@
 //! own), so the kernel's copy of its descriptor table at each spawn is small
 //! whatever the runtime has open: that is the point of it.
 //!
+//! A confined child is started on a thread of its own (confining takes
+//! several times a plain spawn's work), so that the loop goes on to the
+//! next request meanwhile; that thread then waits for the child.
+//!
 //! One thread per running child waits for its exit with
 //! `waitid(WEXITED | WNOWAIT)`, which leaves it a zombie: the pid (and so
 //! the process group id the runtime kills by) stays the child's until the
@@ -78,39 +82,91 @@ pub fn serve(socket: OwnedFd) -> io::Result<()> {
             // Without its reply socket nobody hears of the child: start none.
             continue;
         };
-        match spawn(
-            &cwd,
-            &argv,
-            env,
-            [stdin, stdout, stderr],
-            confinement.as_ref(),
-        ) {
-            Ok(child) => {
-                // The caller may have given up already; the child then finds
-                // its stdin closed at the gate, and the waiter reaps it.
-                let _ = protocol::send(
-                    replies.as_fd(),
-                    &Reply::Spawned { pid: child.id() }.encode(),
-                    &[],
-                );
-                watch(child, replies);
-            }
-            Err(SandboxError::Spawn(error)) => {
-                let errno = error.raw_os_error().unwrap_or(0);
-                let _ = protocol::send(replies.as_fd(), &Reply::Failed { errno }.encode(), &[]);
-            }
-            Err(refused) => {
-                let mut why = refused.to_string();
-                // Replies are read into a small buffer.
-                if why.len() > MAX_REFUSAL {
-                    let mut end = MAX_REFUSAL;
-                    while !why.is_char_boundary(end) {
-                        end -= 1;
-                    }
-                    why.truncate(end);
+        match confinement {
+            None => {
+                let started = spawn(&cwd, &argv, env, [stdin, stdout, stderr], None);
+                if let Some(child) = answer(started, &replies) {
+                    watch(child, replies);
                 }
-                let _ = protocol::send(replies.as_fd(), &Reply::Refused { why }.encode(), &[]);
             }
+            // A confined start takes a thread that confines itself and
+            // ends (`sandbox.rs`), several times the work of a plain
+            // spawn: it is done on a thread of its own, which then waits
+            // for the child, so that this loop takes the next request
+            // meanwhile.
+            Some(confinement) => {
+                let Ok(spare) = replies.try_clone() else {
+                    let _ = protocol::send(
+                        replies.as_fd(),
+                        &Reply::Failed { errno: EAGAIN }.encode(),
+                        &[],
+                    );
+                    continue;
+                };
+                let call = move || {
+                    let started = spawn(
+                        &cwd,
+                        &argv,
+                        env,
+                        [stdin, stdout, stderr],
+                        Some(&confinement),
+                    );
+                    if let Some(child) = answer(started, &replies) {
+                        wait_then_release(child, replies);
+                    }
+                };
+                let thread = std::thread::Builder::new()
+                    .name("keel-confined".to_owned())
+                    .stack_size(WAITER_STACK)
+                    .spawn(call);
+                if thread.is_err() {
+                    // Nothing was started (the closure, and the child's
+                    // descriptors, are gone): say so on the copy.
+                    let _ = protocol::send(
+                        spare.as_fd(),
+                        &Reply::Failed { errno: EAGAIN }.encode(),
+                        &[],
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// `EAGAIN`: no thread to start a confined child with.
+const EAGAIN: i32 = 11;
+
+/// Tell the runtime how a start went, on the child's reply socket: the
+/// child if it started.
+fn answer(started: Result<Child, SandboxError>, replies: &OwnedFd) -> Option<Child> {
+    match started {
+        Ok(child) => {
+            // The caller may have given up already; the child then finds
+            // its stdin closed at the gate, and the waiter reaps it.
+            let _ = protocol::send(
+                replies.as_fd(),
+                &Reply::Spawned { pid: child.id() }.encode(),
+                &[],
+            );
+            Some(child)
+        }
+        Err(SandboxError::Spawn(error)) => {
+            let errno = error.raw_os_error().unwrap_or(0);
+            let _ = protocol::send(replies.as_fd(), &Reply::Failed { errno }.encode(), &[]);
+            None
+        }
+        Err(refused) => {
+            let mut why = refused.to_string();
+            // Replies are read into a small buffer.
+            if why.len() > MAX_REFUSAL {
+                let mut end = MAX_REFUSAL;
+                while !why.is_char_boundary(end) {
+                    end -= 1;
+                }
+                why.truncate(end);
+            }
+            let _ = protocol::send(replies.as_fd(), &Reply::Refused { why }.encode(), &[]);
+            None
         }
     }
 }
@@ -149,22 +205,16 @@ fn spawn(
     }
 }
 
-/// Wait for `child` on a thread of its own: report its exit on `replies`,
-/// then reap it once the runtime closed its end (the release).
-fn watch(mut child: Child, replies: OwnedFd) {
+/// A waiting thread's stack: it waits and copies a few bytes.
+const WAITER_STACK: usize = 64 * 1024;
+
+/// Wait for `child` on a thread of its own ([`wait_then_release`]).
+fn watch(child: Child, replies: OwnedFd) {
     let pid = Pid::from_child(&child);
     let waiter = std::thread::Builder::new()
         .name(format!("wait-{}", child.id()))
-        .stack_size(64 * 1024);
-    let spawned = waiter.spawn(move || {
-        let status = exit_status(pid);
-        let _ = protocol::send(replies.as_fd(), &Reply::Exited { status }.encode(), &[]);
-        // The runtime sends nothing on this socket: the read returns when
-        // it closes its end (or the spawner is ending).
-        let mut byte = [0_u8; 1];
-        while let Ok(Some(_)) = protocol::receive(replies.as_fd(), &mut byte) {}
-        let _ = child.wait();
-    });
+        .stack_size(WAITER_STACK);
+    let spawned = waiter.spawn(move || wait_then_release(child, replies));
     if spawned.is_err() {
         // No thread to wait with (the machine is out of threads): the child
         // is still behind its gate, so kill it rather than leave it
@@ -174,6 +224,18 @@ fn watch(mut child: Child, replies: OwnedFd) {
         let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
         let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
     }
+}
+
+/// Report `child`'s exit on `replies`, then reap it once the runtime
+/// closed its end (the release).
+fn wait_then_release(mut child: Child, replies: OwnedFd) {
+    let status = exit_status(Pid::from_child(&child));
+    let _ = protocol::send(replies.as_fd(), &Reply::Exited { status }.encode(), &[]);
+    // The runtime sends nothing on this socket: the read returns when
+    // it closes its end (or the spawner is ending).
+    let mut byte = [0_u8; 1];
+    while let Ok(Some(_)) = protocol::receive(replies.as_fd(), &mut byte) {}
+    let _ = child.wait();
 }
 
 /// Wait until `pid` (our child) has exited, leaving it unreaped, and give

@@ -100,8 +100,9 @@ struct Sizes {
     compaction: Option<(usize, u64, usize)>,
     /// MCP tool turns and cancels; `None` for none.
     mcp: Option<McpSizes>,
-    /// (turns, rounds) of the sandbox's cost; `None` for none.
-    sandbox: Option<(usize, usize)>,
+    /// (conversations at once, turns each, rounds) of each run of the
+    /// sandbox's cost; empty for none.
+    sandbox: Vec<(usize, usize, usize)>,
     cancels: usize,
     cold_loads: usize,
     /// Subscribers of one conversation, and messages sent to it.
@@ -123,7 +124,7 @@ impl Sizes {
                 turns: vec![(1, 200), (20, 10)],
                 cancels: 50,
             }),
-            sandbox: Some((100, 16)),
+            sandbox: vec![(1, 100, 16), (100, 5, 8)],
             cancels: 20,
             cold_loads: 200,
             fanout: (1_000, 30),
@@ -153,7 +154,7 @@ impl Sizes {
             self.compaction = None;
         }
         if !kinds.contains(&TurnKind::Sandbox) {
-            self.sandbox = None;
+            self.sandbox = Vec::new();
         }
         self.rest = false;
     }
@@ -169,7 +170,7 @@ impl Sizes {
                 turns: vec![(1, 5), (5, 1)],
                 cancels: 3,
             }),
-            sandbox: Some((5, 2)),
+            sandbox: vec![(1, 5, 2), (10, 2, 2)],
             cancels: 3,
             cold_loads: 10,
             fanout: (50, 3),
@@ -193,7 +194,7 @@ pub struct Report {
     pub mcp: Option<McpReport>,
     /// What the tool sandbox costs; `None` when left out, or where the
     /// daemon's processes are not known.
-    pub sandbox: Option<SandboxCost>,
+    pub sandbox: Vec<SandboxCost>,
     /// Growth of keel's resident memory per live idle conversation, with
     /// this many live; `None` when the process is unknown.
     pub rss_per_idle_conversation_bytes: Option<f64>,
@@ -289,7 +290,7 @@ fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
     if let Some(mcp) = &report.mcp {
         mcp::print(out, mcp)?;
     }
-    if let Some(cost) = &report.sandbox {
+    for cost in &report.sandbox {
         sandbox::print(out, cost)?;
     }
     if report.fanout.is_none() {
@@ -600,24 +601,22 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
         None => None,
     };
 
-    let sandbox = match (sizes.sandbox, target.pid()) {
-        (Some((turns_each, rounds)), Some(pid)) => {
-            let cost = sandbox::run(&client, pid, &cwd, turns_each, rounds).await?;
-            progress(match &cost {
-                Some(cost) => format!(
-                    "tool sandbox: {:.3} ms keel CPU per tool turn confined, {:.3} ms unconfined: +{:.3} ms",
-                    cost.confined_cpu_ms, cost.unconfined_cpu_ms, cost.overhead_cpu_ms
-                ),
-                None => "tool sandbox: not measured (the daemon does not allow full-access to compare with: KEEL_SANDBOX_FULL_ACCESS=allow)".to_owned(),
-            })?;
-            cost
-        }
-        (Some(_), None) => {
+    let mut sandbox = Vec::new();
+    for &run in &sizes.sandbox {
+        let Some(pid) = target.pid() else {
             progress("tool sandbox: not measured (the daemon's process is not known)".to_owned())?;
-            None
-        }
-        (None, _) => None,
-    };
+            break;
+        };
+        let Some(cost) = sandbox::run(&client, pid, &cwd, run).await? else {
+            progress("tool sandbox: not measured (the daemon does not allow full-access to compare with: KEEL_SANDBOX_FULL_ACCESS=allow)".to_owned())?;
+            break;
+        };
+        progress(format!(
+            "tool sandbox, {} at once: {:.3} ms keel CPU per tool turn confined, {:.3} ms unconfined: +{:.3} ms",
+            cost.at_once, cost.confined_cpu_ms, cost.unconfined_cpu_ms, cost.overhead_cpu_ms
+        ))?;
+        sandbox.push(cost);
+    }
 
     let mut mcp = match &sizes.mcp {
         Some(mcp_sizes) => {

@@ -3,7 +3,8 @@
 //! (`workspace-write`) beside one whose tools are not (`full-access`,
 //! which the bench's own daemon allows), in alternating rounds, and the
 //! CPU of keel's two processes over each: the daemon's, and its process
-//! spawner's, where the confining happens (docs/bench.md).
+//! spawner's, where the confining happens (docs/bench.md). Once one
+//! conversation of each at a time, once many at once (the machine busy).
 
 use std::time::Duration;
 
@@ -18,6 +19,8 @@ use super::runs::{ms, turns_of};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct SandboxCost {
+    /// Conversations of each side running at once.
+    pub at_once: usize,
     /// Turns per round and conversation, and rounds (each runs both).
     pub turns_each: usize,
     pub rounds: usize,
@@ -61,15 +64,14 @@ fn cpu(pid: u32, spawner: u32) -> anyhow::Result<(Duration, Duration)> {
     Ok((daemon, spawner))
 }
 
-/// The sandbox's cost; `None` where the daemon does not allow the
-/// unconfined side (a daemon at `--addr` without
-/// `KEEL_SANDBOX_FULL_ACCESS=allow`).
+/// The sandbox's cost with `at_once` conversations of each side at once;
+/// `None` where the daemon does not allow the unconfined side (a daemon
+/// at `--addr` without `KEEL_SANDBOX_FULL_ACCESS=allow`).
 pub(super) async fn run(
     client: &Client,
     pid: u32,
     cwd: &str,
-    turns_each: usize,
-    rounds: usize,
+    (at_once, turns_each, rounds): (usize, usize, usize),
 ) -> anyhow::Result<Option<SandboxCost>> {
     let create = |mode: ApiSandboxMode| CreateConversation {
         cwd: Some(cwd.to_owned()),
@@ -86,12 +88,19 @@ pub(super) async fn run(
             answer.context("a full-access conversation")?;
         }
     }
+    // `at_once` conversations of each side.
     let pair = || async {
-        let confined = client
-            .create(&create(ApiSandboxMode::WorkspaceWrite))
-            .await?
-            .id;
-        let unconfined = client.create(&create(ApiSandboxMode::FullAccess)).await?.id;
+        let mut confined = Vec::with_capacity(at_once);
+        let mut unconfined = Vec::with_capacity(at_once);
+        for _ in 0..at_once {
+            confined.push(
+                client
+                    .create(&create(ApiSandboxMode::WorkspaceWrite))
+                    .await?
+                    .id,
+            );
+            unconfined.push(client.create(&create(ApiSandboxMode::FullAccess)).await?.id);
+        }
         anyhow::Ok([confined, unconfined])
     };
     let spawner = spawner_of(pid)
@@ -101,8 +110,8 @@ pub(super) async fn run(
     let mut p50s = [Vec::new(), Vec::new()];
     // A warm-up turn each: the first confined spawn builds the network
     // layer and the seccomp filters, once per daemon.
-    for id in pair().await? {
-        turns_of(client, None, "tool", &[id], "run: true", 1).await?;
+    for ids in pair().await? {
+        turns_of(client, None, "tool", &ids, "run: true", 1).await?;
     }
     for round in 0..rounds {
         // A fresh pair each round, so that no history grows long (each
@@ -110,24 +119,15 @@ pub(super) async fn run(
         let ids = pair().await?;
         let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
         for side in order {
-            let id = &ids[side];
             let before = cpu(pid, spawner)?;
-            let run = turns_of(
-                client,
-                None,
-                "tool",
-                std::slice::from_ref(id),
-                "run: true",
-                turns_each,
-            )
-            .await?;
+            let run = turns_of(client, None, "tool", &ids[side], "run: true", turns_each).await?;
             let after = cpu(pid, spawner)?;
             spent[side].0 += after.0.saturating_sub(before.0);
             spent[side].1 += after.1.saturating_sub(before.1);
             p50s[side].push(run.latency_p50_ms);
         }
     }
-    let turns = (turns_each * rounds) as f64;
+    let turns = (at_once * turns_each * rounds) as f64;
     let per_turn = |(daemon, spawner): (Duration, Duration)| ms(daemon + spawner) / turns;
     let median = |values: &mut Vec<f64>| {
         values.sort_by(f64::total_cmp);
@@ -136,6 +136,7 @@ pub(super) async fn run(
     let [confined_spent, unconfined_spent] = spent;
     let [mut confined_p50s, mut unconfined_p50s] = p50s;
     Ok(Some(SandboxCost {
+        at_once,
         turns_each,
         rounds,
         confined_cpu_ms: per_turn(confined_spent),
@@ -152,8 +153,8 @@ pub(super) fn print(out: &mut impl std::io::Write, cost: &SandboxCost) -> anyhow
     writeln!(out)?;
     writeln!(
         out,
-        "tool sandbox: {} rounds of {} `bash` turns, confined (workspace-write) and not (full-access)",
-        cost.rounds, cost.turns_each
+        "tool sandbox, {} at once: {} rounds of {} `bash` turns each, confined (workspace-write) and not (full-access)",
+        cost.at_once, cost.rounds, cost.turns_each
     )?;
     writeln!(
         out,
