@@ -302,14 +302,15 @@ enum Layers {
 /// [`Restrictions::apply`]: three Landlock layers, which the kernel
 /// intersects, and for a process a seccomp filter.
 ///
-/// 1. the network's (processes only): TCP to the allowed ports, built once
-///    per policy ([`network_layer`]);
-/// 2. what may be reached at all: everything beneath `/` but the hidden
+/// 1. what may be reached at all: everything beneath `/` but the hidden
 ///    paths (and most of `/dev`), with every right, listed and opened at
 ///    most [`READ_RULES_FRESH`] ago ([`reach_layer`]);
-/// 3. where this call may write: the writable paths, handling only the
+/// 2. where this call may write: the writable paths, handling only the
 ///    rights that change something (`AccessFs::from_write`), with the
-///    signal and abstract-socket scopes for a process.
+///    signal and abstract-socket scopes for a process;
+/// 3. the network's (processes only): TCP to the allowed ports, built once
+///    per policy ([`network_layer`]), taken on last (a layer taken on
+///    copies every rule of the layers before it).
 ///
 /// So reading goes wherever the second layer allows, and writing only
 /// where both do; the costly second layer is shared by every call with the
@@ -380,9 +381,18 @@ impl Restrictions {
             ),
             network => (network.clone(), confinement.blocked_ports.clone(), None),
         };
+        // No network layer where it would allow everything: a list of
+        // hosts (the namespace is the limit) or `all` with no port
+        // blocked. "Every port but one" is 65,534 rules, which the kernel
+        // copies into each layer taken on after it.
         let network = match layers {
-            Layers::Process => Some(network_layer(&network_access, &blocked_ports)?),
-            Layers::Files => None,
+            Layers::Process
+                if egress.is_none()
+                    && !(network_access == NetworkAccess::All && blocked_ports.is_empty()) =>
+            {
+                Some(network_layer(&network_access, &blocked_ports)?)
+            }
+            Layers::Process | Layers::Files => None,
         };
         let reach = reach_layer(landlock_hidden)?;
         let mut ruleset = Ruleset::default()
@@ -447,10 +457,12 @@ impl Restrictions {
         // namespace of its own (see the module docs).
         let own_pids = self.layers == Layers::Process
             && nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWPID).is_ok();
+        // The network layer last: a layer taken on copies the rules of
+        // every layer before it, and the network's can be 65,534.
         for (layer, what) in [
-            (self.network, "network"),
             (Some(self.reach), "filesystem"),
             (Some(self.write), "filesystem write"),
+            (self.network, "network"),
         ] {
             if let Some(layer) = layer {
                 layer

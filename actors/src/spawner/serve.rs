@@ -117,7 +117,7 @@ pub fn serve(socket: OwnedFd) -> io::Result<()> {
                 };
                 let thread = std::thread::Builder::new()
                     .name("keel-confined".to_owned())
-                    .stack_size(WAITER_STACK)
+                    .stack_size(CONFINED_CALL_STACK)
                     .spawn(call);
                 if thread.is_err() {
                     // Nothing was started (the closure, and the child's
@@ -132,6 +132,10 @@ pub fn serve(socket: OwnedFd) -> io::Result<()> {
         }
     }
 }
+
+/// A confined call's thread's stack: it lists directories and builds the
+/// confinement's rules (`sandbox.rs`) before it waits.
+const CONFINED_CALL_STACK: usize = 256 * 1024;
 
 /// `EAGAIN`: no thread to start a confined child with.
 const EAGAIN: i32 = 11;

@@ -755,6 +755,16 @@ mod tests {
         assert_eq!(config.sandbox.network, NetworkAccess::All);
         assert!(config.sandbox_full_access);
 
+        let config = load(
+            &[("KEEL_SANDBOX_NETWORK", "github.com:443, *.pypi.org:443")],
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            config.sandbox.network.to_list(),
+            ["*.pypi.org:443", "github.com:443"]
+        );
+
         let config = load(&[("KEEL_SANDBOX", "full-access")], None).unwrap();
         assert!(
             config.sandbox_full_access,
@@ -773,7 +783,7 @@ mod tests {
             (&[("KEEL_STORE", "memory")], "KEEL_STORE"),
             (&[("KEEL_SANDBOX", "strict")], "KEEL_SANDBOX"),
             (
-                &[("KEEL_SANDBOX_NETWORK", "github.com:443")],
+                &[("KEEL_SANDBOX_NETWORK", "github.com:https")],
                 "KEEL_SANDBOX_NETWORK",
             ),
             (

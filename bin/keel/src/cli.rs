@@ -879,7 +879,7 @@ mod tests {
     }
 
     #[test]
-    fn new_takes_a_sandbox_and_a_network_and_refuses_hosts() {
+    fn new_takes_a_sandbox_and_a_network() {
         let sandbox = |args: &[&str]| {
             let cli = Cli::try_parse_from(args).unwrap();
             let Command::New { options, .. } = cli.command else {
@@ -905,7 +905,15 @@ mod tests {
                 ])),
             })
         );
-        assert!(Cli::try_parse_from(["keel", "new", "--network", "github.com:443"]).is_err());
+        assert_eq!(
+            sandbox(&["keel", "new", "--network", "github.com:443,*.pypi.org:443"])
+                .and_then(|sandbox| sandbox.network),
+            Some(ApiNetwork::List(vec![
+                "github.com:443".to_owned(),
+                "*.pypi.org:443".to_owned()
+            ]))
+        );
+        assert!(Cli::try_parse_from(["keel", "new", "--network", "git hub.com:443"]).is_err());
         assert!(Cli::try_parse_from(["keel", "new", "--sandbox", "strict"]).is_err());
     }
 

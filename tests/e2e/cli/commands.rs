@@ -606,3 +606,24 @@ async fn cli_compact_fork_and_rewind() {
     let said = String::from_utf8_lossy(&nothing.stderr);
     assert!(said.contains("nothing to compact"), "{said}");
 }
+
+/// A reader that stops early (`keel log ID | head`) ends the command
+/// quietly, as it ends `ls` or `cat`: no panic on a closed pipe, success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_pipe_ends_a_table_quietly() {
+    let rig = Rig::start();
+    let id = rig.new_conversation(&[]);
+    for args in [vec!["ls"], vec!["log", id.as_str()]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        // Closed before keel writes: its first line meets a broken pipe.
+        drop(reader);
+        let output = rig.command(&args).stdout(writer).output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success(),
+            "keel {args:?}: {}",
+            describe(&output)
+        );
+        assert!(!stderr.contains("panicked"), "keel {args:?}: {stderr}");
+    }
+}

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
-use super::output::{self, Paint};
+use super::output::{self, say, Paint};
 use super::turn::tool_input;
 use super::Exit;
 use keel_api::client::{Client, Frame};
@@ -53,7 +53,7 @@ pub async fn ls(client: &Client, all: bool, json: bool) -> anyhow::Result<Exit> 
         }
         table.add_row(row);
     }
-    output::print_table(&table);
+    output::print_table(&table)?;
     Ok(Exit::Ok)
 }
 
@@ -139,7 +139,7 @@ pub async fn new(client: &Client, options: NewOptions, json: bool) -> anyhow::Re
     if json {
         output::json_line(&created)?;
     } else {
-        println!("{}", created.id);
+        say!("{}", created.id)?;
     }
     Ok(Exit::Ok)
 }
@@ -293,10 +293,10 @@ pub async fn inspect(client: &Client, id: &str, json: bool) -> anyhow::Result<Ex
     for (field, value) in rows {
         table.add_row(vec![field.to_owned(), value]);
     }
-    output::print_table(&table);
+    output::print_table(&table)?;
     if !detail.pending.is_empty() {
-        println!();
-        println!("{}", paint.bold("pending calls"));
+        say!()?;
+        say!("{}", paint.bold("pending calls"))?;
         let mut calls = output::table(&["CALL", "TOOL", "KIND", "INPUT"]);
         for call in &detail.pending {
             calls.add_row(vec![
@@ -308,7 +308,7 @@ pub async fn inspect(client: &Client, id: &str, json: bool) -> anyhow::Result<Ex
                     .unwrap_or_else(|| tool_input(&call.input)),
             ]);
         }
-        output::print_table(&calls);
+        output::print_table(&calls)?;
     }
     Ok(Exit::Ok)
 }
@@ -358,13 +358,13 @@ fn print_event(event: &ApiEvent, json: bool, paint: Paint) -> anyhow::Result<()>
     }
     let kind = serde_json::to_value(&event.kind)?;
     let name = kind["type"].as_str().unwrap_or_default().to_owned();
-    println!(
+    say!(
         "{:>5}  {}  {:<18}  {}",
         event.seq,
         clock(event.at_ms),
         paint.bold(&name),
         summary(&event.kind, &kind)
-    );
+    )?;
     Ok(())
 }
 
@@ -439,7 +439,7 @@ pub async fn cancel(client: &Client, id: &str, json: bool) -> anyhow::Result<Exi
     if json {
         output::json_line(&cancelled)?;
     } else {
-        println!("{id} is {}", state_name(&cancelled.state));
+        say!("{id} is {}", state_name(&cancelled.state))?;
     }
     Ok(Exit::Ok)
 }
@@ -470,7 +470,7 @@ pub async fn approve_edited(
     if json {
         output::json_line(&resolved)?;
     } else {
-        println!("approved {call} with a changed input");
+        say!("approved {call} with a changed input")?;
     }
     Ok(Exit::Ok)
 }
@@ -495,7 +495,7 @@ pub async fn resolve(
             ApiDecisionKind::Deny => "denied",
             ApiDecisionKind::Answer => "answered",
         };
-        println!("{verb} {call}");
+        say!("{verb} {call}")?;
     }
     Ok(Exit::Ok)
 }
@@ -539,9 +539,9 @@ pub async fn compact(client: &Client, id: &str, json: bool) -> anyhow::Result<Ex
                         } else {
                             "left out"
                         };
-                        println!(
+                        say!(
                             "compacted {id}: {replaced_messages} messages {how}, about {tokens_before} → {tokens_after} tokens"
-                        );
+                        )?;
                     }
                     return Ok(Exit::Ok);
                 }
@@ -584,7 +584,7 @@ pub async fn mcp_ls(client: &Client, json: bool) -> anyhow::Result<Exit> {
             server.tools.join(", "),
         ]);
     }
-    output::print_table(&table);
+    output::print_table(&table)?;
     for server in &list.servers {
         if let Some(error) = &server.error {
             eprintln!("{}: {error}", server.name);
@@ -607,14 +607,14 @@ pub async fn reclaim(client: &Client, json: bool) -> anyhow::Result<Exit> {
         return Ok(Exit::Ok);
     }
     match (reclaimed.disk_bytes_before, reclaimed.disk_bytes_after) {
-        (Some(before), Some(after)) => println!(
+        (Some(before), Some(after)) => say!(
             "{}: {} → {} on disk, in {}",
             reclaimed.action,
             output::bytes(before),
             output::bytes(after),
             output::duration(reclaimed.took_ms)
-        ),
-        _ => println!("{}: nothing on disk to give back", reclaimed.action),
+        )?,
+        _ => say!("{}: nothing on disk to give back", reclaimed.action)?,
     }
     Ok(Exit::Ok)
 }
@@ -625,10 +625,11 @@ pub async fn fork(client: &Client, id: &str, at: Option<u64>, json: bool) -> any
     if json {
         output::json_line(&forked)?;
     } else {
-        println!(
+        say!(
             "{} (forked from {id} at seq {})",
-            forked.id, forked.forked_from.seq
-        );
+            forked.id,
+            forked.forked_from.seq
+        )?;
     }
     Ok(Exit::Ok)
 }
@@ -639,11 +640,11 @@ pub async fn rewind(client: &Client, id: &str, to: u64, json: bool) -> anyhow::R
     if json {
         output::json_line(&rewound)?;
     } else {
-        println!(
+        say!(
             "rewound {id} to seq {}; it is {}",
             rewound.to_seq,
             state_name(&rewound.state)
-        );
+        )?;
     }
     Ok(Exit::Ok)
 }
@@ -660,10 +661,11 @@ pub async fn rm(client: &Client, id: &str, force: bool, json: bool) -> anyhow::R
             1 => " and its sub-agent".to_owned(),
             n => format!(" and its {n} sub-agents"),
         };
-        println!(
+        say!(
             "deleted {id}{with} ({} events, {} images)",
-            deleted.events, deleted.blobs_removed
-        );
+            deleted.events,
+            deleted.blobs_removed
+        )?;
     }
     Ok(Exit::Ok)
 }
@@ -673,9 +675,9 @@ pub async fn evict(client: &Client, id: &str, json: bool) -> anyhow::Result<Exit
     if json {
         output::json_line(&evicted)?;
     } else if evicted.was_live {
-        println!("evicted {id}");
+        say!("evicted {id}")?;
     } else {
-        println!("{id} was not live");
+        say!("{id} was not live")?;
     }
     Ok(Exit::Ok)
 }
@@ -708,7 +710,7 @@ pub async fn ps(client: &Client, json: bool) -> anyhow::Result<Exit> {
                 .unwrap_or_else(|| "-".to_owned()),
         ]);
     }
-    output::print_table(&table);
+    output::print_table(&table)?;
     Ok(Exit::Ok)
 }
 

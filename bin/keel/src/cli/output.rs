@@ -10,6 +10,17 @@ use comfy_table::{presets, ContentArrangement, Table};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
+/// `println!` that gives a failed write back (a reader that stopped early:
+/// `BrokenPipe`, which ends a command quietly, `cli.rs`) instead of
+/// panicking.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+pub(crate) use say;
+
 /// Print `value` as one line of JSON on stdout.
 pub fn json_line<T: Serialize>(value: &T) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
@@ -36,10 +47,14 @@ pub fn table(header: &[&str]) -> Table {
 }
 
 /// Print a table, each line trimmed of the padding after its last column.
-pub fn print_table(table: &Table) {
+/// A reader that stops early (`keel log ID | head`) is an error of kind
+/// `BrokenPipe`, which the command ends on quietly (`cli.rs`).
+pub fn print_table(table: &Table) -> std::io::Result<()> {
+    let mut stdout = std::io::stdout().lock();
     for line in table.lines() {
-        println!("{}", line.trim_end());
+        writeln!(stdout, "{}", line.trim_end())?;
     }
+    stdout.flush()
 }
 
 /// Colour for stdout: on a terminal, unless `NO_COLOR` is set (to
