@@ -250,17 +250,27 @@ fn keel_bench_quick_reports_every_figure() {
     assert!(report["restart_to_ready_ms"].as_f64().unwrap() > 0.0);
     assert!(report["stored_conversations"].as_u64().unwrap() > 200);
     assert_eq!(report["fanout_subscribers"], 50, "{report:#}");
-    // The sandbox's cost: both sides measured (the spawner's share, in
-    // clock ticks over so few turns, may read 0).
-    let sandbox = &report["sandbox"];
-    for figure in ["confined_cpu_ms", "unconfined_cpu_ms"] {
-        assert!(
-            sandbox[figure].as_f64().unwrap() > 0.0,
-            "{figure}: {sandbox:#}"
-        );
-    }
-    for figure in ["overhead_cpu_ms", "confined_spawner_cpu_ms"] {
-        assert!(sandbox[figure].is_number(), "{figure}: {sandbox:#}");
+    // The sandbox's cost, one at a time and many at once: both sides
+    // measured (the spawner's share, in clock ticks over so few turns,
+    // may read 0).
+    let runs = report["sandbox"].as_array().expect("the sandbox's runs");
+    assert_eq!(
+        runs.iter()
+            .map(|run| run["at_once"].as_u64())
+            .collect::<Vec<_>>(),
+        [Some(1), Some(10)],
+        "{report:#}"
+    );
+    for sandbox in runs {
+        for figure in ["confined_cpu_ms", "unconfined_cpu_ms"] {
+            assert!(
+                sandbox[figure].as_f64().unwrap() > 0.0,
+                "{figure}: {sandbox:#}"
+            );
+        }
+        for figure in ["overhead_cpu_ms", "confined_spawner_cpu_ms"] {
+            assert!(sandbox[figure].is_number(), "{figure}: {sandbox:#}");
+        }
     }
     assert_eq!(report["fanout"]["samples"], 50 * 3, "{report:#}");
     for latency in [
