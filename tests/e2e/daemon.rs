@@ -20,6 +20,7 @@ mod agui;
 mod approvals;
 mod cancel;
 mod compaction;
+mod console;
 mod deletion;
 mod file_tools;
 mod full_disk;

@@ -110,6 +110,9 @@ error_codes! {
     /// A sandbox this daemon does not allow (`full-access` without
     /// `KEEL_SANDBOX_FULL_ACCESS=allow`).
     SandboxNotAllowed => "sandbox_not_allowed",
+    /// A change asked with the console's cookie but without its header
+    /// (`X-Keel-Console: 1`): refused as a possible cross-site request.
+    CrossSite => "cross_site",
     /// Anything else: a bug or an unexpected failure.
     Internal => "internal",
     /// An event stream could not read the log it owed its client.

@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod agui;
+pub mod console;
 pub mod conversations;
 pub mod deletion;
 pub mod error;
@@ -217,6 +218,7 @@ pub fn router(state: AppState) -> Router {
             }),
         )
         .nest("/langgraph", langgraph::router())
+        .merge(console::router())
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), storage_guard))
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
@@ -225,6 +227,7 @@ pub fn router(state: AppState) -> Router {
         // Outermost, so refusals (a bad token, a body too large) and
         // panics are counted with the status the client got.
         .layer(middleware::from_fn(measure::count_requests))
+        .layer(middleware::from_fn(console::headers_on_console))
         .with_state(state)
 }
 
@@ -254,10 +257,25 @@ async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NoRoute, "no such route")
 }
 
-/// The bearer token, on every route but `/healthz`.
+/// The bearer token, on every route but `/healthz` and the console's own
+/// pages; or the console's cookie, with its header on a change
+/// (`api/console.rs`).
 async fn require_token(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    if request.uri().path() == "/healthz" {
+    if request.uri().path() == "/healthz"
+        || console::is_public(request.method(), request.uri().path())
+    {
         return next.run(request).await;
+    }
+    if request.headers().get(AUTHORIZATION).is_none() {
+        if let Some(cookie) = console::session_token(request.headers()) {
+            if token::matches(cookie.as_bytes(), &state.token) {
+                if !console::is_safe(request.method()) && !console::from_console(request.headers())
+                {
+                    return console::csrf_refusal().into_response();
+                }
+                return next.run(request).await;
+            }
+        }
     }
     let header = request
         .headers()
