@@ -133,3 +133,101 @@ async fn the_console_signs_in_with_a_cookie_and_guards_changes() {
     assert!(cleared.starts_with("keel_token=;"), "{cleared}");
     assert!(cleared.contains("Max-Age=0"), "{cleared}");
 }
+
+/// The version of `playwright-core` (npm) the browser test drives
+/// Chromium with; the browser is the system's (Debian's `chromium`), as
+/// Playwright's own download is not used.
+const PLAYWRIGHT_VERSION: &str = "1.65.1";
+
+/// The system's Chromium: `KEEL_TEST_CHROMIUM`, or the first of the usual
+/// names on `PATH`.
+fn chromium() -> Option<std::path::PathBuf> {
+    if let Some(path) = std::env::var_os("KEEL_TEST_CHROMIUM") {
+        return Some(path.into());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .flat_map(|name| std::env::split_paths(&path).map(move |dir| dir.join(name)))
+        .find(|candidate| candidate.is_file())
+}
+
+/// `playwright-core`, installed once with npm under the target directory;
+/// the `node_modules` directory that holds it.
+fn playwright() -> std::path::PathBuf {
+    let prefix = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-node");
+    let modules = prefix.join("node_modules");
+    let ready = prefix.join("installed");
+    if std::fs::read_to_string(&ready).ok().as_deref() == Some(PLAYWRIGHT_VERSION) {
+        return modules;
+    }
+    std::fs::create_dir_all(&prefix).unwrap();
+    let output = std::process::Command::new("npm")
+        .args(["install", "--no-audit", "--no-fund", "--silent", "--prefix"])
+        .arg(&prefix)
+        .arg(format!("playwright-core@{PLAYWRIGHT_VERSION}"))
+        .env("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
+        .output()
+        .unwrap_or_else(|error| {
+            panic!("npm: {error} (the console's browser test needs node and npm)")
+        });
+    assert!(
+        output.status.success() && modules.join("playwright-core").is_dir(),
+        "npm install of playwright-core failed:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    std::fs::write(&ready, PLAYWRIGHT_VERSION).unwrap();
+    modules
+}
+
+/// The console's pages in Chromium, driven by Playwright
+/// (`tests/console/console.spec.js`): sign in (a wrong token first), a
+/// request without the cookie refused, a message streamed, a model's
+/// markup shown as text, a long tool run cancelled, the log, a gated
+/// `bash` call approved and its output shown, an actor evicted, signing
+/// out. Where no Chromium is installed the test says so and is not run,
+/// unless `KEEL_REQUIRE_BROWSER` is set (CI sets it, and installs one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_works_in_a_browser() {
+    let Some(chromium) = chromium() else {
+        assert!(
+            std::env::var_os("KEEL_REQUIRE_BROWSER").is_none(),
+            "KEEL_REQUIRE_BROWSER is set but no Chromium is installed (apt-get install chromium)"
+        );
+        eprintln!(
+            "NOT RUN: the console's browser test needs Chromium (apt-get install chromium, or \
+             KEEL_TEST_CHROMIUM=/path/to/chromium)"
+        );
+        return;
+    };
+    let modules = tokio::task::spawn_blocking(playwright).await.unwrap();
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[]);
+    let gated = daemon
+        .create(&site, json!({"tools": {"bash": "approve"}}))
+        .await;
+    let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("console/console.spec.js");
+    let output = tokio::process::Command::new("node")
+        .arg(&script)
+        .env("NODE_PATH", &modules)
+        .env("KEEL_URL", &daemon.url)
+        .env("KEEL_TOKEN", &daemon.token)
+        .env("KEEL_GATED_ID", &gated)
+        .env("KEEL_CHROMIUM", &chromium)
+        .env("KEEL_SCREENSHOTS", &shots)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "the browser test failed:\n{said}");
+    assert!(said.ends_with("ok\n"), "{said}");
+}
