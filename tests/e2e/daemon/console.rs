@@ -9,7 +9,7 @@ use reqwest::header::{CONTENT_SECURITY_POLICY, CONTENT_TYPE, COOKIE, SET_COOKIE}
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use super::{Daemon, Site, Wire};
+use super::{Daemon, Site, Wire, PATIENCE};
 use crate::harness::MockLlm;
 
 fn with_cookie(request: reqwest::RequestBuilder, token: &str) -> reqwest::RequestBuilder {
@@ -181,6 +181,24 @@ fn playwright() -> std::path::PathBuf {
     modules
 }
 
+/// The system's Chromium, or `None` after saying the browser tests are not
+/// run (a failure where `KEEL_REQUIRE_BROWSER` is set: CI sets it, and
+/// installs one).
+fn browser_or_not_run() -> Option<std::path::PathBuf> {
+    let found = chromium();
+    if found.is_none() {
+        assert!(
+            std::env::var_os("KEEL_REQUIRE_BROWSER").is_none(),
+            "KEEL_REQUIRE_BROWSER is set but no Chromium is installed (apt-get install chromium)"
+        );
+        eprintln!(
+            "NOT RUN: the console's browser tests need Chromium (apt-get install chromium, or \
+             KEEL_TEST_CHROMIUM=/path/to/chromium)"
+        );
+    }
+    found
+}
+
 /// The console's pages in Chromium, driven by Playwright
 /// (`tests/console/console.spec.js`): sign in (a wrong token first), a
 /// request without the cookie refused, a message streamed, a model's
@@ -190,15 +208,7 @@ fn playwright() -> std::path::PathBuf {
 /// unless `KEEL_REQUIRE_BROWSER` is set (CI sets it, and installs one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_works_in_a_browser() {
-    let Some(chromium) = chromium() else {
-        assert!(
-            std::env::var_os("KEEL_REQUIRE_BROWSER").is_none(),
-            "KEEL_REQUIRE_BROWSER is set but no Chromium is installed (apt-get install chromium)"
-        );
-        eprintln!(
-            "NOT RUN: the console's browser test needs Chromium (apt-get install chromium, or \
-             KEEL_TEST_CHROMIUM=/path/to/chromium)"
-        );
+    let Some(chromium) = browser_or_not_run() else {
         return;
     };
     let modules = tokio::task::spawn_blocking(playwright).await.unwrap();
@@ -230,4 +240,66 @@ async fn the_console_works_in_a_browser() {
     );
     assert!(output.status.success(), "the browser test failed:\n{said}");
     assert!(said.ends_with("ok\n"), "{said}");
+}
+
+/// The console across a crash of the daemon (`tests/console/restart.spec.js`):
+/// a page open on a conversation whose turn runs a tool; the daemon
+/// SIGKILLed mid-tool and started again on the same address; the page,
+/// not reloaded, follows the recovered turn to its end and takes another
+/// message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_rides_out_a_daemon_restart() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+    let Some(chromium) = browser_or_not_run() else {
+        return;
+    };
+    let modules = tokio::task::spawn_blocking(playwright).await.unwrap();
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let addr = format!("127.0.0.1:{}", crate::cli::free_port());
+    let daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[("KEEL_ADDR", &addr)]);
+    let id = daemon.create(&site, json!({})).await;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("console/restart.spec.js");
+    let mut node = tokio::process::Command::new("node")
+        .arg(&script)
+        .env("NODE_PATH", &modules)
+        .env("KEEL_URL", &daemon.url)
+        .env("KEEL_TOKEN", &daemon.token)
+        .env("KEEL_CONVERSATION_ID", &id)
+        .env("KEEL_CHROMIUM", &chromium)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut said = tokio::io::BufReader::new(node.stdout.take().unwrap()).lines();
+    let ready = tokio::time::timeout(PATIENCE, said.next_line())
+        .await
+        .expect("the page reaches the running tool")
+        .unwrap();
+    assert_eq!(ready.as_deref(), Some("READY"));
+    daemon.sigkill();
+    let daemon = daemon.restart();
+    let mut stdin = node.stdin.take().unwrap();
+    stdin.write_all(b"GO\n").await.unwrap();
+    stdin.flush().await.unwrap();
+    drop(stdin);
+    let mut rest = Vec::new();
+    let finished = tokio::time::timeout(2 * PATIENCE, async {
+        while let Ok(Some(line)) = said.next_line().await {
+            rest.push(line);
+        }
+        node.wait().await
+    })
+    .await;
+    let Ok(status) = finished else {
+        panic!("the page did not finish after the restart: {rest:?}");
+    };
+    let status = status.unwrap();
+    assert!(
+        status.success() && rest.last().map(String::as_str) == Some("ok"),
+        "the page after the restart: {rest:?}"
+    );
+    assert_eq!(daemon.conversation(&id).await["state"], "idle");
 }
