@@ -101,6 +101,7 @@ async function state(page) {
   if (shots) await page.screenshot({ path: `${shots}/console-approval.png` });
   await page.click("#pending .pending button.primary");
   await waitForText(page, "#messages .tool .output", "approved-in-the-browser");
+  await waitForText(page, "#messages .note", "by console");
   await waitForText(page, "#messages .message.assistant", "The command printed");
   assert.equal(await page.$$eval("#pending .pending", (nodes) => nodes.length), 0);
   if (shots) await page.screenshot({ path: `${shots}/console-conversation.png` });

@@ -331,16 +331,38 @@ async function conversationPage(id) {
     text,
     el("div", { class: "toolbar" }, files, el("button", { type: "button", id: "send", class: "primary", onclick: send }, "send")));
 
-  render(await refresh());
+  // The page shows the conversation up to `shownSeq`: rendered from its
+  // detail, then each canonical event after it. Events that arrive while
+  // the detail is being read wait, and those it already holds are skipped.
+  let shownSeq = 0;
+  let waiting = null;
+  const renderFresh = async () => {
+    waiting = waiting || [];
+    try {
+      const detail = await refresh();
+      render(detail);
+      shownSeq = detail.last_seq;
+    } finally {
+      const queued = waiting || [];
+      waiting = null;
+      for (const event of queued) apply(event);
+    }
+  };
 
   // The live stream: a snapshot, then every canonical event once (seq ids:
   // after a dropped connection the browser resumes with Last-Event-ID),
   // and what is never stored (tokens, tool output, state changes).
   const events = new EventSource(`/v1/conversations/${encodeURIComponent(id)}/events`);
   leaving.push(() => events.close());
-  events.addEventListener("snapshot", () => guarded(async () => render(await refresh())));
+  events.addEventListener("snapshot", () => guarded(renderFresh));
   events.addEventListener("canonical", (message) => {
     const event = JSON.parse(message.data);
+    if (waiting) waiting.push(event);
+    else apply(event);
+  });
+  const apply = (event) => {
+    if (event.seq <= shownSeq) return;
+    shownSeq = event.seq;
     switch (event.type) {
       case "user_message":
         addMessage("user", [{ type: "text", text: event.text }].concat((event.images || []).map(() => ({ type: "image" }))));
@@ -355,11 +377,20 @@ async function conversationPage(id) {
       case "turn_started":
       case "turn_completed":
         break;
+      case "suspended":
+        note(`waiting for a human: ${(event.pending || []).map((call) => call.name || call.tool_call_id).join(", ")}`);
+        break;
+      case "resolved": {
+        const decision = typeof event.decision === "string" ? event.decision : Object.keys(event.decision || {})[0] || "decided";
+        note(`${decision} ${event.tool_call_id}${event.by ? ` by ${event.by}` : ""}`);
+        break;
+      }
       default:
-        note(`${event.type}${event.seq ? ` · seq ${event.seq}` : ""}`);
+        note(`${event.type} · seq ${event.seq}`);
     }
     guarded(refresh);
-  });
+  };
+  await renderFresh();
   events.addEventListener("live", (message) => {
     const update = JSON.parse(message.data);
     if (update.type === "text_delta") {
