@@ -514,14 +514,17 @@ mod tests {
 
     use super::*;
 
+    /// The entries of a network list that names hosts.
+    fn allowed(entries: &[&str]) -> Vec<HostPort> {
+        match keel_core::config::NetworkAccess::parse_list(entries.iter().copied()).unwrap() {
+            keel_core::config::NetworkAccess::Hosts(allowed) => allowed,
+            other => panic!("not a host list: {other:?}"),
+        }
+    }
+
     fn rules(entries: &[&str]) -> Rules {
-        let keel_core::config::NetworkAccess::Hosts(allowed) =
-            keel_core::config::NetworkAccess::parse_list(entries.iter().copied()).unwrap()
-        else {
-            panic!("a host list");
-        };
         Rules {
-            allowed,
+            allowed: allowed(entries),
             blocked_ports: vec![7000],
         }
     }
@@ -596,14 +599,6 @@ mod tests {
 
     #[test]
     fn the_proxy_port_steps_aside_for_a_loopback_entry() {
-        let allowed = |entries: &[&str]| match keel_core::config::NetworkAccess::parse_list(
-            entries.iter().copied(),
-        )
-        .unwrap()
-        {
-            keel_core::config::NetworkAccess::Hosts(allowed) => allowed,
-            other => panic!("{other:?}"),
-        };
         assert_eq!(proxy_port(&allowed(&["github.com:443"])), 3128);
         assert_eq!(proxy_port(&allowed(&["github.com:3128"])), 3128);
         assert_eq!(

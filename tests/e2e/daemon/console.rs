@@ -199,6 +199,27 @@ fn browser_or_not_run() -> Option<std::path::PathBuf> {
     found
 }
 
+/// `node tests/console/SCRIPT` driving the system's Chromium with
+/// Playwright against `daemon` (its address and token in the
+/// environment), or `None` where no Chromium is installed
+/// ([`browser_or_not_run`]).
+async fn browser_script(script: &str, daemon: &Daemon) -> Option<tokio::process::Command> {
+    let chromium = browser_or_not_run()?;
+    let modules = tokio::task::spawn_blocking(playwright).await.unwrap();
+    let mut node = tokio::process::Command::new("node");
+    node.arg(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("console")
+            .join(script),
+    )
+    .env("NODE_PATH", &modules)
+    .env("KEEL_URL", &daemon.url)
+    .env("KEEL_TOKEN", &daemon.token)
+    .env("KEEL_CHROMIUM", &chromium)
+    .kill_on_drop(true);
+    Some(node)
+}
+
 /// The console's pages in Chromium, driven by Playwright
 /// (`tests/console/console.spec.js`): sign in (a wrong token first), a
 /// request without the cookie refused, a message streamed, a model's
@@ -208,28 +229,20 @@ fn browser_or_not_run() -> Option<std::path::PathBuf> {
 /// unless `KEEL_REQUIRE_BROWSER` is set (CI sets it, and installs one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_works_in_a_browser() {
-    let Some(chromium) = browser_or_not_run() else {
-        return;
-    };
-    let modules = tokio::task::spawn_blocking(playwright).await.unwrap();
     let mock = MockLlm::start();
     let site = Site::new();
     let daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[]);
+    let Some(mut node) = browser_script("console.spec.js", &daemon).await else {
+        return;
+    };
     let gated = daemon
         .create(&site, json!({"tools": {"bash": "approve"}}))
         .await;
     let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
     std::fs::create_dir_all(&shots).unwrap();
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("console/console.spec.js");
-    let output = tokio::process::Command::new("node")
-        .arg(&script)
-        .env("NODE_PATH", &modules)
-        .env("KEEL_URL", &daemon.url)
-        .env("KEEL_TOKEN", &daemon.token)
+    let output = node
         .env("KEEL_GATED_ID", &gated)
-        .env("KEEL_CHROMIUM", &chromium)
         .env("KEEL_SCREENSHOTS", &shots)
-        .kill_on_drop(true)
         .output()
         .await
         .unwrap();
@@ -251,26 +264,18 @@ async fn the_console_works_in_a_browser() {
 async fn the_console_rides_out_a_daemon_restart() {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
-    let Some(chromium) = browser_or_not_run() else {
-        return;
-    };
-    let modules = tokio::task::spawn_blocking(playwright).await.unwrap();
     let mock = MockLlm::start();
     let site = Site::new();
     let addr = format!("127.0.0.1:{}", crate::cli::free_port());
     let daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[("KEEL_ADDR", &addr)]);
+    let Some(mut node) = browser_script("restart.spec.js", &daemon).await else {
+        return;
+    };
     let id = daemon.create(&site, json!({})).await;
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("console/restart.spec.js");
-    let mut node = tokio::process::Command::new("node")
-        .arg(&script)
-        .env("NODE_PATH", &modules)
-        .env("KEEL_URL", &daemon.url)
-        .env("KEEL_TOKEN", &daemon.token)
+    let mut node = node
         .env("KEEL_CONVERSATION_ID", &id)
-        .env("KEEL_CHROMIUM", &chromium)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     let mut said = tokio::io::BufReader::new(node.stdout.take().unwrap()).lines();
