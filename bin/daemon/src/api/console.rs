@@ -42,28 +42,58 @@ pub const CONSOLE_HEADER: &str = "x-keel-console";
 
 /// The console's pages and assets, and its session.
 pub fn router() -> Router<AppState> {
-    Router::new()
-        .route(
-            "/",
-            get(|| async { page(INDEX, "text/html; charset=utf-8") }),
-        )
-        .route(
-            "/console/app.js",
-            get(|| async { page(APP_JS, "text/javascript; charset=utf-8") }),
-        )
-        .route(
-            "/console/app.css",
-            get(|| async { page(APP_CSS, "text/css; charset=utf-8") }),
-        )
-        .route(
-            "/console/session",
-            axum::routing::post(sign_in).delete(sign_out),
-        )
+    let mut router = Router::new().route(
+        "/",
+        get(|| async { page(INDEX, "text/html; charset=utf-8") }),
+    );
+    for &(path, content_type, body) in ASSETS {
+        router = router.route(path, get(move || async move { page(body, content_type) }));
+    }
+    router.route(
+        "/console/session",
+        axum::routing::post(sign_in).delete(sign_out),
+    )
 }
 
 const INDEX: &str = include_str!("../../console/index.html");
-const APP_JS: &str = include_str!("../../console/app.js");
-const APP_CSS: &str = include_str!("../../console/app.css");
+
+const JAVASCRIPT: &str = "text/javascript; charset=utf-8";
+
+/// The files the page loads, embedded in the binary: the console's own
+/// modules and style, and the one library it uses (markdown-it, MIT,
+/// vendored as its authors publish it: `console/vendor/`).
+const ASSETS: &[(&str, &str, &str)] = &[
+    (
+        "/console/app.js",
+        JAVASCRIPT,
+        include_str!("../../console/app.js"),
+    ),
+    (
+        "/console/lib.js",
+        JAVASCRIPT,
+        include_str!("../../console/lib.js"),
+    ),
+    (
+        "/console/conversation.js",
+        JAVASCRIPT,
+        include_str!("../../console/conversation.js"),
+    ),
+    (
+        "/console/pages.js",
+        JAVASCRIPT,
+        include_str!("../../console/pages.js"),
+    ),
+    (
+        "/console/vendor/markdown-it.min.js",
+        JAVASCRIPT,
+        include_str!("../../console/vendor/markdown-it.min.js"),
+    ),
+    (
+        "/console/app.css",
+        "text/css; charset=utf-8",
+        include_str!("../../console/app.css"),
+    ),
+];
 
 /// What the console's pages may load and do: everything from this origin
 /// only, no inline script or style, no plugins, never framed.
@@ -75,9 +105,11 @@ const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
 /// pages hold no data; signing in checks the token itself).
 pub fn is_public(method: &Method, path: &str) -> bool {
     match path {
-        "/" | "/console/app.js" | "/console/app.css" => method == Method::GET,
         "/console/session" => method == Method::POST || method == Method::DELETE,
-        _ => false,
+        _ => {
+            method == Method::GET
+                && (path == "/" || ASSETS.iter().any(|&(asset, _, _)| asset == path))
+        }
     }
 }
 

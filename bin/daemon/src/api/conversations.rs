@@ -158,11 +158,14 @@ pub struct ListQuery {
     pub limit: Option<usize>,
     /// Where to go on: the `next_cursor` of the page before.
     pub cursor: Option<String>,
+    /// Only the sub-agents this conversation started (implies `all`).
+    pub parent: Option<String>,
 }
 
 /// List conversations, oldest first (by creation, then id): the user's
-/// own, and with `all=true` their sub-agents too, a page at a time
-/// (`limit`, and `cursor` from the page before's `next_cursor`).
+/// own, and with `all=true` their sub-agents too (with `parent=ID`, only
+/// the sub-agents of ID), a page at a time (`limit`, and `cursor` from
+/// the page before's `next_cursor`).
 #[utoipa::path(
     get,
     path = "/v1/conversations",
@@ -180,11 +183,14 @@ pub async fn list(
     };
     let limit = paging.limit()?;
     let after = paging.after()?;
-    let entries = state
+    let mut entries = state
         .runtime
-        .list(query.all)
+        .list(query.all || query.parent.is_some())
         .await
         .map_err(|error| ApiError::from_runtime("(list)", error))?;
+    if let Some(parent) = &query.parent {
+        entries.retain(|entry| entry.parent.as_ref().map(ConversationId::as_str) == Some(parent));
+    }
     let mut keyed: Vec<(String, IndexEntry)> = entries
         .into_iter()
         .map(|entry| (sort_key(&entry), entry))
