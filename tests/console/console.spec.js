@@ -11,7 +11,10 @@ const url = process.env.KEEL_URL;
 const token = process.env.KEEL_TOKEN;
 const gated = process.env.KEEL_GATED_ID;
 const shots = process.env.KEEL_SCREENSHOTS;
+const mockUrl = process.env.KEEL_MOCK_URL;
 const step = (what) => console.log(`- ${what}`);
+// The page under test, to show what it held when a step failed.
+let current = null;
 
 async function waitForText(page, selector, text, timeout = 15000) {
   await page.waitForFunction(
@@ -20,8 +23,25 @@ async function waitForText(page, selector, text, timeout = 15000) {
     { timeout });
 }
 
-async function state(page) {
-  return page.getAttribute("#state .state", "data-state");
+async function waitForState(page, wanted, timeout = 15000) {
+  await page.waitForFunction((wanted) => document.querySelector("#state .state")?.dataset.state === wanted, wanted, { timeout });
+}
+
+/** The daemon's API with the token, as another client would call it. */
+async function daemon(method, path, body) {
+  const response = await fetch(url + path, {
+    method,
+    headers: { authorization: `Bearer ${token}`, "content-type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const answer = await response.json().catch(() => null);
+  assert.ok(response.ok, `${method} ${path}: ${response.status} ${JSON.stringify(answer)}`);
+  return answer;
+}
+
+/** The texts of the page's assistant messages. */
+async function answers(page) {
+  return page.$$eval("#messages .message.assistant:not(.streaming) .text", (nodes) => nodes.map((n) => n.textContent));
 }
 
 (async () => {
@@ -31,6 +51,7 @@ async function state(page) {
   });
   const context = await browser.newContext({ viewport: { width: 1200, height: 800 } });
   const page = await context.newPage();
+  current = page;
   const problems = [];
   page.on("pageerror", (error) => problems.push(`page error: ${error}`));
   // A model's answer must never run as script.
@@ -76,12 +97,61 @@ async function state(page) {
   await waitForText(page, "#messages .message.assistant", "<img src=x onerror=alert(1)>");
   assert.equal(await page.$$eval("#messages img", (nodes) => nodes.length), 0, "no <img> element");
 
+  step("a model's markdown is rendered, and only as harmless elements");
+  await page.fill("#message", "# A title\n\n**bold** and `code`\n\n- one\n- two\n\n[a site](https://example.com/) [a trap](javascript:alert(2))");
+  await page.click("#send");
+  await page.waitForFunction(() => document.querySelectorAll("#messages .message.assistant:not(.streaming)").length >= 3);
+  const rendered = await page.$eval("#messages .message.assistant:not(.streaming):last-of-type .markdown", (node) => ({
+    h1: node.querySelector("h1")?.textContent,
+    strong: node.querySelector("strong")?.textContent,
+    code: node.querySelector("code")?.textContent,
+    items: node.querySelectorAll("li").length,
+    links: Array.from(node.querySelectorAll("a")).map((a) => [a.getAttribute("href"), a.getAttribute("rel")]),
+    text: node.textContent,
+  }));
+  assert.equal(rendered.h1, "A title");
+  assert.equal(rendered.strong, "bold");
+  assert.equal(rendered.code, "code");
+  assert.equal(rendered.items, 2);
+  assert.deepEqual(rendered.links, [["https://example.com/", "noopener noreferrer"]], "no javascript: link");
+  assert.ok(rendered.text.includes("[a trap](javascript:alert(2))"), rendered.text);
+
+  step("a failed request retried, as it happens");
+  const scripted = await fetch(`${mockUrl}/_mock/script`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify([{ status: 500 }]),
+  });
+  assert.ok(scripted.ok);
+  await page.fill("#message", "answered after a retry");
+  await page.click("#send");
+  await waitForText(page, "#messages .note.retrying", "retry 1 of");
+  await waitForText(page, "#messages .message.assistant", "answered after a retry");
+  await waitForState(page, "idle");
+
+  step("a compaction shown as it is recorded");
+  await daemon("POST", `/v1/conversations/${encodeURIComponent(id)}/compact`);
+  await waitForText(page, "#messages .note.compacted", "replaced by a summary");
+  await waitForState(page, "idle");
+
+  step("sub-agents nested under their parent's call");
+  await page.fill("#message", "spawn: alpha task | beta task");
+  await page.click("#send");
+  await page.waitForFunction(() => document.querySelectorAll("#messages .tool[data-name=spawn_agents] .child").length === 2, null, { timeout: 15000 });
+  await waitForText(page, "#messages .tool[data-name=spawn_agents] .output", "2 of 2 sub-agents completed");
+  await waitForState(page, "idle");
+  await page.click("#messages .tool[data-name=spawn_agents] .child[data-task=\"0\"] summary");
+  assert.deepEqual(await page.$$eval("#messages .tool[data-name=spawn_agents] .child", (rows) => rows.map((row) => row.dataset.task)), ["0", "1"]);
+  await waitForText(page, "#messages .child .child-view .message.user", "alpha task");
+  await waitForText(page, "#messages .child .child-view .tool", "submit_result");
+  if (shots) await page.screenshot({ path: `${shots}/console-sub-agents.png`, fullPage: true });
+
   step("a long tool run cancelled");
   await page.fill("#message", "run: sleep 30");
   await page.click("#send");
-  await page.waitForFunction(() => document.querySelector("#state .state")?.dataset.state === "executing_tools");
+  await waitForState(page, "executing_tools");
   await page.click("#cancel");
-  await page.waitForFunction(() => document.querySelector("#state .state")?.dataset.state === "idle", null, { timeout: 15000 });
+  await waitForState(page, "idle");
 
   step("the log");
   await page.click("text=log");
@@ -106,6 +176,66 @@ async function state(page) {
   assert.equal(await page.$$eval("#pending .pending", (nodes) => nodes.length), 0);
   if (shots) await page.screenshot({ path: `${shots}/console-conversation.png` });
 
+  step("a new conversation with its settings, an image sent");
+  await page.goto(`${url}/#/new`);
+  await page.waitForSelector("#new-conversation");
+  await page.selectOption("#busy-policy", "queue");
+  await page.selectOption("#tool-policies .tool-policy", "approve");
+  await page.click("#new-conversation button[type=submit]");
+  await page.waitForSelector("#send");
+  const configured = decodeURIComponent(page.url().split("#/c/")[1]);
+  const detail = await daemon("GET", `/v1/conversations/${encodeURIComponent(configured)}`);
+  assert.equal(detail.busy_policy, "queue");
+  const png = await page.evaluate(() => {
+    const canvas = document.createElement("canvas");
+    canvas.width = 24;
+    canvas.height = 16;
+    const context = canvas.getContext("2d");
+    context.fillStyle = "#1f5fbf";
+    context.fillRect(0, 0, 24, 16);
+    return canvas.toDataURL("image/png").split(",")[1];
+  });
+  await page.setInputFiles("#images", { name: "square.png", mimeType: "image/png", buffer: Buffer.from(png, "base64") });
+  await page.fill("#message", "what is in this picture?");
+  await page.click("#send");
+  await page.waitForFunction(() => {
+    const image = document.querySelector("#messages .message.user img.attached");
+    return image && image.complete && image.naturalWidth === 24 && image.naturalHeight === 16;
+  }, null, { timeout: 15000 });
+  await waitForText(page, "#messages .message.assistant", "what is in this picture?");
+  await page.fill("#message", "run: echo denied-in-the-browser");
+  await page.click("#send");
+  await page.waitForSelector("#pending .pending button.danger", { timeout: 15000 });
+  await page.click("#pending .pending button.danger");
+  await waitForText(page, "#messages .note.resolved", "deny");
+  await waitForText(page, "#messages .note.resolved", "by console");
+
+  step("the list: paging and filter");
+  for (let i = 0; i < 55; i++) await daemon("POST", "/v1/conversations", {});
+  const total = (await daemon("GET", "/v1/conversations?limit=1000")).conversations.length;
+  assert.ok(total > 55, `${total}`);
+  await page.goto(`${url}/#/`);
+  await page.waitForSelector("#conversations tbody tr");
+  assert.equal(await page.$$eval("#conversations tbody tr", (rows) => rows.length), 50);
+  assert.equal(await page.isVisible("#more"), true);
+  await page.click("#more");
+  await page.waitForFunction((total) => document.querySelectorAll("#conversations tbody tr").length === Math.min(total, 100), total);
+  await page.fill("#filter", configured);
+  await page.waitForFunction(() => document.querySelectorAll("#conversations tbody tr").length === 1);
+  assert.equal(await page.getAttribute("#conversations tbody tr", "data-id"), configured);
+
+  step("health: providers, turns and errors from the metrics");
+  await page.goto(`${url}/#/health`);
+  await page.waitForSelector("#providers tr[data-provider=anthropic]");
+  const okCell = await page.textContent("#providers tr[data-provider=anthropic] td:nth-child(2)");
+  assert.ok(Number(okCell) >= 5, `ok requests: ${okCell}`);
+  const retried = await page.textContent("#providers tr[data-provider=anthropic] td:nth-child(3)");
+  assert.ok(Number(retried) >= 1, `retried: ${retried}`);
+  await waitForText(page, "#turns", "latency p50");
+  const completed = await page.$eval("#turns tr:first-child td", (cell) => Number(cell.textContent));
+  assert.ok(completed >= 5, `completed turns: ${completed}`);
+  if (shots) await page.screenshot({ path: `${shots}/console-health.png`, fullPage: true });
+
   step("the actors: evict one");
   await page.goto(`${url}/#/actors`);
   await page.waitForSelector(`#actors tr[data-id="${id}"]`);
@@ -125,7 +255,11 @@ async function state(page) {
   assert.deepEqual(problems, []);
   await browser.close();
   console.log("ok");
-})().catch((error) => {
+})().catch(async (error) => {
   console.error(error);
+  if (current) {
+    const shown = await current.evaluate(() => document.querySelector("main")?.innerText || "").catch(() => "");
+    console.error(`the page showed:\n${shown.slice(-4000)}`);
+  }
   process.exit(1);
 });

@@ -22,7 +22,8 @@ const TASK_LINE = /^## Task (\d+) \((c-[0-9a-f]+)\)[^\n]*\n(\w+)/gm;
 /**
  * A conversation's messages, tool calls, sub-agents and notes, kept live.
  * `hooks`: `state(name)`, `changed()` after canonical events,
- * `context(usage)`, `pending()` when a sub-agent's waiting calls change.
+ * `context(usage)`, `pending()` when a sub-agent's waiting calls change,
+ * `connected(yes)` when the stream opens or drops.
  */
 export function conversationView(id, hooks = {}) {
   const messages = el("div", { class: "messages" });
@@ -92,8 +93,12 @@ export function conversationView(id, hooks = {}) {
       });
       row = { details, badge };
       tool.rows.set(child, row);
-      tool.children.append(details);
+      // In task order, whichever sub-agent is heard from first.
+      const after = Array.from(tool.children.children)
+        .find((other) => taskIdx !== null && Number(other.dataset.task ?? Infinity) > taskIdx);
+      tool.children.insertBefore(details, after || null);
     }
+    if (taskIdx !== null && row.details.dataset.task === undefined) row.details.dataset.task = String(taskIdx);
     if (state) row.badge.replaceChildren(stateBadge(state));
     return row;
   };
@@ -142,6 +147,7 @@ export function conversationView(id, hooks = {}) {
   const apply = (event) => {
     if (event.seq <= shownSeq) return;
     shownSeq = event.seq;
+    messages.dataset.shownSeq = String(shownSeq);
     switch (event.type) {
       case "created":
         if (event.forked_from) note(`forked from ${event.forked_from.conversation} at seq ${event.forked_from.seq}`, "fork", event.seq);
@@ -322,7 +328,9 @@ export function conversationView(id, hooks = {}) {
     });
     source.addEventListener("canonical", (message) => apply(JSON.parse(message.data)));
     source.addEventListener("live", (message) => live(JSON.parse(message.data)));
+    source.addEventListener("open", () => { if (hooks.connected) hooks.connected(true); });
     source.addEventListener("error", () => {
+      if (hooks.connected) hooks.connected(false);
       // The browser retries a dropped stream itself (with Last-Event-ID);
       // one it gave up on is opened again here.
       if (source.readyState === EventSource.CLOSED && !closed) setTimeout(open, RECONNECT_MS);
@@ -349,6 +357,7 @@ export async function conversationPage(id) {
   const text = el("textarea", { id: "message", placeholder: "message (Ctrl-Enter sends)" });
   const files = el("input", { type: "file", id: "images", accept: "image/png,image/jpeg,image/gif,image/webp", multiple: true });
   const header = el("div", { class: "muted", id: "details" });
+  const connection = el("span", { id: "connection", class: "warning", hidden: true }, "connection lost: reconnecting…");
 
   const renderPending = (calls) => {
     pending.replaceChildren(...(calls || []).map((call) => {
@@ -398,6 +407,11 @@ export async function conversationPage(id) {
     changed: refreshSoon,
     pending: refreshSoon,
     context: (usage) => showContext(usage.used, usage.limit, usage.warning),
+    connected: (yes) => {
+      connection.hidden = yes;
+      // What failed while the connection was down is stale now.
+      if (yes) problem.replaceChildren();
+    },
   });
   view.node.id = "messages";
   leaving.push(() => view.close());
@@ -420,7 +434,7 @@ export async function conversationPage(id) {
   });
 
   show(
-    el("h1", {}, el("span", { class: "mono" }, id), " ", state),
+    el("h1", {}, el("span", { class: "mono" }, id), " ", state, " ", connection),
     header,
     el("div", { class: "toolbar" },
       el("a", { href: `#/c/${encodeURIComponent(id)}/log` }, "log"),

@@ -242,6 +242,7 @@ async fn the_console_works_in_a_browser() {
     std::fs::create_dir_all(&shots).unwrap();
     let output = node
         .env("KEEL_GATED_ID", &gated)
+        .env("KEEL_MOCK_URL", mock.base_url())
         .env("KEEL_SCREENSHOTS", &shots)
         .output()
         .await
@@ -307,4 +308,33 @@ async fn the_console_rides_out_a_daemon_restart() {
         "the page after the restart: {rest:?}"
     );
     assert_eq!(daemon.conversation(&id).await["state"], "idle");
+}
+
+/// The page resumes its stream after a network drop and shows what it
+/// missed, once (tests/console/network.spec.js cuts its own proxy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_misses_nothing_across_a_network_drop() {
+    let mock = MockLlm::start();
+    let site = Site::new();
+    let daemon = Daemon::start(&site, Wire::Anthropic, &mock, &[]);
+    let Some(mut node) = browser_script("network.spec.js", &daemon).await else {
+        return;
+    };
+    let id = daemon.create(&site, json!({})).await;
+    let output = tokio::time::timeout(
+        2 * PATIENCE,
+        node.env("KEEL_CONVERSATION_ID", &id).output(),
+    )
+    .await
+    .expect("the network drop script finishes")
+    .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success() && said.ends_with("ok\n"),
+        "the browser test failed:\n{said}"
+    );
 }
