@@ -236,6 +236,29 @@ async function answers(page) {
   assert.ok(completed >= 5, `completed turns: ${completed}`);
   if (shots) await page.screenshot({ path: `${shots}/console-health.png`, fullPage: true });
 
+  step("a question answered in the page");
+  await page.goto(`${url}/#/c/${encodeURIComponent(gated)}`);
+  await page.waitForSelector("#send");
+  await page.fill("#message", 'call: ask_user {"question": "which colour?"}');
+  await page.click("#send");
+  await page.waitForSelector("#pending .pending input.answer", { timeout: 15000 });
+  await waitForText(page, "#pending .pending", "which colour?");
+  await page.fill("#pending .pending input.answer", "blue");
+  await page.click("#pending .pending button.primary");
+  await waitForText(page, "#messages .note.resolved", "answer");
+  await waitForText(page, "#messages .note.resolved", "by console: blue");
+  await waitForState(page, "idle");
+
+  step("a sub-agent's gated call approved through its parent");
+  await page.fill("#message", "spawn: run: echo from-the-child");
+  await page.click("#send");
+  await waitForText(page, "#pending .pending", "sub-agent c-", 15000);
+  await page.click("#pending .pending button.primary");
+  await waitForText(page, "#messages .tool[data-name=spawn_agents] .output", "1 of 1 sub-agent completed");
+  await page.click("#messages .tool[data-name=spawn_agents] .child[data-task=\"0\"] summary");
+  await waitForText(page, "#messages .child .child-view .tool .output", "from-the-child");
+  await waitForState(page, "idle");
+
   step("the actors: evict one");
   await page.goto(`${url}/#/actors`);
   await page.waitForSelector(`#actors tr[data-id="${id}"]`);
