@@ -14,7 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use keel_core::event::Event;
+use keel_core::event::{Event, EventKind};
 use keel_core::ids::{ConversationId, Seq};
 use keel_core::reducer::WorkingSet;
 use keel_core::snapshot::FsmSnapshot;
@@ -91,6 +91,16 @@ pub trait EventLog: Send + Sync {
     /// The bytes stored under `hash`, or `None` if there are none.
     async fn get_blob(&self, hash: &str) -> Result<Option<Vec<u8>>>;
 
+    /// Whether `conversation`'s log names blob `hash` as an image (of a
+    /// user message or a tool result): what decides that a client of the
+    /// conversation may read the blob. `false` for a conversation that
+    /// does not exist. By default the log is read a page at a time
+    /// ([`scan_for_blob`]); a store that keeps an index of which
+    /// conversation names which blob answers from it instead.
+    async fn uses_blob(&self, conversation: &ConversationId, hash: &str) -> Result<bool> {
+        scan_for_blob(self, conversation, hash).await
+    }
+
     /// `conversation`'s index entry, its last seq and last activity taken
     /// from the log; `None` if the conversation does not exist.
     async fn index_entry(&self, conversation: &ConversationId) -> Result<Option<IndexEntry>>;
@@ -130,6 +140,37 @@ pub trait EventLog: Send + Sync {
     /// runs (on redb, reads too): a maintenance call, not one for every
     /// delete.
     async fn reclaim(&self) -> Result<Reclaimed>;
+}
+
+/// Events [`scan_for_blob`] reads at a time: a long log is never held
+/// whole.
+const SCAN_PAGE: usize = 256;
+
+/// Whether `conversation`'s log names blob `hash`, found by reading the log
+/// a page at a time: [`EventLog::uses_blob`]'s default, for a store with no
+/// index of the blobs a conversation names.
+pub async fn scan_for_blob<L: EventLog + ?Sized>(
+    log: &L,
+    conversation: &ConversationId,
+    hash: &str,
+) -> Result<bool> {
+    let mut from: Seq = 1;
+    loop {
+        let page = log.read(conversation, from, SCAN_PAGE).await?;
+        let names = page.iter().any(|event| match &event.kind {
+            EventKind::UserMessage { images, .. } | EventKind::ToolResult { images, .. } => {
+                images.iter().any(|image| image.hash == hash)
+            }
+            _ => false,
+        });
+        if names {
+            return Ok(true);
+        }
+        match page.last() {
+            Some(last) if page.len() == SCAN_PAGE => from = last.seq + 1,
+            _ => return Ok(false),
+        }
+    }
 }
 
 /// Whether a store still takes writes. A store stops for good after a

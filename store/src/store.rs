@@ -431,6 +431,14 @@ impl<B: Backend> EventLog for Store<B> {
         self.off_runtime(move |backend| backend.get(&key)).await
     }
 
+    /// One key lookup: the `u` key the append naming the blob wrote
+    /// (`refs.rs`), whatever the log's length.
+    async fn uses_blob(&self, conversation: &ConversationId, hash: &str) -> Result<bool> {
+        let key = keys::uses(conversation, hash);
+        self.off_runtime(move |backend| backend.contains(&key))
+            .await
+    }
+
     async fn index_entry(&self, conversation: &ConversationId) -> Result<Option<IndexEntry>> {
         let conversation = conversation.clone();
         self.off_runtime(move |backend| reads::index_entry(backend, &conversation))

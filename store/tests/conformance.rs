@@ -17,6 +17,7 @@ use keel_core::config::ConversationConfig;
 use keel_core::event::{Event, EventKind};
 use keel_core::ids::{ConversationId, Seq};
 use keel_core::input::Input;
+use keel_core::message::ImageRef;
 use keel_core::reducer::WorkingSet;
 use keel_core::snapshot::{FsmSnapshot, SnapshotState};
 use keel_core::state::Phase;
@@ -343,6 +344,100 @@ pub async fn blobs_are_stored_once_by_content_hash(log: &dyn EventLog) {
         Some(&b"abc"[..])
     );
     assert!(log.get_blob(&"0".repeat(64)).await.unwrap().is_none());
+}
+
+/// An event at `seq` naming blob `hash` as an image: a user's attachment,
+/// or, with `from_a_tool`, an image a tool returned.
+fn naming(seq: Seq, hash: &str, from_a_tool: bool) -> Event {
+    let images = vec![ImageRef {
+        hash: hash.to_owned(),
+        media_type: "image/png".to_owned(),
+        width: 1,
+        height: 1,
+        size: 8,
+    }];
+    let kind = if from_a_tool {
+        EventKind::ToolResult {
+            tool_call_id: keel_core::ids::ToolCallId::new("call_1"),
+            content: "a screenshot".to_owned(),
+            is_error: false,
+            synthetic: false,
+            images,
+        }
+    } else {
+        EventKind::UserMessage {
+            text: "see".to_owned(),
+            images,
+        }
+    };
+    Event {
+        seq,
+        at: Timestamp(2_000 + seq),
+        parent: None,
+        triggers_turn: false,
+        kind,
+    }
+}
+
+/// `uses_blob` is true exactly for the blobs a conversation's own log
+/// names, a user's or a tool's, however far back; a blob stored for
+/// another conversation, or by nobody, is not its. The default answer
+/// (reading the log a page at a time) agrees with the store's own.
+pub async fn a_conversation_uses_the_blobs_its_log_names(log: &dyn EventLog) {
+    // Longer than a page of the default scan, so it reads on.
+    seed(log, "shows", 300).await;
+    // An id that starts with the other's.
+    seed(log, "shows-too", 1).await;
+    let attached = log.put_blob(b"attached".to_vec()).await.unwrap();
+    let returned = log.put_blob(b"returned".to_vec()).await.unwrap();
+    let elsewhere = log.put_blob(b"elsewhere".to_vec()).await.unwrap();
+    let nobodys = log.put_blob(b"nobody's".to_vec()).await.unwrap();
+    let last = log.last_seq(&id("shows")).await.unwrap();
+    log.append(
+        &id("shows"),
+        vec![
+            naming(last + 1, &attached, false),
+            naming(last + 2, &returned, true),
+        ],
+    )
+    .await
+    .unwrap();
+    let last = log.last_seq(&id("shows-too")).await.unwrap();
+    log.append(&id("shows-too"), vec![naming(last + 1, &elsewhere, false)])
+        .await
+        .unwrap();
+
+    let expect = |conversation: &'static str, hash: &str, named: bool| {
+        let hash = hash.to_owned();
+        async move {
+            let conversation = id(conversation);
+            assert_eq!(
+                log.uses_blob(&conversation, &hash).await.unwrap(),
+                named,
+                "uses_blob({conversation}, {hash})"
+            );
+            assert_eq!(
+                keel_store::log::scan_for_blob(log, &conversation, &hash)
+                    .await
+                    .unwrap(),
+                named,
+                "scan_for_blob({conversation}, {hash})"
+            );
+        }
+    };
+    expect("shows", &attached, true).await;
+    expect("shows", &returned, true).await;
+    expect("shows", &elsewhere, false).await;
+    expect("shows", &nobodys, false).await;
+    expect("shows", &"0".repeat(64), false).await;
+    expect("shows-too", &elsewhere, true).await;
+    expect("shows-too", &attached, false).await;
+    expect("never-created", &attached, false).await;
+
+    // A deleted conversation names nothing any more.
+    log.delete(&id("shows")).await.unwrap();
+    expect("shows", &attached, false).await;
+    expect("shows-too", &elsewhere, true).await;
 }
 
 pub async fn the_index_lists_conversations_and_marks_turns_in_flight(log: &dyn EventLog) {
@@ -774,6 +869,12 @@ macro_rules! conformance {
             async fn blobs_are_stored_once_by_content_hash() {
                 let (_dir, log) = open();
                 super::blobs_are_stored_once_by_content_hash(&*log).await;
+            }
+
+            #[tokio::test]
+            async fn a_conversation_uses_the_blobs_its_log_names() {
+                let (_dir, log) = open();
+                super::a_conversation_uses_the_blobs_its_log_names(&*log).await;
             }
 
             #[tokio::test]

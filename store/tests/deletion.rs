@@ -459,6 +459,12 @@ async fn references_are_rebuilt_for_a_store_that_lacks_them<B: Backend>(
         backend.commit(&writes).unwrap();
     }
     let log = open(dir.path());
+    for raw in ["one", "two"] {
+        assert!(
+            log.uses_blob(&id(raw), &shared).await.unwrap(),
+            "the rebuilt references say {raw} names the blob"
+        );
+    }
     let deleted = log.delete(&id("one")).await.unwrap();
     assert_eq!(deleted.blobs_kept, vec![shared.clone()]);
     assert!(log.get_blob(&shared).await.unwrap().is_some());

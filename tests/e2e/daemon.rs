@@ -25,6 +25,7 @@ mod deletion;
 mod file_tools;
 mod full_disk;
 mod history;
+mod images;
 mod langgraph;
 mod mcp;
 mod operations;

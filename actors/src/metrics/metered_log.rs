@@ -117,6 +117,13 @@ impl EventLog for MeteredLog {
         counted(StoreOp::Read, self.inner.get_blob(hash).await)
     }
 
+    async fn uses_blob(&self, conversation: &ConversationId, hash: &str) -> Result<bool> {
+        counted(
+            StoreOp::Read,
+            self.inner.uses_blob(conversation, hash).await,
+        )
+    }
+
     async fn index_entry(&self, conversation: &ConversationId) -> Result<Option<IndexEntry>> {
         counted(StoreOp::Read, self.inner.index_entry(conversation).await)
     }

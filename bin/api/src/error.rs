@@ -69,6 +69,9 @@ error_codes! {
     Finished => "finished",
     /// No pending call has this id.
     UnknownCall => "unknown_call",
+    /// The conversation names no image with this hash, or the image's
+    /// bytes are no longer stored.
+    UnknownImage => "unknown_image",
     /// The decision does not fit the pending call.
     InvalidDecision => "invalid_decision",
     /// The call was resolved already.

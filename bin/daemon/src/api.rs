@@ -15,6 +15,7 @@ pub mod error;
 pub mod events;
 pub mod follow;
 pub mod history;
+pub mod images;
 pub mod langgraph;
 pub mod measure;
 pub mod paging;
@@ -170,6 +171,7 @@ fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(history::rewind))
         .routes(routes!(conversations::resolve))
         .routes(routes!(conversations::log))
+        .routes(routes!(images::get_image))
         .routes(routes!(events::events))
         .routes(routes!(admin::actors))
         .routes(routes!(admin::evict))

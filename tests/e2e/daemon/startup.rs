@@ -26,6 +26,7 @@ const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/conversations/{id}/fork", &["post"]),
     ("/v1/conversations/{id}/rewind", &["post"]),
     ("/v1/conversations/{id}/log", &["get"]),
+    ("/v1/conversations/{id}/images/{hash}", &["get"]),
     ("/v1/conversations/{id}/events", &["get"]),
     ("/ag-ui", &["post"]),
     ("/ag-ui/{thread_id}/runs/{run_id}/events", &["get"]),
