@@ -160,6 +160,15 @@ async function answers(page) {
   assert.ok(kinds.includes("user_message") && kinds.includes("tool_result"), kinds.join(", "));
   await page.click("#log tbody tr:first-child summary");
   await waitForText(page, "#log tbody tr:first-child pre", '"seq": 1');
+  // Followed: an event appended after the page opened shows up.
+  const lastSeq = await page.$$eval("#log tbody tr", (rows) => Number(rows[rows.length - 1].dataset.seq));
+  await page.check("#follow");
+  await daemon("POST", `/v1/conversations/${encodeURIComponent(id)}/messages`, { text: "seen in the followed log" });
+  await page.waitForSelector(`#log tbody tr[data-seq="${lastSeq + 1}"]`);
+  await page.waitForFunction((last) => Array.from(document.querySelectorAll("#log tbody tr"))
+    .some((row) => Number(row.dataset.seq) > last && row.children[2].textContent === "turn_completed"), lastSeq);
+  const seqs = await page.$$eval("#log tbody tr", (rows) => rows.map((r) => Number(r.dataset.seq)));
+  assert.deepEqual(seqs, seqs.map((_, i) => i + 1), "every seq once, in order");
   if (shots) await page.screenshot({ path: `${shots}/console-log.png` });
 
   step("a gated bash call approved in the page");
@@ -235,6 +244,34 @@ async function answers(page) {
   const completed = await page.$eval("#turns tr:first-child td", (cell) => Number(cell.textContent));
   assert.ok(completed >= 5, `completed turns: ${completed}`);
   if (shots) await page.screenshot({ path: `${shots}/console-health.png`, fullPage: true });
+  // The page's reading of Prometheus' text: labels with escapes, and a
+  // quantile as the bucket it falls in.
+  const reading = await page.evaluate(async () => {
+    const { parseMetrics, quantile } = await import("/console/pages.js");
+    const samples = parseMetrics([
+      "# TYPE x histogram",
+      'x_bucket{le="0.5"} 3',
+      'x_bucket{le="1"} 9',
+      'x_bucket{le="+Inf"} 10',
+      'y{path="/a \\"b\\"",status="500"} 2',
+    ].join("\n"));
+    const buckets = samples.filter((s) => s.name === "x_bucket")
+      .map((s) => ({ le: s.labels.le === "+Inf" ? Infinity : Number(s.labels.le), count: s.value }));
+    return {
+      labels: samples.find((s) => s.name === "y").labels,
+      p25: quantile(0.25, buckets),
+      p50: quantile(0.5, buckets),
+      p99: quantile(0.99, buckets),
+      none: quantile(0.5, []),
+    };
+  });
+  assert.deepEqual(reading, {
+    labels: { path: '/a "b"', status: "500" },
+    p25: { upTo: 0.5 },
+    p50: { upTo: 1 },
+    p99: { over: 1 },
+    none: null,
+  });
 
   step("a question answered in the page");
   await page.goto(`${url}/#/c/${encodeURIComponent(gated)}`);

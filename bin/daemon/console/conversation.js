@@ -274,8 +274,12 @@ export function conversationView(id, hooks = {}) {
         streamingNode(update.generation).node.append(el("div", { class: "note" }, `calling ${update.name}…`));
         break;
       case "attempt_discarded":
-        if (streaming && streaming.generation === update.generation) { streaming.node.remove(); streaming = null; }
-        note(`request ${update.generation} failed part-way: what it streamed is dropped, and it is sent again`, "discarded");
+        // What a failed request streamed is dropped, as the runtime drops it.
+        if (streaming && streaming.generation === update.generation) {
+          if (streaming.text) note(`request ${update.generation} failed part-way: what it streamed is dropped`, "discarded");
+          streaming.node.remove();
+          streaming = null;
+        }
         break;
       case "tool_output": {
         const tool = tools.get(update.tool_call_id);

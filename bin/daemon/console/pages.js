@@ -182,23 +182,41 @@ export function newConversationPage() {
 export async function logPage(id) {
   const body = el("tbody");
   const more = el("button", { type: "button", hidden: true }, "more");
+  const follow = el("input", { type: "checkbox", id: "follow" });
   let from = 0;
+  let shown = 0;
+  let stream = null;
+  const row = (event) => {
+    if (event.seq <= shown) return;
+    shown = event.seq;
+    body.append(el("tr", { "data-seq": event.seq },
+      el("td", { class: "mono" }, String(event.seq)),
+      el("td", { class: "muted" }, new Date(event.at_ms).toISOString()),
+      el("td", {}, event.type),
+      el("td", { class: "mono" }, event.parent === null || event.parent === undefined ? "" : String(event.parent)),
+      el("td", {}, el("details", {}, el("summary", {}, "event"), el("pre", {}, JSON.stringify(event, null, 2))))));
+  };
   const load = async () => {
     const page = await api("GET", `${conversationPath(id)}/log?from=${from}&limit=200`);
-    for (const event of page.events) {
-      body.append(el("tr", { "data-seq": event.seq },
-        el("td", { class: "mono" }, String(event.seq)),
-        el("td", { class: "muted" }, new Date(event.at_ms).toISOString()),
-        el("td", {}, event.type),
-        el("td", { class: "mono" }, event.parent === null || event.parent === undefined ? "" : String(event.parent)),
-        el("td", {}, el("details", {}, el("summary", {}, "event"), el("pre", {}, JSON.stringify(event, null, 2))))));
-    }
+    for (const event of page.events) row(event);
     from = page.next_from;
     more.hidden = page.events.length === 0;
   };
+  // Following: each event as it is appended, after the last one shown
+  // (the pages before it are read first).
+  const unfollow = () => { if (stream) stream.close(); stream = null; };
+  follow.addEventListener("change", () => guarded(async () => {
+    unfollow();
+    if (!follow.checked) return;
+    while (!more.hidden) await load();
+    stream = new EventSource(`${conversationPath(id)}/events?from=${shown + 1}`);
+    stream.addEventListener("canonical", (message) => row(JSON.parse(message.data)));
+  }));
+  leaving.push(unfollow);
   more.addEventListener("click", () => guarded(load));
   show(
     el("h1", {}, "Log of ", el("a", { href: `#/c/${encodeURIComponent(id)}`, class: "mono" }, id)),
+    el("div", { class: "toolbar" }, el("label", {}, follow, " follow: show each event as it is appended")),
     el("table", { id: "log" },
       el("thead", {}, el("tr", {}, ["seq", "time", "kind", "parent", ""].map((h) => el("th", {}, h)))),
       body),
@@ -207,6 +225,9 @@ export async function logPage(id) {
 }
 
 // --- actors ----------------------------------------------------------------
+
+/** How often the actors page reads the actors again. */
+const ACTORS_EVERY_MS = 5000;
 
 export async function actorsPage() {
   const body = el("tbody");
@@ -229,6 +250,8 @@ export async function actorsPage() {
           el("button", { type: "button", class: "danger kill", onclick: () => act("kill") }, "kill")));
     }));
   };
+  const timer = setInterval(() => guarded(load), ACTORS_EVERY_MS);
+  leaving.push(() => clearInterval(timer));
   show(
     el("h1", {}, "Live actors"),
     el("table", { id: "actors" },
@@ -256,24 +279,23 @@ export function parseMetrics(text) {
 const sum = (samples, name, where = () => true) =>
   samples.filter((s) => s.name === name && where(s.labels)).reduce((total, s) => total + s.value, 0);
 
-/** A quantile of a histogram's buckets, interpolated as Prometheus' `histogram_quantile` does. */
+/**
+ * A quantile of a histogram, as the bucket it falls in: `{ upTo }` (at
+ * most that bound), or `{ over }` (past the last finite bound). Buckets
+ * are all a histogram knows; interpolating inside one (as Prometheus'
+ * `histogram_quantile` does) would show a precision there is not.
+ */
 export function quantile(q, buckets) {
   const sorted = buckets.slice().sort((a, b) => a.le - b.le);
   const total = sorted.length ? sorted[sorted.length - 1].count : 0;
   if (!total) return null;
   const rank = q * total;
-  let below = 0;
   let lower = 0;
   for (const bucket of sorted) {
-    if (bucket.count >= rank) {
-      if (bucket.le === Infinity) return lower;
-      const inside = bucket.count - below;
-      return inside ? lower + ((bucket.le - lower) * (rank - below)) / inside : bucket.le;
-    }
-    below = bucket.count;
+    if (bucket.count >= rank) return bucket.le === Infinity ? { over: lower } : { upTo: bucket.le };
     lower = bucket.le;
   }
-  return lower;
+  return { over: lower };
 }
 
 function latency(samples, name, where = () => true) {
@@ -290,6 +312,7 @@ function latency(samples, name, where = () => true) {
 }
 
 const seconds = (value) => (value === null || value === undefined ? "–" : value < 1 ? `${Math.round(value * 1000)} ms` : `${value.toFixed(2)} s`);
+const bucket = (found) => (!found ? "–" : found.over !== undefined ? `over ${seconds(found.over)}` : `≤ ${seconds(found.upTo)}`);
 
 function figures(id, rows) {
   return el("table", { id, class: "figures" },
@@ -316,7 +339,7 @@ export async function healthPage() {
       const tokens = (kind) => sum(samples, "gen_ai_client_token_usage_sum", (l) => l.gen_ai_provider_name === provider && l.gen_ai_token_type === kind);
       return el("tr", { "data-provider": provider },
         el("td", {}, provider),
-        ...[of("ok"), of("retried"), of("fallback"), of("failed"), seconds(ttft.p50), tokens("input"), tokens("output")]
+        ...[of("ok"), of("retried"), of("fallback"), of("failed"), bucket(ttft.p50), tokens("input"), tokens("output")]
           .map((value) => el("td", { class: "mono" }, String(value))));
     }));
     const turn = latency(samples, "keel_turn_duration_seconds");
@@ -324,9 +347,9 @@ export async function healthPage() {
       ["completed", sum(samples, "keel_turns_total", (l) => l.outcome === "completed")],
       ["failed", sum(samples, "keel_turns_total", (l) => l.outcome === "failed")],
       ["interrupted", sum(samples, "keel_turns_total", (l) => l.outcome === "interrupted")],
-      ["latency p50", seconds(turn.p50)],
-      ["latency p95", seconds(turn.p95)],
-      ["latency p99", seconds(turn.p99)],
+      ["latency p50", bucket(turn.p50)],
+      ["latency p95", bucket(turn.p95)],
+      ["latency p99", bucket(turn.p99)],
       ["latency mean", seconds(turn.mean)],
       ["live conversations", sum(samples, "keel_live_conversations")],
       ["open event streams", sum(samples, "keel_event_streams_open")],
@@ -335,7 +358,7 @@ export async function healthPage() {
     errors.replaceChildren(figures("errors", [
       ["store takes writes", sum(samples, "keel_store_available") ? "yes" : "NO"],
       ["store errors", sum(samples, "keel_store_errors_total")],
-      ["store append p99", seconds(append.p99)],
+      ["store append p99", bucket(append.p99)],
       ["LLM requests failed", sum(samples, "keel_llm_requests_total", (l) => l.outcome === "failed")],
       ["LLM retries", sum(samples, "keel_llm_retries_total")],
       ["fallbacks", sum(samples, "keel_llm_fallbacks_total")],

@@ -321,13 +321,10 @@ async fn the_console_misses_nothing_across_a_network_drop() {
         return;
     };
     let id = daemon.create(&site, json!({})).await;
-    let output = tokio::time::timeout(
-        2 * PATIENCE,
-        node.env("KEEL_CONVERSATION_ID", &id).output(),
-    )
-    .await
-    .expect("the network drop script finishes")
-    .unwrap();
+    let output = tokio::time::timeout(2 * PATIENCE, node.env("KEEL_CONVERSATION_ID", &id).output())
+        .await
+        .expect("the network drop script finishes")
+        .unwrap();
     let said = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),
