@@ -96,19 +96,29 @@ async function answers(page) {
   await page.waitForFunction(() => document.querySelectorAll("#messages .message.assistant").length >= 2);
   await waitForText(page, "#messages .message.assistant", "<img src=x onerror=alert(1)>");
   assert.equal(await page.$$eval("#messages img", (nodes) => nodes.length), 0, "no <img> element");
+  // A tool's output, and the answer quoting it, the same.
+  await page.fill("#message", "run: echo '<img src=x onerror=alert(3)><script>alert(4)</script>'");
+  await page.click("#send");
+  await waitForText(page, "#messages .tool .output", "<img src=x onerror=alert(3)><script>alert(4)</script>");
+  await waitForText(page, "#messages .message.assistant", "The command printed");
+  await waitForState(page, "idle");
+  assert.equal(await page.$$eval("#messages img, #messages script", (nodes) => nodes.length), 0, "no <img> or <script> element");
 
   step("a model's markdown is rendered, and only as harmless elements");
   await page.fill("#message", "# A title\n\n**bold** and `code`\n\n- one\n- two\n\n[a site](https://example.com/) [a trap](javascript:alert(2))");
   await page.click("#send");
-  await page.waitForFunction(() => document.querySelectorAll("#messages .message.assistant:not(.streaming)").length >= 3);
-  const rendered = await page.$eval("#messages .message.assistant:not(.streaming):last-of-type .markdown", (node) => ({
-    h1: node.querySelector("h1")?.textContent,
-    strong: node.querySelector("strong")?.textContent,
-    code: node.querySelector("code")?.textContent,
-    items: node.querySelectorAll("li").length,
-    links: Array.from(node.querySelectorAll("a")).map((a) => [a.getAttribute("href"), a.getAttribute("rel")]),
-    text: node.textContent,
-  }));
+  await page.waitForFunction(() => Array.from(document.querySelectorAll("#messages .message.assistant:not(.streaming)")).at(-1)?.textContent.includes("A title"));
+  const rendered = await page.evaluate(() => {
+    const node = Array.from(document.querySelectorAll("#messages .message.assistant:not(.streaming) .markdown")).at(-1);
+    return {
+      h1: node.querySelector("h1")?.textContent,
+      strong: node.querySelector("strong")?.textContent,
+      code: node.querySelector("code")?.textContent,
+      items: node.querySelectorAll("li").length,
+      links: Array.from(node.querySelectorAll("a")).map((a) => [a.getAttribute("href"), a.getAttribute("rel")]),
+      text: node.textContent,
+    };
+  });
   assert.equal(rendered.h1, "A title");
   assert.equal(rendered.strong, "bold");
   assert.equal(rendered.code, "code");

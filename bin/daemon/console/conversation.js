@@ -363,8 +363,17 @@ export async function conversationPage(id) {
   const header = el("div", { class: "muted", id: "details" });
   const connection = el("span", { id: "connection", class: "warning", hidden: true }, "connection lost: reconnecting…");
 
+  // What waits on a human, a box per call. A box stays while its call
+  // waits, so an answer being typed survives the page reading the
+  // conversation again.
+  const waiting = new Map();
   const renderPending = (calls) => {
-    pending.replaceChildren(...(calls || []).map((call) => {
+    const now = new Set((calls || []).map((call) => call.tool_call_id));
+    for (const [callId, box] of waiting) {
+      if (!now.has(callId)) { box.remove(); waiting.delete(callId); }
+    }
+    for (const call of calls || []) {
+      if (waiting.has(call.tool_call_id)) continue;
       const answer = el("input", { type: "text", placeholder: "answer", class: "answer" });
       const decide = (decision) => guarded(async () => {
         const request = { tool_call_id: call.tool_call_id, decision, by: "console" };
@@ -375,13 +384,15 @@ export async function conversationPage(id) {
       const asks = call.kind === "approval"
         ? [el("button", { type: "button", class: "primary", onclick: () => decide("approve") }, "approve")]
         : [answer, el("button", { type: "button", class: "primary", onclick: () => decide("answer") }, "answer")];
-      return el("div", { class: "pending", "data-call": call.tool_call_id },
+      const box = el("div", { class: "pending", "data-call": call.tool_call_id },
         el("div", {}, el("strong", {}, `${call.name} waits for ${call.kind === "approval" ? "approval" : "an answer"}`),
           call.conversation ? el("span", { class: "muted" }, ` (sub-agent ${call.conversation})`) : ""),
         call.prompt ? el("div", { class: "text" }, call.prompt) : "",
         el("pre", {}, JSON.stringify(call.input, null, 2)),
         el("div", { class: "toolbar" }, asks, el("button", { type: "button", class: "danger", onclick: () => decide("deny") }, "deny")));
-    }));
+      waiting.set(call.tool_call_id, box);
+      pending.append(box);
+    }
   };
 
   const showContext = (used, limit, warning) => {

@@ -79,6 +79,19 @@ async fn the_daemon_streams_child_states_and_lists_children_under_their_parent()
     assert!(children
         .iter()
         .all(|child| child["user_initiated"] == false && child["state"] == "completed"));
+    // `parent=ID`: those children and nothing else (the console finds a
+    // running call's sub-agents so).
+    let mine = daemon
+        .get(&format!("/v1/conversations?parent={parent}"))
+        .await
+        .body;
+    let mine: Vec<&Value> = mine["conversations"].as_array().unwrap().iter().collect();
+    assert_eq!(mine, children);
+    let none = daemon
+        .get("/v1/conversations?parent=c-0000000000000000")
+        .await
+        .body;
+    assert_eq!(none["conversations"], serde_json::json!([]));
 
     // `keel ls --all`: each child on the line after its parent.
     let listed = rig.ok(&["ls", "--all"]);
