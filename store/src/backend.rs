@@ -3,13 +3,16 @@
 //! the event log, snapshots, blobs and the index on top, the same way for
 //! every engine. Giving space back after removals is the engine's own
 //! business ([`Backend::reclaim`]): redb compacts its file on request,
-//! sled frees its segments by itself, memory has nothing to give back.
+//! sled frees its segments by itself, PostgreSQL vacuums, memory has
+//! nothing to give back.
 
 mod memory;
+mod postgres_kv;
 mod redb_kv;
 mod sled_kv;
 
 pub use memory::MemoryBackend;
+pub use postgres_kv::PostgresBackend;
 pub use redb_kv::RedbBackend;
 pub use sled_kv::SledBackend;
 

@@ -5,8 +5,8 @@
 //! conversation refers to them (`deletion.rs`, `store/removal.rs`).
 //!
 //! [`EventLog`] is what the actors use. [`Store`] implements it over any
-//! [`Backend`]: redb (the default), sled, or memory (tests). `open` picks one
-//! by [`BackendKind`].
+//! [`Backend`]: redb (the default), sled, PostgreSQL (docs/postgres.md), or
+//! memory (tests). `open` picks one by [`BackendKind`].
 
 pub mod backend;
 pub mod deletion;
@@ -23,7 +23,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
-pub use backend::{Backend, MemoryBackend, Reclaim, RedbBackend, SledBackend};
+pub use backend::{Backend, MemoryBackend, PostgresBackend, Reclaim, RedbBackend, SledBackend};
 pub use deletion::{Deleted, Reclaimed, Swept};
 pub use error::{Error, Result};
 pub use index::IndexEntry;
@@ -37,6 +37,7 @@ use lock::DirLock;
 pub type MemoryLog = Store<MemoryBackend>;
 pub type SledLog = Store<SledBackend>;
 pub type RedbLog = Store<RedbBackend>;
+pub type PostgresLog = Store<PostgresBackend>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendKind {
@@ -47,6 +48,9 @@ pub enum BackendKind {
     /// test never lost an acknowledged append or an open.
     #[default]
     Redb,
+    /// A PostgreSQL database, named by a URL rather than a directory
+    /// ([`open_postgres`]).
+    Postgres,
     Memory,
 }
 
@@ -55,6 +59,7 @@ impl fmt::Display for BackendKind {
         f.write_str(match self {
             BackendKind::Sled => "sled",
             BackendKind::Redb => "redb",
+            BackendKind::Postgres => "postgres",
             BackendKind::Memory => "memory",
         })
     }
@@ -66,9 +71,10 @@ impl FromStr for BackendKind {
         match raw {
             "sled" => Ok(BackendKind::Sled),
             "redb" => Ok(BackendKind::Redb),
+            "postgres" => Ok(BackendKind::Postgres),
             "memory" => Ok(BackendKind::Memory),
             other => Err(format!(
-                "unknown store backend {other:?}; use sled, redb or memory"
+                "unknown store backend {other:?}; use redb, sled, postgres or memory"
             )),
         }
     }
@@ -90,11 +96,39 @@ pub fn open_redb(dir: &Path) -> Result<RedbLog> {
     Store::new(RedbBackend::open(&dir.join("keel.redb"))?, Some(lock))
 }
 
-/// Open the store a runtime uses. `dir` is ignored for memory.
-pub fn open(kind: BackendKind, dir: &Path) -> Result<Arc<dyn EventLog>> {
+/// The PostgreSQL database at `url`, its schema brought up to date, held
+/// by this process (one keel per database).
+pub fn open_postgres(url: &str) -> Result<PostgresLog> {
+    Store::new(PostgresBackend::open(url)?, None)
+}
+
+/// [`open_postgres`], with `dir` (where a daemon keeps its token and its
+/// tools' process records) locked to this process as the embedded
+/// engines lock theirs: two keels never share one.
+pub fn open_postgres_with_dir(url: &str, dir: &Path) -> Result<PostgresLog> {
+    let lock = DirLock::acquire(dir)?;
+    Store::new(PostgresBackend::open(url)?, Some(lock))
+}
+
+/// Open the store a runtime uses: `dir` for the embedded engines (ignored
+/// for memory), `database_url` for PostgreSQL.
+pub fn open(
+    kind: BackendKind,
+    dir: &Path,
+    database_url: Option<&str>,
+) -> Result<Arc<dyn EventLog>> {
     Ok(match kind {
         BackendKind::Sled => Arc::new(open_sled(dir)?),
         BackendKind::Redb => Arc::new(open_redb(dir)?),
+        BackendKind::Postgres => match database_url {
+            Some(url) => Arc::new(open_postgres_with_dir(url, dir)?),
+            None => {
+                return Err(Error::Backend {
+                    backend: "postgres",
+                    reason: "no database URL given (KEEL_DATABASE_URL)".to_owned(),
+                })
+            }
+        },
         BackendKind::Memory => Arc::new(open_memory()?),
     })
 }

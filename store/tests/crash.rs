@@ -261,7 +261,7 @@ fn child_writer() {
     runtime.block_on(async move {
         // The harness has printed `test child_writer ... ` without a newline.
         say("\nopening");
-        let store = keel_store::open(backend, Path::new(&dir))
+        let store = keel_store::open(backend, Path::new(&dir), None)
             .unwrap_or_else(|error| die(format!("opening the {backend} store failed: {error}")));
         say("opened");
         let mut writers = tokio::task::JoinSet::new();

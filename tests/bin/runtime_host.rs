@@ -37,7 +37,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         .build()?;
     tokio.block_on(async {
         let config = RuntimeConfig {
-            store: store::open(BackendKind::Redb, &data)?,
+            store: store::open(BackendKind::Redb, &data, None)?,
             providers: ProviderConfig {
                 anthropic: Endpoint {
                     base_url: mock_url.clone(),

@@ -67,7 +67,7 @@ impl Rig {
     }
 
     pub(crate) fn store(&self, kind: BackendKind) -> Arc<dyn EventLog> {
-        store::open(kind, &self.data_dir()).unwrap()
+        store::open(kind, &self.data_dir(), None).unwrap()
     }
 
     /// What the tests open a runtime with, unless they change a field.

@@ -103,7 +103,7 @@ async fn turns_requests_and_tools_have_their_spans() {
     let cwd = dir.path().join("work");
     std::fs::create_dir_all(&cwd).unwrap();
     let (runtime, _) = Runtime::open(RuntimeConfig {
-        store: store::open(BackendKind::Memory, &dir.path().join("data")).unwrap(),
+        store: store::open(BackendKind::Memory, &dir.path().join("data"), None).unwrap(),
         providers: mock.provider_config(Timeouts::default()),
         tools: keel_actors::tool::ToolRegistry::with_defaults(),
         process_dir: None,

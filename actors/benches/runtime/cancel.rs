@@ -29,7 +29,7 @@ const PATIENCE: Duration = Duration::from_secs(20);
 pub(crate) async fn cancel(counts: &Counts) {
     const WARM_UP: usize = 2;
     let dir = scratch();
-    let store = store::open(BackendKind::Redb, &dir.path().join("data")).unwrap();
+    let store = store::open(BackendKind::Redb, &dir.path().join("data"), None).unwrap();
     let runtime = open_runtime(store.clone(), dir.path(), Settings::default()).await;
     let mut to_idle = Vec::with_capacity(counts.cancel);
     let mut to_gone = Vec::with_capacity(counts.cancel);

@@ -13,7 +13,7 @@ use crate::{Counts, LONG_EVENTS};
 
 pub(crate) async fn cold(counts: &Counts, kind: BackendKind) {
     let dir = scratch();
-    let store = store::open(kind, &dir.path().join("data")).unwrap();
+    let store = store::open(kind, &dir.path().join("data"), None).unwrap();
     let runtime = open_runtime(store.clone(), dir.path(), Settings::default()).await;
     let cwd = workdir(dir.path(), "work");
     let ids: Vec<ConversationId> = (0..counts.cold_conversations)

@@ -14,7 +14,7 @@ use crate::{Counts, ALLOCATOR, SHORT_EVENTS};
 pub(crate) async fn memory(counts: &Counts) {
     let n = counts.memory;
     let dir = scratch();
-    let store = store::open(BackendKind::Redb, &dir.path().join("data")).unwrap();
+    let store = store::open(BackendKind::Redb, &dir.path().join("data"), None).unwrap();
     let cwd = workdir(dir.path(), "work");
     let short_ids: Vec<ConversationId> = (0..n).map(|_| fresh_id("memory")).collect();
     let empty_ids: Vec<ConversationId> = (0..n).map(|_| fresh_id("empty")).collect();

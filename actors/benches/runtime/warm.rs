@@ -13,7 +13,7 @@ use crate::{Counts, LONG_EVENTS, SHORT_EVENTS};
 
 pub(crate) async fn warm(counts: &Counts) {
     let dir = scratch();
-    let store = store::open(BackendKind::Redb, &dir.path().join("data")).unwrap();
+    let store = store::open(BackendKind::Redb, &dir.path().join("data"), None).unwrap();
     let runtime = open_runtime(store.clone(), dir.path(), Settings::default()).await;
     let cwd = workdir(dir.path(), "work");
     let short = fresh_id("warm-short");

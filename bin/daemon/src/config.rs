@@ -53,6 +53,9 @@ pub struct Config {
     /// data dir.
     pub token: Option<String>,
     pub store: BackendKind,
+    /// `KEEL_DATABASE_URL`: the PostgreSQL database of `KEEL_STORE=postgres`
+    /// (docs/postgres.md); required with it, refused without it.
+    pub database_url: Option<String>,
     /// The model new conversations ask unless they name another.
     pub model: ModelRef,
     pub providers: ProviderConfig,
@@ -115,6 +118,7 @@ struct File {
     addr: Option<String>,
     token: Option<String>,
     store: Option<String>,
+    database_url: Option<String>,
     provider: Option<String>,
     model: Option<String>,
     log_format: Option<String>,
@@ -199,6 +203,7 @@ impl File {
             ("KEEL_ADDR", self.addr),
             ("KEEL_TOKEN", self.token),
             ("KEEL_STORE", self.store),
+            ("KEEL_DATABASE_URL", self.database_url),
             ("KEEL_PROVIDER", self.provider),
             ("KEEL_MODEL", self.model),
             ("KEEL_LOG_FORMAT", self.log_format),
@@ -327,6 +332,22 @@ impl Config {
                 Err(reason) => return Err(invalid("KEEL_STORE", reason)),
             },
         };
+        let database_url = lookup("KEEL_DATABASE_URL");
+        match (store, &database_url) {
+            (BackendKind::Postgres, None) => return Err(invalid(
+                "KEEL_DATABASE_URL",
+                "KEEL_STORE=postgres needs the database's URL (postgres://USER@HOST:PORT/DATABASE)",
+            )),
+            (BackendKind::Postgres, Some(_)) | (_, None) => {}
+            (other, Some(_)) => {
+                return Err(invalid(
+                    "KEEL_DATABASE_URL",
+                    format!(
+                    "is for KEEL_STORE=postgres; the {other} store keeps its data in KEEL_DATA_DIR"
+                ),
+                ))
+            }
+        }
         let log_format = lookup("KEEL_LOG_FORMAT");
         if let Some(format) = &log_format {
             if format != "plain" && format != "json" {
@@ -387,6 +408,7 @@ impl Config {
             addr,
             token,
             store,
+            database_url,
             model,
             providers,
             builtin_mock,
@@ -797,7 +819,12 @@ mod tests {
                 ],
                 "KEEL_SANDBOX_FULL_ACCESS",
             ),
-            (&[("KEEL_STORE", "postgres")], "KEEL_STORE"),
+            (&[("KEEL_STORE", "postgres")], "KEEL_DATABASE_URL"),
+            (&[("KEEL_STORE", "mysql")], "KEEL_STORE"),
+            (
+                &[("KEEL_DATABASE_URL", "postgres://keel@localhost/keel")],
+                "KEEL_DATABASE_URL",
+            ),
             (&[("KEEL_LOG_FORMAT", "xml")], "KEEL_LOG_FORMAT"),
             (
                 &[("KEEL_SHUTDOWN_GRACE_MS", "-1")],

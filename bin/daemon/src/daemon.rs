@@ -248,13 +248,16 @@ pub async fn start(config: Config, metrics: Option<MetricsRender>) -> anyhow::Re
         None
     };
 
-    let store = keel_actors::store::open(config.store, data_dir).with_context(|| {
-        format!(
-            "opening the {} store in {} (is another keel using this data dir?)",
-            config.store,
-            data_dir.display()
-        )
-    })?;
+    let store = keel_actors::store::open(config.store, data_dir, config.database_url.as_deref())
+        .with_context(|| match config.store {
+            keel_actors::store::BackendKind::Postgres => {
+                "opening the postgres store (KEEL_DATABASE_URL)".to_owned()
+            }
+            kind => format!(
+                "opening the {kind} store in {} (is another keel using this data dir?)",
+                data_dir.display()
+            ),
+        })?;
     let held_store = Arc::downgrade(&store);
     let store_availability = store.availability();
     let (runtime, report) = Runtime::open(RuntimeConfig {

@@ -65,7 +65,7 @@ async fn run(rounds: usize) {
     std::fs::create_dir_all(&work).unwrap();
     let data = dir.path().join("data");
     let config = RuntimeConfig {
-        store: store::open(BackendKind::Redb, &data).unwrap(),
+        store: store::open(BackendKind::Redb, &data, None).unwrap(),
         providers: ProviderConfig {
             mock_url: Some(mock.url().to_owned()),
             ..ProviderConfig::default()

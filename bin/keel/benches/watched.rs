@@ -48,7 +48,7 @@ fn main() {
 
 async fn run(n: usize, base: String) {
     let data = tempfile::tempdir().unwrap();
-    let store = store::open(BackendKind::Redb, data.path()).unwrap();
+    let store = store::open(BackendKind::Redb, data.path(), None).unwrap();
     let short_idle = Duration::from_millis(
         std::env::var("KEEL_BENCH_SHORT_IDLE_MS")
             .ok()

@@ -78,7 +78,7 @@ pub(crate) fn library_turns(mock_url: &str, sizes: &Sizes) -> Turns {
         let work = dir.path().join("work");
         std::fs::create_dir_all(&work).unwrap();
         let config = RuntimeConfig {
-            store: store::open(BackendKind::Redb, &data).unwrap(),
+            store: store::open(BackendKind::Redb, &data, None).unwrap(),
             providers: ProviderConfig {
                 mock_url: Some(mock_url.to_owned()),
                 ..ProviderConfig::default()
