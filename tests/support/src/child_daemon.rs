@@ -183,9 +183,10 @@ impl Drop for ChildDaemon {
 
 /// A free loopback port outside the kernel's ephemeral range, so that no
 /// outgoing connection (the drill's own clients make thousands) and no
-/// other bind to port 0 takes it while the daemon is down between two
-/// lives: every life binds the same port.
-fn lasting_port() -> anyhow::Result<u16> {
+/// other bind to port 0 takes it while the server is down between two
+/// lives: every life binds the same port. The daemon's and
+/// `postgres::Postgres`'s.
+pub(crate) fn lasting_port() -> anyhow::Result<u16> {
     let (low, high) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|text| {
@@ -206,7 +207,7 @@ fn lasting_port() -> anyhow::Result<u16> {
         }
     }
     Err(anyhow!(
-        "no free loopback port between {} and {} for the daemon",
+        "no free loopback port between {} and {}",
         span.start,
         span.end
     ))

@@ -1,8 +1,8 @@
 //! What `/proc` says of this machine's processes: who listens on a port,
 //! CPU time and resident memory, which processes carry a marker in their
-//! environment, whether one still runs; and the machine's load average.
-//! The drills, `keel bench`, the benches and the end-to-end tests read
-//! processes through these alone.
+//! environment or work in a directory, whether one still runs; and the
+//! machine's load average. The drills, `keel bench`, the benches, the
+//! end-to-end tests and `postgres` read processes through these alone.
 
 use std::time::Duration;
 
@@ -124,6 +124,16 @@ pub fn load_average() -> String {
                 .join(" ")
         })
         .unwrap_or_else(|_| "unknown".to_owned())
+}
+
+/// Processes (not zombies: a zombie has no working directory) whose
+/// working directory is `dir`, from `/proc/*/cwd`; only those whose
+/// `/proc` entries this process may read (its own user's, or all as
+/// root). A PostgreSQL server's processes all work in its data directory.
+pub fn processes_in(dir: &std::path::Path) -> Vec<u32> {
+    pids()
+        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == dir))
+        .collect()
 }
 
 /// Whether process `pid` exists and is not a zombie.
