@@ -805,114 +805,143 @@ fn a_read_given_up_on_keeps_the_directory_locked_until_it_ends<B: Backend>(
     DirLock::acquire(dir.path()).unwrap();
 }
 
+/// What an engine's conformance tests need kept alive (a database
+/// server), and how to open the engine in a directory.
+type Fixture<B> = (Box<dyn std::any::Any>, Box<dyn Fn(&Path) -> B>);
+
 macro_rules! conformance {
-    ($backend:ident, $open:expr, $engine:expr) => {
+    ($backend:ident, $fixture:expr) => {
         mod $backend {
             use super::*;
 
-            #[allow(clippy::redundant_closure_call)]
-            fn open() -> (tempfile::TempDir, Arc<dyn EventLog>) {
+            /// A fresh store of this engine, with what it needs kept alive
+            /// (dropped after it); `None` when the engine cannot run here
+            /// (it said why).
+            #[allow(clippy::redundant_closure_call, clippy::type_complexity)]
+            fn open() -> Option<(
+                (Box<dyn std::any::Any>, tempfile::TempDir),
+                Arc<dyn EventLog>,
+            )> {
+                let (keep, engine) = ($fixture)()?;
                 let dir = tempfile::tempdir().unwrap();
-                let log: Arc<dyn EventLog> = ($open)(dir.path());
-                (dir, log)
+                let log: Arc<dyn EventLog> =
+                    Arc::new(Store::new(engine(dir.path()), None).unwrap());
+                Some(((keep, dir), log))
             }
 
             #[tokio::test]
             async fn appends_are_read_back_in_order() {
-                let (_dir, log) = open();
+                let Some((_kept, log)) = open() else { return };
                 super::appends_are_read_back_in_order(&*log).await;
             }
 
             #[tokio::test]
             async fn gaps_and_duplicates_are_refused_and_change_nothing() {
-                let (_dir, log) = open();
+                let Some((_kept, log)) = open() else { return };
                 super::gaps_and_duplicates_are_refused_and_change_nothing(&*log).await;
             }
 
             #[tokio::test]
             async fn a_log_must_start_with_its_own_created() {
-                let (_dir, log) = open();
+                let Some((_kept, log)) = open() else { return };
                 super::a_log_must_start_with_its_own_created(&*log).await;
             }
 
             #[tokio::test]
             async fn range_and_tail_reads() {
-                let (_dir, log) = open();
+                let Some((_kept, log)) = open() else { return };
                 super::range_and_tail_reads(&*log).await;
             }
 
             #[tokio::test]
             async fn long_reads_come_back_whole_and_in_order() {
-                let (_dir, log) = open();
+                let Some((_kept, log)) = open() else { return };
                 super::long_reads_come_back_whole_and_in_order(&*log).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn concurrent_writers_each_get_a_contiguous_log() {
-                let (_dir, log) = open();
+                let Some((_kept, log)) = open() else { return };
                 super::concurrent_writers_each_get_a_contiguous_log(log).await;
             }
 
             #[tokio::test]
             async fn snapshots_are_a_cache_the_log_overrules() {
-                let (_dir, log) = open();
+                let Some((_kept, log)) = open() else { return };
                 super::snapshots_are_a_cache_the_log_overrules(&*log).await;
             }
 
             #[tokio::test]
             async fn checkpoints_spare_replay_and_never_overrule_the_log() {
-                let (_dir, log) = open();
+                let Some((_kept, log)) = open() else { return };
                 super::checkpoints_spare_replay_and_never_overrule_the_log(&*log).await;
             }
 
             #[tokio::test]
             async fn blobs_are_stored_once_by_content_hash() {
-                let (_dir, log) = open();
+                let Some((_kept, log)) = open() else { return };
                 super::blobs_are_stored_once_by_content_hash(&*log).await;
             }
 
             #[tokio::test]
             async fn a_conversation_uses_the_blobs_its_log_names() {
-                let (_dir, log) = open();
+                let Some((_kept, log)) = open() else { return };
                 super::a_conversation_uses_the_blobs_its_log_names(&*log).await;
             }
 
             #[tokio::test]
             async fn the_index_lists_conversations_and_marks_turns_in_flight() {
-                let (_dir, log) = open();
+                let Some((_kept, log)) = open() else { return };
                 super::the_index_lists_conversations_and_marks_turns_in_flight(&*log).await;
             }
 
             #[tokio::test(flavor = "current_thread")]
+            #[allow(clippy::redundant_closure_call)]
             async fn reads_leave_the_runtime_thread_free() {
+                let Some((_kept, engine)) = ($fixture)() else {
+                    return;
+                };
                 let dir = tempfile::tempdir().unwrap();
-                let store = Store::new(Gated::new(($engine)(dir.path())), None).unwrap();
+                let store = Store::new(Gated::new(engine(dir.path())), None).unwrap();
                 super::reads_leave_the_runtime_thread_free(&store).await;
             }
 
             #[test]
+            #[allow(clippy::redundant_closure_call)]
             fn a_read_given_up_on_keeps_the_directory_locked_until_it_ends() {
-                super::a_read_given_up_on_keeps_the_directory_locked_until_it_ends($engine);
+                let Some((_kept, engine)) = ($fixture)() else {
+                    return;
+                };
+                super::a_read_given_up_on_keeps_the_directory_locked_until_it_ends(engine);
             }
         }
     };
 }
 
-conformance!(
-    memory,
-    |_dir: &std::path::Path| Arc::new(keel_store::open_memory().unwrap()),
-    |_dir: &std::path::Path| keel_store::MemoryBackend::new()
-);
-conformance!(
-    sled,
-    |dir: &std::path::Path| Arc::new(keel_store::open_sled(dir).unwrap()),
-    |dir: &std::path::Path| keel_store::SledBackend::open(&dir.join("sled")).unwrap()
-);
-conformance!(
-    redb,
-    |dir: &std::path::Path| Arc::new(keel_store::open_redb(dir).unwrap()),
-    |dir: &std::path::Path| keel_store::RedbBackend::open(&dir.join("keel.redb")).unwrap()
-);
+/// Nothing to keep alive: an embedded engine lives in its directory.
+fn embedded<B: Backend>(engine: fn(&Path) -> B) -> Option<Fixture<B>> {
+    Some((Box::new(()), Box::new(engine)))
+}
+
+conformance!(memory, || embedded(|_| keel_store::MemoryBackend::new()));
+conformance!(sled, || embedded(|dir| {
+    keel_store::SledBackend::open(&dir.join("sled")).unwrap()
+}));
+conformance!(redb, || embedded(|dir| {
+    keel_store::RedbBackend::open(&dir.join("keel.redb")).unwrap()
+}));
+// A server of the test's own (keel_test_support::postgres), each test
+// on a database of its own; where PostgreSQL is not installed the tests
+// say they were not run.
+conformance!(postgres, || {
+    let server = keel_test_support::postgres::Postgres::start()?;
+    let url = server.url();
+    let engine = move |_: &Path| keel_store::PostgresBackend::open(&url).unwrap();
+    Some((
+        Box::new(server) as Box<dyn std::any::Any>,
+        Box::new(engine) as Box<dyn Fn(&Path) -> _>,
+    ))
+});
 
 /// Polled outside any tokio runtime (another executor, or none), a read has
 /// no blocking pool to go to and runs on the caller's thread: it is done on
@@ -1173,11 +1202,76 @@ async fn a_read_that_panics_is_an_error_and_the_store_goes_on() {
 async fn a_dropped_store_has_let_go_of_its_data_dir() {
     for kind in [keel_store::BackendKind::Redb, keel_store::BackendKind::Sled] {
         let dir = tempfile::tempdir().unwrap();
-        let log = keel_store::open(kind, dir.path()).unwrap();
+        let log = keel_store::open(kind, dir.path(), None).unwrap();
         assert_eq!(log.backend(), kind.to_string(), "the backend says its name");
         seed(&*log, "a", 3).await;
         drop(log);
         DirLock::acquire_within(dir.path(), Duration::ZERO)
             .unwrap_or_else(|error| panic!("{kind}: {error}"));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_survives_reopen_and_refuses_a_second_opener() {
+    let Some(server) = keel_test_support::postgres::Postgres::start() else {
+        return;
+    };
+    let url = server.url();
+    // As a daemon opens it: its data dir locked as the embedded engines'.
+    survives_reopen_and_refuses_a_second_opener(|dir| {
+        keel_store::open_postgres_with_dir(&url, dir).map(|log| Arc::new(log) as Arc<dyn EventLog>)
+    })
+    .await;
+    // Whatever the directory, the database itself is held by one keel,
+    // and free again the moment that keel lets go.
+    let first = keel_store::open_postgres(&url).unwrap();
+    let error = match keel_store::open_postgres(&url) {
+        Ok(_) => panic!("a second keel opened a held database"),
+        Err(error) => error,
+    };
+    assert!(
+        error.to_string().contains("in use by another keel"),
+        "{error}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("127.0.0.1:{}", server.port())),
+        "the message names the database: {error}"
+    );
+    drop(first);
+    let again = keel_store::open_postgres(&url).unwrap();
+    assert_eq!(again.last_seq(&id("a")).await.unwrap(), 8);
+}
+
+/// A database whose schema a newer keel wrote is refused, and left as it
+/// was; one with no schema gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_refuses_a_schema_from_a_newer_keel() {
+    let Some(server) = keel_test_support::postgres::Postgres::start() else {
+        return;
+    };
+    let url = server.url();
+    drop(keel_store::open_postgres(&url).unwrap());
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let connection = tokio::spawn(connection);
+    client
+        .execute("UPDATE keel_schema SET version = 99", &[])
+        .await
+        .unwrap();
+    let error = match keel_store::open_postgres(&url) {
+        Ok(_) => panic!("a schema from a newer keel was taken"),
+        Err(error) => error,
+    };
+    assert!(error.to_string().contains("schema version 99"), "{error}");
+    let version: i32 = client
+        .query_one("SELECT version FROM keel_schema", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, 99, "the refusal changed nothing");
+    drop(client);
+    connection.await.unwrap().unwrap();
 }

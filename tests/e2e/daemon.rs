@@ -29,6 +29,7 @@ mod images;
 mod langgraph;
 mod mcp;
 mod operations;
+mod postgres;
 mod refusals;
 mod restart;
 mod sandbox;
