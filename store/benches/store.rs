@@ -16,6 +16,11 @@
 //!   `read_all` is awaited on a tokio runtime, so the read runs on its
 //!   blocking pool and the figures include that hand-off, as in the runtime.
 //!
+//! With `KEEL_BENCH_DATABASE_URL` set, every group also runs on PostgreSQL
+//! (`postgres`), in that database (keel's table in it is emptied first):
+//! a server of the user's, with its own durability settings, since a
+//! figure from a server that does not fsync says nothing (docs/postgres.md).
+//!
 //! Data directories live under cargo's target tmp dir, on the same disk as
 //! the repository. Setup (creating conversations, filling logs) happens
 //! outside the timed sections; the logs' text comes from keel-test-support's
@@ -53,6 +58,19 @@ const FILL_BATCH: usize = 100;
 
 const BACKENDS: [&str; 3] = ["sled", "redb", "memory"];
 
+/// The PostgreSQL database to run on too, if any.
+const DATABASE_ENV: &str = "KEEL_BENCH_DATABASE_URL";
+
+/// The backends this run measures: [`BACKENDS`], and `postgres` when
+/// [`DATABASE_ENV`] names a database.
+fn backends() -> Vec<&'static str> {
+    let mut all = BACKENDS.to_vec();
+    if std::env::var_os(DATABASE_ENV).is_some() {
+        all.push("postgres");
+    }
+    all
+}
+
 const WRITERS: [usize; 3] = [1, 100, 1_000];
 
 /// Distinct conversation ids across the whole run.
@@ -67,13 +85,47 @@ fn scratch() -> TempDir {
     TempDir::new_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
 }
 
+/// A store as it was left: `open` again for the embedded engines, and
+/// the same database, not emptied, for PostgreSQL.
+fn reopen(backend: &str, dir: &Path) -> Arc<dyn EventLog> {
+    match backend {
+        "postgres" => Arc::new(
+            keel_store::open_postgres(&std::env::var(DATABASE_ENV).unwrap()).unwrap(),
+        ),
+        _ => open(backend, dir),
+    }
+}
+
+/// A fresh store of `backend`.
 fn open(backend: &str, dir: &Path) -> Arc<dyn EventLog> {
     match backend {
         "sled" => Arc::new(open_sled(dir).unwrap()),
         "redb" => Arc::new(open_redb(dir).unwrap()),
         "memory" => Arc::new(open_memory().unwrap()),
+        "postgres" => {
+            let url = std::env::var(DATABASE_ENV).unwrap();
+            empty_postgres(&url);
+            Arc::new(keel_store::open_postgres(&url).unwrap())
+        }
         other => panic!("unknown backend {other}"),
     }
+}
+
+/// Drops keel's tables in the database at `url`, so a run starts on an
+/// empty one as on a fresh directory.
+fn empty_postgres(url: &str) {
+    runtime().block_on(async {
+        let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        let connection = tokio::spawn(connection);
+        client
+            .batch_execute("DROP TABLE IF EXISTS keel_kv; DROP TABLE IF EXISTS keel_schema;")
+            .await
+            .unwrap();
+        drop(client);
+        connection.await.unwrap().unwrap();
+    });
 }
 
 fn runtime() -> Runtime {
@@ -164,7 +216,7 @@ fn append_single(c: &mut Criterion) {
     group.sample_size(20);
     group.measurement_time(Duration::from_secs(3));
     group.throughput(Throughput::Elements(1));
-    for backend in BACKENDS {
+    for backend in backends() {
         let dir = scratch();
         let store = open(backend, dir.path());
         let id = fresh_id("single");
@@ -195,7 +247,7 @@ fn append_concurrent(c: &mut Criterion) {
     group.sample_size(10);
     group.warm_up_time(Duration::from_secs(1));
     group.measurement_time(Duration::from_secs(3));
-    for backend in BACKENDS {
+    for backend in backends() {
         let dir = scratch();
         let store = open(backend, dir.path());
         for writers in WRITERS {
@@ -263,7 +315,7 @@ fn rebuild(c: &mut Criterion) {
     group.warm_up_time(Duration::from_secs(1));
     group.measurement_time(Duration::from_secs(3));
     let mut dirs = Vec::new();
-    for backend in BACKENDS {
+    for backend in backends() {
         let dir = scratch();
         let store = open(backend, dir.path());
         rt.block_on(async {
@@ -293,7 +345,7 @@ fn rebuild(c: &mut Criterion) {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {
                     let start = Instant::now();
-                    let store = open(backend, dir.path());
+                    let store = reopen(backend, dir.path());
                     let events = rt.block_on(store.read_all(&id)).unwrap();
                     black_box(WorkingSet::replay_owned(events).unwrap());
                     total += start.elapsed();

@@ -139,6 +139,28 @@ async function answers(page) {
   await waitForText(page, "#messages .message.assistant", "answered after a retry");
   await waitForState(page, "idle");
 
+  step("a fallback shown as it happens, and who answered");
+  const primaryFails = await daemon("POST", "/v1/conversations", {
+    fallback: { provider: "anthropic", model: "claude-fallback" },
+    retry: { max_retries: 0 },
+  });
+  await page.goto(`${url}/#/c/${encodeURIComponent(primaryFails.id)}`);
+  await page.waitForSelector("#send");
+  assert.ok((await fetch(`${mockUrl}/_mock/script`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify([{ status: 500 }]),
+  })).ok);
+  await page.fill("#message", "answered by the fallback");
+  await page.click("#send");
+  await waitForText(page, "#messages .note.fallback", "→ anthropic/claude-fallback");
+  await waitForText(page, "#messages .message.assistant .who", "anthropic/claude-fallback");
+  await waitForText(page, "#messages .message.assistant", "answered by the fallback");
+  await waitForState(page, "idle");
+  await page.goto(`${url}/#/c/${encodeURIComponent(id)}`);
+  await page.waitForSelector("#send");
+  await page.waitForFunction(() => document.querySelectorAll("#messages .message.assistant").length >= 4);
+
   step("a compaction shown as it is recorded");
   await daemon("POST", `/v1/conversations/${encodeURIComponent(id)}/compact`);
   await waitForText(page, "#messages .note.compacted", "replaced by a summary");
@@ -250,6 +272,8 @@ async function answers(page) {
   assert.ok(Number(okCell) >= 5, `ok requests: ${okCell}`);
   const retried = await page.textContent("#providers tr[data-provider=anthropic] td:nth-child(3)");
   assert.ok(Number(retried) >= 1, `retried: ${retried}`);
+  const fellBack = await page.textContent("#providers tr[data-provider=anthropic] td:nth-child(4)");
+  assert.ok(Number(fellBack) >= 1, `fallback: ${fellBack}`);
   await waitForText(page, "#turns", "latency p50");
   const completed = await page.$eval("#turns tr:first-child td", (cell) => Number(cell.textContent));
   assert.ok(completed >= 5, `completed turns: ${completed}`);
