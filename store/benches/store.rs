@@ -89,9 +89,9 @@ fn scratch() -> TempDir {
 /// the same database, not emptied, for PostgreSQL.
 fn reopen(backend: &str, dir: &Path) -> Arc<dyn EventLog> {
     match backend {
-        "postgres" => Arc::new(
-            keel_store::open_postgres(&std::env::var(DATABASE_ENV).unwrap()).unwrap(),
-        ),
+        "postgres" => {
+            Arc::new(keel_store::open_postgres(&std::env::var(DATABASE_ENV).unwrap()).unwrap())
+        }
         _ => open(backend, dir),
     }
 }

@@ -52,10 +52,7 @@ async fn fetch(
     (status, headers, bytes)
 }
 
-fn header<'a>(
-    headers: &'a reqwest::header::HeaderMap,
-    name: impl reqwest::header::AsHeaderName,
-) -> &'a str {
+fn header(headers: &reqwest::header::HeaderMap, name: impl reqwest::header::AsHeaderName) -> &str {
     headers
         .get(name)
         .and_then(|value| value.to_str().ok())

@@ -100,3 +100,69 @@ async fn refused_start(mock: &MockLlm, url: &str) -> (std::process::ExitStatus, 
     );
     (output.status, said)
 }
+
+/// PostgreSQL killed under a running daemon: the append that finds it gone
+/// fails, the store stops taking writes (a failed commit is never
+/// retried), every request answers 503 `storage_unavailable` naming the
+/// cause, and a daemon started again once the database is back has every
+/// acknowledged message, with contiguous seqs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_lost_under_the_daemon_stops_it_cleanly_and_loses_nothing_acknowledged() {
+    let Some(mut server) = Postgres::start() else {
+        return;
+    };
+    let url = server.url();
+    let mock = MockLlm::start();
+    let site = Site::new();
+    // It waits for a signal after the store stops, so what it answers
+    // meanwhile can be checked.
+    let daemon = Daemon::start(
+        &site,
+        Wire::Anthropic,
+        &mock,
+        &[
+            ("KEEL_STORE", "postgres"),
+            ("KEEL_DATABASE_URL", &url),
+            ("KEEL_STORE_STOPPED_EXIT_MS", "600000"),
+        ],
+    );
+    let id = daemon.create(&site, json!({})).await;
+    let acknowledged = daemon.send(&id, "before the database went away").await;
+    daemon.wait_turn_done(&id, 1).await;
+
+    server.kill();
+    let refused = daemon
+        .post(
+            &format!("/v1/conversations/{id}/messages"),
+            &json!({"text": "while the database is away"}),
+        )
+        .await;
+    let (code, message) = refused.error(reqwest::StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(code, "storage_unavailable", "{refused:?}");
+    assert!(message.contains("postgres"), "the cause: {message}");
+    let health = daemon.anonymous().get(daemon.endpoint("/healthz")).send();
+    assert_eq!(
+        health.await.unwrap().status(),
+        reqwest::StatusCode::SERVICE_UNAVAILABLE
+    );
+
+    server.restart();
+    daemon.sigterm();
+    let daemon = daemon.restart();
+    let log = daemon.log(&id).await;
+    let seqs: Vec<u64> = log
+        .iter()
+        .map(|event| event["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    let message = &log[acknowledged as usize - 1];
+    assert_eq!(message["type"], "user_message", "{message:#}");
+    assert_eq!(message["text"], "before the database went away");
+    assert!(
+        !log.iter()
+            .any(|event| event["text"] == "while the database is away"),
+        "a refused message is not in the log: {log:#?}"
+    );
+    daemon.send(&id, "after the database came back").await;
+    daemon.wait_turn_done(&id, 2).await;
+}
