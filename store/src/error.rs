@@ -51,6 +51,17 @@ pub enum Error {
     #[error("store is closed")]
     Closed,
 
+    /// This process writes the database as node `node` under `epoch`, and
+    /// another node moved that epoch on (to `now`, or removed the node):
+    /// it took this node's conversations over. Nothing was committed, and
+    /// this node must write no more (docs/postgres.md, "Fencing").
+    #[error("node {node} was fenced off: it writes under epoch {epoch}, and the database now says {}; another node took its conversations over", match .now { Some(now) => format!("epoch {now}"), None => "no such node".to_owned() })]
+    Fenced {
+        node: String,
+        epoch: i64,
+        now: Option<i64>,
+    },
+
     /// A read handed to tokio's blocking pool (where every read of the
     /// engine runs, so that none holds up a runtime thread) did not finish:
     /// it panicked, or the runtime shut down before it ran.

@@ -102,6 +102,13 @@ pub fn open_postgres(url: &str) -> Result<PostgresLog> {
     Store::new(PostgresBackend::open(url)?, None)
 }
 
+/// The PostgreSQL database at `url`, written by this process as the node
+/// `node`, one of several, under a new epoch that every commit checks
+/// (docs/postgres.md, "Fencing").
+pub fn open_postgres_node(url: &str, node: &str) -> Result<PostgresLog> {
+    Store::new(PostgresBackend::open_node(url, node)?, None)
+}
+
 /// [`open_postgres`], with `dir` (where a daemon keeps its token and its
 /// tools' process records) locked to this process as the embedded
 /// engines lock theirs: two keels never share one.

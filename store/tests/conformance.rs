@@ -1275,3 +1275,107 @@ async fn postgres_refuses_a_schema_from_a_newer_keel() {
     drop(client);
     connection.await.unwrap().unwrap();
 }
+
+/// A node whose epoch another node moved on (taking its conversations
+/// over) commits nothing more: the append that finds it fails, the store
+/// stops, and the log keeps what was committed before and nothing of the
+/// refused append. Started again, the node writes under a new epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_fenced_node_writes_no_more() {
+    let Some(server) = keel_test_support::postgres::Postgres::start() else {
+        return;
+    };
+    let url = server.url();
+    let a = keel_store::open_postgres_node(&url, "node-a").unwrap();
+    assert_eq!(a.backend().epoch(), Some(1));
+    seed(&a, "c", 3).await;
+    let committed = a.last_seq(&id("c")).await.unwrap();
+
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let connection = tokio::spawn(connection);
+    let moved = client
+        .execute(
+            "UPDATE keel_nodes SET epoch = epoch + 1 WHERE node = 'node-a'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(moved, 1);
+
+    let error = a
+        .append(&id("c"), messages(committed, 1))
+        .await
+        .expect_err("a fenced node's append");
+    assert!(
+        error.to_string().contains("node node-a was fenced off")
+            && error.to_string().contains("epoch 2"),
+        "{error}"
+    );
+    assert!(
+        a.append(&id("c"), messages(committed, 1)).await.is_err(),
+        "the store stopped"
+    );
+    drop(a);
+
+    let again = keel_store::open_postgres_node(&url, "node-a").unwrap();
+    assert_eq!(
+        again.backend().epoch(),
+        Some(3),
+        "a new epoch at each start"
+    );
+    assert_eq!(again.last_seq(&id("c")).await.unwrap(), committed);
+    again
+        .append(&id("c"), messages(committed, 1))
+        .await
+        .unwrap();
+    assert_eq!(again.last_seq(&id("c")).await.unwrap(), committed + 1);
+
+    // A node another one removed is fenced off as well.
+    client
+        .execute("DELETE FROM keel_nodes WHERE node = 'node-a'", &[])
+        .await
+        .unwrap();
+    let error = again
+        .append(&id("c"), messages(committed + 1, 1))
+        .await
+        .expect_err("a removed node's append");
+    assert!(error.to_string().contains("no such node"), "{error}");
+    drop(again);
+    drop(client);
+    connection.await.unwrap().unwrap();
+}
+
+/// A database an older keel wrote (schema version 1: no `keel_nodes`) is
+/// brought up to date at open, its data kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_brings_an_older_schema_up_to_date() {
+    let Some(server) = keel_test_support::postgres::Postgres::start() else {
+        return;
+    };
+    let url = server.url();
+    {
+        let log = keel_store::open_postgres(&url).unwrap();
+        seed(&log, "a", 2).await;
+    }
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let connection = tokio::spawn(connection);
+    client
+        .batch_execute("DROP TABLE keel_nodes; UPDATE keel_schema SET version = 1;")
+        .await
+        .unwrap();
+    let node = keel_store::open_postgres_node(&url, "n").unwrap();
+    assert_eq!(node.last_seq(&id("a")).await.unwrap(), 4);
+    let version: i32 = client
+        .query_one("SELECT version FROM keel_schema", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, 2);
+    drop(node);
+    drop(client);
+    connection.await.unwrap().unwrap();
+}

@@ -24,6 +24,13 @@
 //!   store holds a session advisory lock on a connection of its own for
 //!   its life; a second keel is refused, naming the database. The lock
 //!   goes with the connection, so a killed keel frees it at once.
+//! - **Or a node among several** ([`PostgresBackend::open_node`]): no
+//!   lock, but a row in `keel_nodes` whose epoch this process takes a new
+//!   value of at open; every commit reads it back `FOR SHARE` in its own
+//!   transaction and commits nothing if it moved: a node that another
+//!   fenced off (it was paused or cut off past its lease, and its
+//!   conversations were taken over) can never write again, and its store
+//!   stops at its first attempt (docs/postgres.md, "Fencing").
 //! - **The schema** is made and brought up to date at open
 //!   ([`MIGRATIONS`], recorded in `keel_schema`), under a transaction
 //!   advisory lock so that two keels starting together do not race. A
@@ -49,6 +56,10 @@ const NAME: &str = "postgres";
 const MIGRATIONS: &[&str] = &[
     "CREATE TABLE keel_kv (key bytea PRIMARY KEY, value bytea NOT NULL);
      ALTER TABLE keel_kv ALTER COLUMN value SET STORAGE EXTERNAL;",
+    // The nodes that write the database, each under an epoch that a node
+    // taking over from it moves on (docs/postgres.md, "Fencing").
+    "CREATE TABLE keel_nodes (node text PRIMARY KEY, epoch bigint NOT NULL,
+         heartbeat_at timestamptz NOT NULL DEFAULT now());",
 ];
 
 /// The advisory lock keys: one held for the store's life (one keel per
@@ -78,9 +89,28 @@ pub struct PostgresBackend {
     /// `None` only while dropping.
     runtime: Option<Runtime>,
     pool: Pool,
-    /// Holds the owner lock for as long as the store is open; `None`
+    /// Holds the owner lock (or, for a node, just the connection it
+    /// claimed its epoch on) for as long as the store is open; `None`
     /// only while dropping.
     owner: Option<Client>,
+    /// Set for a node among several: its name and the epoch it writes
+    /// under.
+    claim: Option<Claim>,
+}
+
+/// A node's claim: its name, and the epoch every commit checks.
+#[derive(Debug, Clone)]
+struct Claim {
+    node: String,
+    epoch: i64,
+}
+
+/// How this process holds the database.
+enum Holding {
+    /// Alone: the advisory lock.
+    Alone,
+    /// As the node of this name, under a new epoch.
+    Node(String),
 }
 
 fn backend_error(error: impl std::fmt::Display) -> Error {
@@ -142,6 +172,26 @@ impl PostgresBackend {
     /// `key=value` string), bring its schema up to date, and take it for
     /// this process.
     pub fn open(url: &str) -> Result<PostgresBackend> {
+        PostgresBackend::open_with(url, Holding::Alone)
+    }
+
+    /// Connect as the node `node`, one of several writing this database:
+    /// its row in `keel_nodes` is given a new epoch, which every commit of
+    /// this backend checks (a restart of the same node fences its earlier
+    /// incarnation off too).
+    pub fn open_node(url: &str, node: &str) -> Result<PostgresBackend> {
+        if node.is_empty() || node.len() > 200 {
+            return Err(backend_error("a node's name is 1 to 200 bytes"));
+        }
+        PostgresBackend::open_with(url, Holding::Node(node.to_owned()))
+    }
+
+    /// The epoch this backend writes under, for a node.
+    pub fn epoch(&self) -> Option<i64> {
+        self.claim.as_ref().map(|claim| claim.epoch)
+    }
+
+    fn open_with(url: &str, holding: Holding) -> Result<PostgresBackend> {
         let mut config: tokio_postgres::Config = url.parse().map_err(|error| {
             backend_error(format!(
                 "KEEL_DATABASE_URL is not a PostgreSQL URL: {error}"
@@ -155,11 +205,12 @@ impl PostgresBackend {
             .enable_all()
             .build()
             .map_err(|error| backend_error(format!("starting its runtime: {error}")))?;
-        match connect(&runtime, config) {
-            Ok((owner, pool)) => Ok(PostgresBackend {
+        match connect(&runtime, config, holding) {
+            Ok((owner, claim, pool)) => Ok(PostgresBackend {
                 runtime: Some(runtime),
                 pool,
                 owner: Some(owner),
+                claim,
             }),
             Err(error) => {
                 // Without waiting: the caller may be an async task.
@@ -181,28 +232,51 @@ impl PostgresBackend {
     }
 }
 
-/// The owner's connection, holding the store's lock, with the schema up
-/// to date; then the pool.
-fn connect(runtime: &Runtime, config: tokio_postgres::Config) -> Result<(Client, Pool)> {
+/// The owner's connection, holding the store's lock (or the node's new
+/// epoch), with the schema up to date; then the pool.
+fn connect(
+    runtime: &Runtime,
+    config: tokio_postgres::Config,
+    holding: Holding,
+) -> Result<(Client, Option<Claim>, Pool)> {
     let where_ = shown(&config);
     let owner_config = config.clone();
-    let owner = wait(runtime, async move {
+    let (owner, claim) = wait(runtime, async move {
         let (mut client, connection) = owner_config.connect(NoTls).await.map_err(|error| {
             backend_error(format!("connecting to {where_}: {}", with_causes(&error)))
         })?;
         tokio::spawn(connection);
-        let locked: bool = client
-            .query_one("SELECT pg_try_advisory_lock($1)", &[&OWNER_LOCK])
-            .await
-            .map_err(database_error)?
-            .get(0);
-        if !locked {
-            return Err(backend_error(format!(
-                "{where_} is in use by another keel (it holds the store's lock); one keel per database"
-            )));
+        if let Holding::Alone = holding {
+            let locked: bool = client
+                .query_one("SELECT pg_try_advisory_lock($1)", &[&OWNER_LOCK])
+                .await
+                .map_err(database_error)?
+                .get(0);
+            if !locked {
+                return Err(backend_error(format!(
+                    "{where_} is in use by another keel (it holds the store's lock); one keel per database"
+                )));
+            }
         }
         migrate(&mut client).await?;
-        Ok(client)
+        let claim = match holding {
+            Holding::Alone => None,
+            Holding::Node(node) => {
+                let epoch: i64 = client
+                    .query_one(
+                        "INSERT INTO keel_nodes (node, epoch) VALUES ($1, 1) \
+                         ON CONFLICT (node) DO UPDATE \
+                         SET epoch = keel_nodes.epoch + 1, heartbeat_at = now() \
+                         RETURNING epoch",
+                        &[&node],
+                    )
+                    .await
+                    .map_err(database_error)?
+                    .get(0);
+                Some(Claim { node, epoch })
+            }
+        };
+        Ok((client, claim))
     })?;
     let manager = Manager::from_config(
         config,
@@ -219,7 +293,7 @@ fn connect(runtime: &Runtime, config: tokio_postgres::Config) -> Result<(Client,
         .wait_timeout(Some(CONNECT_TIMEOUT))
         .build()
         .map_err(backend_error)?;
-    Ok((owner, pool))
+    Ok((owner, claim, pool))
 }
 
 /// Runs `work` on `runtime`, the caller waiting on a plain channel: no
@@ -338,10 +412,26 @@ impl Backend for PostgresBackend {
             removed,
         } = settle(writes);
         let pool = self.pool.clone();
+        let claim = self.claim.clone();
         self.run(async move {
             let mut client = pool.get().await.map_err(pool_error)?;
             let transaction = client.transaction().await.map_err(database_error)?;
-            // Both statements go out before either answer comes back.
+            // A node's epoch, read and held (`FOR SHARE`: a node taking
+            // over waits for this transaction, and this one sees it if it
+            // came first). The statements all go out before any answer
+            // comes back; if the epoch moved, nothing is committed.
+            let fence = async {
+                match &claim {
+                    None => Ok(None),
+                    Some(claim) => transaction
+                        .query_opt(
+                            "SELECT epoch FROM keel_nodes WHERE node = $1 FOR SHARE",
+                            &[&claim.node],
+                        )
+                        .await
+                        .map(|row| row.map(|row| row.get::<_, i64>(0))),
+                }
+            };
             let delete = async {
                 if removed.is_empty() {
                     return Ok(0);
@@ -354,7 +444,17 @@ impl Backend for PostgresBackend {
                 }
                 transaction.execute(UPSERT, &[&keys, &values]).await
             };
-            tokio::try_join!(delete, upsert).map_err(database_error)?;
+            let (held, _, _) = tokio::try_join!(fence, delete, upsert).map_err(database_error)?;
+            if let Some(claim) = &claim {
+                if held != Some(claim.epoch) {
+                    // Dropped without a commit: rolled back.
+                    return Err(Error::Fenced {
+                        node: claim.node.clone(),
+                        epoch: claim.epoch,
+                        now: held,
+                    });
+                }
+            }
             transaction.commit().await.map_err(database_error)
         })
     }
