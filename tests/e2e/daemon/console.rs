@@ -154,10 +154,20 @@ fn chromium() -> Option<std::path::PathBuf> {
 
 /// `playwright-core`, installed once with npm under the target directory;
 /// the `node_modules` directory that holds it.
+/// The console's browser tests run in parallel threads of one process:
+/// one installs while the others wait (two `npm install`s into one
+/// directory replace each other's `node_modules` under a running script).
+static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn playwright() -> std::path::PathBuf {
     let prefix = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-node");
     let modules = prefix.join("node_modules");
     let ready = prefix.join("installed");
+    // A test that panicked while holding it leaves nothing half-done
+    // that the `installed` mark would hide: the check below still holds.
+    let _installing = INSTALLING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if std::fs::read_to_string(&ready).ok().as_deref() == Some(PLAYWRIGHT_VERSION) {
         return modules;
     }
