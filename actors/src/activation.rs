@@ -108,6 +108,7 @@ pub(crate) async fn ensure_started(
         if shared.store.last_seq(id).await? == 0 {
             return Err(Error::NotFound(id.clone()));
         }
+        claim(shared, id, id).await?;
         let args = ConversationArgs {
             id: id.clone(),
             shared: shared.clone(),
@@ -172,6 +173,7 @@ pub(crate) async fn create_as(
         return Err(Error::ShuttingDown);
     }
     let cwd = working_directory(cwd).await?;
+    claim(shared, &id, parent_conversation.as_ref().unwrap_or(&id)).await?;
     let args = ConversationArgs {
         id: id.clone(),
         shared: shared.clone(),
@@ -226,6 +228,26 @@ pub(crate) async fn cancel(
 /// (`..` resolved, symbolic links followed), because it is fixed for the
 /// conversation's whole life, every tool starts there and the file tools
 /// confine paths to it: a link swapped later does not move it.
+/// With several processes over one store: make sure this one owns the
+/// tree `member` belongs to before `id` starts (`ownership.rs`).
+async fn claim(
+    shared: &Arc<Shared>,
+    id: &ConversationId,
+    member: &ConversationId,
+) -> Result<(), Error> {
+    let Some(ownership) = &shared.ownership else {
+        return Ok(());
+    };
+    let root = crate::ownership::root_of(shared.store.as_ref(), member).await?;
+    ownership
+        .claim(&root)
+        .await
+        .map_err(|reason| Error::NotOwner {
+            conversation: id.clone(),
+            reason,
+        })
+}
+
 async fn working_directory(cwd: &Path) -> Result<String, Error> {
     let invalid = |reason: &str| Error::InvalidCwd {
         cwd: cwd.display().to_string(),

@@ -21,6 +21,7 @@ mod mailbox;
 pub mod mcp;
 mod message;
 pub mod metrics;
+pub mod ownership;
 pub mod process_group;
 pub mod provider;
 pub mod pubsub;
@@ -92,6 +93,13 @@ pub enum Error {
     /// The runtime is stopping: it starts and creates no conversation.
     #[error("keel is shutting down")]
     ShuttingDown,
+    /// Another process owns this conversation's tree (several nodes over
+    /// one store, docs/nodes.md), or its owner cannot be known now.
+    #[error("conversation {conversation} is not this node's to run: {reason}")]
+    NotOwner {
+        conversation: keel_core::ConversationId,
+        reason: String,
+    },
     /// The conversation's actor stopped before it answered.
     #[error("the conversation stopped before it answered; try again")]
     Stopped,

@@ -101,6 +101,17 @@ impl Runtime {
     /// outlived a previous run, and recover every conversation the index
     /// says was mid-turn. What boot did is the returned [`BootReport`].
     pub async fn open(config: RuntimeConfig) -> Result<(Runtime, BootReport), Error> {
+        Runtime::open_with_ownership(config, None).await
+    }
+
+    /// [`open`](Self::open) as one of several processes over one store
+    /// (docs/nodes.md): conversations start only once `ownership` says
+    /// their tree is this process's, tools run only while it says this
+    /// process may act, and boot recovers only the trees it owns.
+    pub async fn open_with_ownership(
+        config: RuntimeConfig,
+        ownership: Option<Arc<dyn crate::ownership::Ownership>>,
+    ) -> Result<(Runtime, BootReport), Error> {
         let RuntimeConfig {
             store,
             providers,
@@ -162,6 +173,7 @@ impl Runtime {
             closed: AtomicBool::new(false),
             deleting: Mutex::new(HashSet::new()),
             activation: &activation::Activation,
+            ownership,
         });
         let (supervisor, _) = SupervisorActor::spawn(
             Some(registry::supervisor_name(&instance)),
@@ -174,6 +186,21 @@ impl Runtime {
         let runtime = Runtime { shared, supervisor };
         let report = boot::recover(&runtime).await?;
         Ok((runtime, report))
+    }
+
+    /// The root of `id`'s tree: `id`, or its first ancestor with no parent
+    /// (several nodes own conversations by tree, docs/nodes.md).
+    pub async fn root_of(&self, id: &ConversationId) -> Result<ConversationId, Error> {
+        Ok(crate::ownership::root_of(self.shared.store.as_ref(), id).await?)
+    }
+
+    /// Recover the trees rooted at `roots`, which this process has just
+    /// taken over from another that is gone (docs/nodes.md): every
+    /// conversation of them that was mid-turn or owed a turn is started
+    /// and carries out its recovery policy, as at boot.
+    pub async fn recover_taken_over(&self, roots: &[ConversationId]) -> Result<BootReport, Error> {
+        let roots: HashSet<ConversationId> = roots.iter().cloned().collect();
+        boot::recover_trees(self, &roots).await
     }
 
     /// Create a conversation working in `cwd` (fixed for its whole life,

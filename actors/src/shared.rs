@@ -60,6 +60,9 @@ pub(crate) struct Shared {
     /// How conversations are started (`activation.rs`), for what lives
     /// below it: a parent starting, resolving or cancelling its sub-agents.
     pub(crate) activation: &'static dyn Activate,
+    /// Asked before a conversation starts and before a tool runs, when
+    /// several processes share the store (`ownership.rs`).
+    pub(crate) ownership: Option<Arc<dyn crate::ownership::Ownership>>,
 }
 
 /// Starting a conversation by id: `activation.rs` does it, and spawns the

@@ -8,6 +8,7 @@
 
 mod memory;
 mod postgres_kv;
+pub mod postgres_nodes;
 mod redb_kv;
 mod sled_kv;
 

@@ -23,6 +23,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
+pub use backend::postgres_nodes::{rendezvous, NodeRow, Nodes, Owner};
 pub use backend::{Backend, MemoryBackend, PostgresBackend, Reclaim, RedbBackend, SledBackend};
 pub use deletion::{Deleted, Reclaimed, Swept};
 pub use error::{Error, Result};
@@ -107,6 +108,20 @@ pub fn open_postgres(url: &str) -> Result<PostgresLog> {
 /// (docs/postgres.md, "Fencing").
 pub fn open_postgres_node(url: &str, node: &str) -> Result<PostgresLog> {
     Store::new(PostgresBackend::open_node(url, node)?, None)
+}
+
+/// [`open_postgres_node`] for a daemon: `dir` (its token and its tools'
+/// process records) locked to this process, and the node's handle on the
+/// shared tables (heartbeats, ownership, takeover; docs/nodes.md).
+pub fn open_postgres_node_with_dir(
+    url: &str,
+    dir: &Path,
+    node: &str,
+) -> Result<(PostgresLog, backend::postgres_nodes::Nodes)> {
+    let lock = DirLock::acquire(dir)?;
+    let backend = PostgresBackend::open_node(url, node)?;
+    let nodes = backend.nodes().ok_or(Error::Closed)?;
+    Ok((Store::new(backend, Some(lock))?, nodes))
 }
 
 /// [`open_postgres`], with `dir` (where a daemon keeps its token and its

@@ -476,6 +476,15 @@ async fn start_tool(
         report_tool(state.mailbox(myself), call.id, ToolOutcome::error(message));
         return Ok(());
     };
+    if let Some(ownership) = &state.shared.ownership {
+        if !ownership.may_act() {
+            // Paused or cut off past its lease: another node may run this
+            // call now, so this one must not (docs/nodes.md).
+            let message = "not run: this node's lease on the conversation lapsed, and another node may have taken it over".to_owned();
+            report_tool(state.mailbox(myself), call.id, ToolOutcome::error(message));
+            return Ok(());
+        }
+    }
     let (cwd, may_leave_cwd, policy) = state
         .conversation
         .as_ref()

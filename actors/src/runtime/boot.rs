@@ -14,9 +14,12 @@
 //! for it (a crash came between the parent's durable cancel and the cancel
 //! of its sub-agents) is cancelled instead: nobody would read its result.
 
+use std::collections::{HashMap, HashSet};
+
 use keel_core::builtin;
 use keel_core::ids::ConversationId;
 use keel_core::recovery::awaited_spawn;
+use keel_store::IndexEntry;
 
 use super::Runtime;
 use crate::activation;
@@ -70,10 +73,45 @@ pub(super) async fn recover(runtime: &Runtime) -> Result<BootReport, Error> {
             );
         }
     }
-    for entry in runtime.shared.store.list(true).await? {
-        if !entry.needs_recovery() {
-            continue;
-        }
+    let owned = match &runtime.shared.ownership {
+        None => None,
+        Some(ownership) => Some(
+            ownership
+                .owned()
+                .await
+                .map_err(|reason| Error::Config {
+                    name: "ownership",
+                    reason: format!("cannot read which conversations this node owns: {reason}"),
+                })?
+                .into_iter()
+                .collect::<HashSet<_>>(),
+        ),
+    };
+    recover_conversations(runtime, owned.as_ref(), &mut report).await?;
+    Ok(report)
+}
+
+/// Recover the trees rooted at `roots` (taken over from a node that is
+/// gone): what boot does for its conversations, but for those only.
+pub(super) async fn recover_trees(
+    runtime: &Runtime,
+    roots: &HashSet<ConversationId>,
+) -> Result<BootReport, Error> {
+    let mut report = BootReport::default();
+    recover_conversations(runtime, Some(roots), &mut report).await?;
+    Ok(report)
+}
+
+/// Start every conversation that needs recovery, of the trees rooted in
+/// `roots` if given (a node recovers only what it owns).
+async fn recover_conversations(
+    runtime: &Runtime,
+    roots: Option<&HashSet<ConversationId>>,
+    report: &mut BootReport,
+) -> Result<(), Error> {
+    let entries = runtime.shared.store.list(true).await?;
+    let wanted = wanted(&entries, roots);
+    for entry in wanted {
         if let Some(parent) = &entry.parent {
             if !parent_waits(runtime, parent, &entry.id).await {
                 match cancel_orphan(runtime, &entry.id).await {
@@ -100,7 +138,32 @@ pub(super) async fn recover(runtime: &Runtime) -> Result<BootReport, Error> {
             "recovered conversations that were mid-turn"
         );
     }
-    Ok(report)
+    Ok(())
+}
+
+/// The entries that need recovery, of the trees rooted in `roots` if
+/// given.
+fn wanted(entries: &[IndexEntry], roots: Option<&HashSet<ConversationId>>) -> Vec<IndexEntry> {
+    let parents: HashMap<&ConversationId, &ConversationId> = entries
+        .iter()
+        .filter_map(|entry| entry.parent.as_ref().map(|parent| (&entry.id, parent)))
+        .collect();
+    let root = |id: &ConversationId| -> ConversationId {
+        let mut current = id;
+        for _ in 0..64 {
+            match parents.get(current) {
+                Some(parent) => current = *parent,
+                None => break,
+            }
+        }
+        current.clone()
+    };
+    entries
+        .iter()
+        .filter(|entry| entry.needs_recovery())
+        .filter(|entry| roots.is_none_or(|roots| roots.contains(&root(&entry.id))))
+        .cloned()
+        .collect()
 }
 
 /// Whether `parent`'s log still waits for `child`: its open `spawn_agents`

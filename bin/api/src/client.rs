@@ -38,7 +38,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::types::{
-    AcceptedMessage, ActorList, ApiDecisionKind, CancelAccepted, CompactAccepted,
+    AcceptedMessage, ActorList, NodeList, ApiDecisionKind, CancelAccepted, CompactAccepted,
     ConversationDetail, ConversationList, CreateConversation, CreatedConversation,
     DeletedConversation, Evicted, ForkRequest, ForkedConversation, Health, ImageBody, Killed,
     LogPage, McpServerList, ReclaimedSpace, ResolveAccepted, ResolveRequest, RewindRequest,
@@ -336,6 +336,12 @@ impl Client {
             path.push_str(&format!("&limit={limit}"));
         }
         self.call(Method::GET, &path, Some(id), NO_BODY).await
+    }
+
+    /// `GET /admin/nodes`: the nodes sharing this daemon's database, and
+    /// which one answered (docs/nodes.md).
+    pub async fn nodes(&self) -> Result<NodeList, Error> {
+        self.call(Method::GET, "/admin/nodes", None, NO_BODY).await
     }
 
     /// `GET /admin/actors`, every page: the live actors (`next_cursor`

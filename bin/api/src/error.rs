@@ -101,6 +101,10 @@ error_codes! {
     StorageUnavailable => "storage_unavailable",
     /// The runtime did not answer in time.
     Timeout => "timeout",
+    /// Several nodes: the node that owns this conversation cannot be
+    /// reached now (it is being taken over after its lease); try again
+    /// shortly (docs/nodes.md).
+    OwnerUnavailable => "owner_unavailable",
     /// A thread (a conversation) with that id exists already.
     AlreadyExists => "already_exists",
     /// The run has ended: there is nothing to cancel.

@@ -14,6 +14,7 @@ pub mod deletion;
 pub mod error;
 pub mod events;
 pub mod follow;
+pub mod forward;
 pub mod history;
 pub mod images;
 pub mod langgraph;
@@ -83,6 +84,8 @@ pub struct Shared {
     /// The most bytes a message's text may have (`KEEL_MAX_MESSAGE_BYTES`).
     /// The body limit is sized for images and would let a 60 MiB text in.
     pub max_message_bytes: usize,
+    /// This daemon as one node among several (docs/nodes.md).
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 impl std::ops::Deref for AppState {
@@ -111,7 +114,15 @@ impl AppState {
             metrics,
             stopping,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            cluster: None,
         }))
+    }
+
+    /// The same state as node `cluster` among several.
+    pub fn with_cluster(self, cluster: Option<Arc<crate::cluster::Cluster>>) -> AppState {
+        let mut shared = Arc::unwrap_or_clone(self.0);
+        shared.cluster = cluster;
+        AppState(Arc::new(shared))
     }
 
     /// The same state with messages' text bounded at `bytes`.
@@ -174,6 +185,7 @@ fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(images::get_image))
         .routes(routes!(events::events))
         .routes(routes!(admin::actors))
+        .routes(routes!(admin::nodes))
         .routes(routes!(admin::evict))
         .routes(routes!(admin::kill))
         .routes(routes!(admin::reclaim))
@@ -223,6 +235,9 @@ pub fn router(state: AppState) -> Router {
         .merge(console::router())
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), storage_guard))
+        // After the token check, so a request is refused where it came in;
+        // before the storage guard, whose answer is the owner's to give.
+        .layer(middleware::from_fn_with_state(state.clone(), forward::to_owner))
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(catch_panics())

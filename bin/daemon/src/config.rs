@@ -89,9 +89,29 @@ pub struct Config {
     /// `KEEL_SANDBOX_FULL_ACCESS=allow`: conversations may run their tools
     /// unconfined. Implied by `KEEL_SANDBOX=full-access`.
     pub sandbox_full_access: bool,
+    /// `KEEL_NODE` and its companions: this daemon is one of several
+    /// nodes over one PostgreSQL database (docs/nodes.md).
+    pub node: Option<NodeConfig>,
     /// Where the file came from, if one was read.
     pub file: Option<PathBuf>,
 }
+
+/// A node among several (docs/nodes.md).
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// `KEEL_NODE`: its name, the same across its restarts.
+    pub name: String,
+    /// `KEEL_NODE_URL`: where the other nodes reach its API
+    /// (`http://HOST:PORT`); by default `http://` and `KEEL_ADDR`, its
+    /// port as bound.
+    pub url: Option<String>,
+    /// `KEEL_NODE_LEASE_MS`: how long a node not heard from keeps its
+    /// conversations before another takes them over.
+    pub lease: Duration,
+}
+
+/// The default of `KEEL_NODE_LEASE_MS`.
+pub const DEFAULT_NODE_LEASE: Duration = Duration::from_secs(10);
 
 /// Largest body of `POST …/messages`: images come base64 in it (4/3 of
 /// their size), each up to 20 MiB before keel scales it down. The ceiling
@@ -136,6 +156,9 @@ struct File {
     openai: ProviderSection,
     #[serde(default)]
     timeouts: Timeouts,
+    node: Option<String>,
+    node_url: Option<String>,
+    node_lease_ms: Option<u64>,
     #[serde(default)]
     mcp: BTreeMap<String, McpSection>,
 }
@@ -227,6 +250,12 @@ impl File {
             (
                 "KEEL_RETENTION_DAYS",
                 self.retention_days.map(|days| days.to_string()),
+            ),
+            ("KEEL_NODE", self.node),
+            ("KEEL_NODE_URL", self.node_url),
+            (
+                "KEEL_NODE_LEASE_MS",
+                self.node_lease_ms.map(|ms| ms.to_string()),
             ),
             ("KEEL_SANDBOX", self.sandbox.mode),
             (
@@ -348,6 +377,7 @@ impl Config {
                 ))
             }
         }
+        let node = node(&lookup, store, token.is_some())?;
         let log_format = lookup("KEEL_LOG_FORMAT");
         if let Some(format) = &log_format {
             if format != "plain" && format != "json" {
@@ -421,9 +451,69 @@ impl Config {
             mcp_servers,
             sandbox,
             sandbox_full_access,
+            node,
             file: file.map(|(path, _)| path.to_owned()),
         })
     }
+}
+
+/// `KEEL_NODE` and its companions, checked: a node shares a PostgreSQL
+/// store and a token with the others (requests are forwarded between
+/// nodes with the client's own token).
+fn node(
+    lookup: &impl Fn(&str) -> Option<String>,
+    store: BackendKind,
+    has_token: bool,
+) -> Result<Option<NodeConfig>, ConfigError> {
+    let Some(name) = lookup("KEEL_NODE") else {
+        for companion in ["KEEL_NODE_URL", "KEEL_NODE_LEASE_MS"] {
+            if lookup(companion).is_some() {
+                return Err(invalid(companion, "is for a node: set KEEL_NODE too"));
+            }
+        }
+        return Ok(None);
+    };
+    if name.len() > 200 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+        return Err(invalid(
+            "KEEL_NODE",
+            format!("{name:?} is not a node name: 1 to 200 of A-Z a-z 0-9 - _ ."),
+        ));
+    }
+    if store != BackendKind::Postgres {
+        return Err(invalid(
+            "KEEL_NODE",
+            "nodes share one PostgreSQL database: set KEEL_STORE=postgres and KEEL_DATABASE_URL",
+        ));
+    }
+    if !has_token {
+        return Err(invalid(
+            "KEEL_TOKEN",
+            "must be set for a node, the same on every node: requests are forwarded between nodes with the client's token",
+        ));
+    }
+    let url = match lookup("KEEL_NODE_URL") {
+        None => None,
+        Some(url) => {
+            let parsed = reqwest::Url::parse(&url)
+                .ok()
+                .filter(|parsed| matches!(parsed.scheme(), "http" | "https") && parsed.host().is_some());
+            if parsed.is_none() {
+                return Err(invalid(
+                    "KEEL_NODE_URL",
+                    format!("{url:?} is not an http(s) URL like http://10.0.0.5:7777"),
+                ));
+            }
+            Some(url.trim_end_matches('/').to_owned())
+        }
+    };
+    let lease = millis(lookup, "KEEL_NODE_LEASE_MS")?.unwrap_or(DEFAULT_NODE_LEASE);
+    if lease < Duration::from_millis(300) {
+        return Err(invalid(
+            "KEEL_NODE_LEASE_MS",
+            "must be at least 300: a node renews its lease three times per lease, over the network",
+        ));
+    }
+    Ok(Some(NodeConfig { name, url, lease }))
 }
 
 /// The default sandbox and whether full access is allowed.

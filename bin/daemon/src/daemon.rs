@@ -164,10 +164,33 @@ async fn serve(mut config: Config, fake_provider: Option<StartFakeProvider>) -> 
     tokio::spawn(watch_signals(daemon.stop.clone()));
     let mut until_stop = daemon.stop.subscribe();
     let mut store = daemon.store_availability.clone();
+    let mut fenced = daemon.cluster.as_ref().map(|cluster| cluster.fenced());
+    let until_fenced = async {
+        match &mut fenced {
+            Some(fenced) => match fenced.wait_for(Option::is_some).await {
+                Ok(why) => why.clone().unwrap_or_default(),
+                Err(_) => std::future::pending().await,
+            },
+            None => std::future::pending().await,
+        }
+    };
     let reason = tokio::select! {
         _ = until_stop.wait_for(|stopping| *stopping) => None,
         reason = store.until_stopped() => Some(reason),
+        why = until_fenced => {
+            // Another node took this one's conversations over: nothing
+            // more may be done here. Its supervisor starts it again under
+            // a new epoch (docs/nodes.md, "Stepping down").
+            daemon.abandon().await;
+            anyhow::bail!("this node was fenced off and steps down: {why}");
+        }
     };
+    if let (Some(reason), Some(_)) = (&reason, &daemon.cluster) {
+        if reason.contains("fenced off") {
+            daemon.abandon().await;
+            anyhow::bail!("this node was fenced off and steps down: {reason}");
+        }
+    }
     let Some(reason) = reason else {
         daemon.stop().await;
         say("keel stopped")?;
@@ -218,6 +241,8 @@ pub struct Daemon {
     server: JoinHandle<std::io::Result<()>>,
     /// Whether the store still takes writes: `serve` exits once it stops.
     store_availability: Availability,
+    /// This daemon as a node among several, if it is one.
+    cluster: Option<Arc<crate::cluster::Cluster>>,
     /// How long to answer 503 after the store stopped before exiting.
     store_stopped_exit: Duration,
     /// The data dir, for the log line when the store stops.
@@ -225,6 +250,39 @@ pub struct Daemon {
     /// The store, held weakly: it is released (its files closed, the data
     /// dir's lock let go) once the runtime and every request are gone.
     store: Weak<dyn EventLog>,
+}
+
+/// The store `config` names, and for a node (`KEEL_NODE`), its place
+/// among the others.
+fn open_store(
+    config: &Config,
+) -> anyhow::Result<(Arc<dyn EventLog>, Option<Arc<crate::cluster::Cluster>>)> {
+    let data_dir = &config.data_dir;
+    if let (Some(node), Some(url)) = (&config.node, &config.database_url) {
+        let started = std::time::Instant::now();
+        let (store, nodes) =
+            keel_actors::store::open_postgres_node_with_dir(url, data_dir, &node.name)
+                .with_context(|| {
+                    format!(
+                        "opening the postgres store (KEEL_DATABASE_URL) as node {} with data dir {}",
+                        node.name,
+                        data_dir.display()
+                    )
+                })?;
+        let cluster = crate::cluster::Cluster::new(nodes, node, started)?;
+        return Ok((Arc::new(store), Some(cluster)));
+    }
+    let store = keel_actors::store::open(config.store, data_dir, config.database_url.as_deref())
+        .with_context(|| match config.store {
+            keel_actors::store::BackendKind::Postgres => {
+                "opening the postgres store (KEEL_DATABASE_URL)".to_owned()
+            }
+            kind => format!(
+                "opening the {kind} store in {} (is another keel using this data dir?)",
+                data_dir.display()
+            ),
+        })?;
+    Ok((store, None))
 }
 
 /// Open the store in `config.data_dir` and the runtime over it (boot
@@ -248,19 +306,20 @@ pub async fn start(config: Config, metrics: Option<MetricsRender>) -> anyhow::Re
         None
     };
 
-    let store = keel_actors::store::open(config.store, data_dir, config.database_url.as_deref())
-        .with_context(|| match config.store {
-            keel_actors::store::BackendKind::Postgres => {
-                "opening the postgres store (KEEL_DATABASE_URL)".to_owned()
-            }
-            kind => format!(
-                "opening the {kind} store in {} (is another keel using this data dir?)",
-                data_dir.display()
-            ),
-        })?;
+    let (stop, stopping) = watch::channel(false);
+    let (store, cluster) = open_store(&config)?;
+    if let Some(cluster) = &cluster {
+        // Before boot recovery, which may start tools: they run only
+        // within the lease, which these keep renewing.
+        cluster.spawn_heartbeats(stopping.clone());
+    }
     let held_store = Arc::downgrade(&store);
     let store_availability = store.availability();
-    let (runtime, report) = Runtime::open(RuntimeConfig {
+    let ownership = cluster.as_ref().map(|cluster| {
+        Arc::new(crate::cluster::NodeOwnership(Arc::clone(cluster)))
+            as Arc<dyn keel_actors::ownership::Ownership>
+    });
+    let (runtime, report) = Runtime::open_with_ownership(RuntimeConfig {
         store,
         providers: config.providers.clone(),
         tools: ToolRegistry::with_defaults(),
@@ -282,7 +341,7 @@ pub async fn start(config: Config, metrics: Option<MetricsRender>) -> anyhow::Re
             api_port: Some(config.addr.port()).filter(|port| *port != 0),
             protections: None,
         },
-    })
+    }, ownership)
     .await
     .context("starting the runtime")?;
     log_sandbox(&runtime, &config);
@@ -310,8 +369,17 @@ pub async fn start(config: Config, metrics: Option<MetricsRender>) -> anyhow::Re
         }
     };
     let addr = listener.local_addr().context("reading the bound address")?;
+    if let Some(cluster) = &cluster {
+        if cluster.url().is_empty() {
+            let ip = match addr.ip() {
+                ip if ip.is_unspecified() => std::net::IpAddr::from([127, 0, 0, 1]),
+                ip => ip,
+            };
+            cluster.set_url(format!("http://{}", SocketAddr::new(ip, addr.port())));
+        }
+        cluster.heartbeat().await;
+    }
     runtime.sandbox().block_port(addr.port());
-    let (stop, stopping) = watch::channel(false);
     let cwd = std::env::current_dir().context("reading the working directory")?;
     let state = AppState::new(
         runtime.clone(),
@@ -321,7 +389,12 @@ pub async fn start(config: Config, metrics: Option<MetricsRender>) -> anyhow::Re
         metrics,
         stopping.clone(),
     )
-    .with_max_message_bytes(config.max_message_bytes);
+    .with_max_message_bytes(config.max_message_bytes)
+    .with_cluster(cluster.clone());
+    if let Some(cluster) = &cluster {
+        cluster.spawn_takeovers(runtime.clone(), stopping.clone());
+        tracing::info!(node = cluster.name(), url = cluster.url(), lease = ?cluster.lease, "serving as a node");
+    }
     let router = api::router(state);
     tracing::info!(%addr, model = %config.model, data_dir = %data_dir.display(), "serving");
 
@@ -354,6 +427,7 @@ pub async fn start(config: Config, metrics: Option<MetricsRender>) -> anyhow::Re
         stop,
         server,
         store_availability,
+        cluster,
         store_stopped_exit: config.store_stopped_exit,
         data_dir: data_dir.clone(),
         store: held_store,

@@ -60,6 +60,13 @@ const MIGRATIONS: &[&str] = &[
     // taking over from it moves on (docs/postgres.md, "Fencing").
     "CREATE TABLE keel_nodes (node text PRIMARY KEY, epoch bigint NOT NULL,
          heartbeat_at timestamptz NOT NULL DEFAULT now());",
+    // Where each node answers, whether another fenced it off, and which
+    // node owns each conversation tree (by its root; docs/nodes.md).
+    "ALTER TABLE keel_nodes ADD COLUMN addr text,
+         ADD COLUMN fenced boolean NOT NULL DEFAULT false;
+     CREATE TABLE keel_owners (conversation text PRIMARY KEY, node text NOT NULL,
+         since timestamptz NOT NULL DEFAULT now());
+     CREATE INDEX keel_owners_by_node ON keel_owners (node);",
 ];
 
 /// The advisory lock keys: one held for the store's life (one keel per
@@ -113,7 +120,7 @@ enum Holding {
     Node(String),
 }
 
-fn backend_error(error: impl std::fmt::Display) -> Error {
+pub(super) fn backend_error(error: impl std::fmt::Display) -> Error {
     Error::Backend {
         backend: NAME,
         reason: error.to_string(),
@@ -122,7 +129,7 @@ fn backend_error(error: impl std::fmt::Display) -> Error {
 
 /// A driver error with what the server said, when it said something,
 /// else with its causes (a refused connection says why).
-fn database_error(error: tokio_postgres::Error) -> Error {
+pub(super) fn database_error(error: tokio_postgres::Error) -> Error {
     match error.as_db_error() {
         Some(db) => backend_error(format!("{} ({})", db.message(), db.code().code())),
         None => backend_error(with_causes(&error)),
@@ -140,7 +147,7 @@ fn with_causes(error: &dyn std::error::Error) -> String {
     text
 }
 
-fn pool_error(error: deadpool_postgres::PoolError) -> Error {
+pub(super) fn pool_error(error: deadpool_postgres::PoolError) -> Error {
     match error {
         deadpool_postgres::PoolError::Backend(error) => database_error(error),
         other => backend_error(other),
@@ -189,6 +196,20 @@ impl PostgresBackend {
     /// The epoch this backend writes under, for a node.
     pub fn epoch(&self) -> Option<i64> {
         self.claim.as_ref().map(|claim| claim.epoch)
+    }
+
+    /// For a node: its handle on the nodes' shared tables (heartbeats,
+    /// ownership, takeover), on this backend's connections. It works
+    /// while the backend is open.
+    pub fn nodes(&self) -> Option<super::postgres_nodes::Nodes> {
+        let claim = self.claim.as_ref()?;
+        let runtime = self.runtime.as_ref()?;
+        Some(super::postgres_nodes::Nodes::new(
+            runtime.handle().clone(),
+            self.pool.clone(),
+            claim.node.clone(),
+            claim.epoch,
+        ))
     }
 
     fn open_with(url: &str, holding: Holding) -> Result<PostgresBackend> {
@@ -266,7 +287,7 @@ fn connect(
                     .query_one(
                         "INSERT INTO keel_nodes (node, epoch) VALUES ($1, 1) \
                          ON CONFLICT (node) DO UPDATE \
-                         SET epoch = keel_nodes.epoch + 1, heartbeat_at = now() \
+                         SET epoch = keel_nodes.epoch + 1, heartbeat_at = now(), fenced = false \
                          RETURNING epoch",
                         &[&node],
                     )

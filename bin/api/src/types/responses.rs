@@ -408,6 +408,37 @@ pub fn all_pending(own: Vec<PendingCall>, children: Vec<ChildPendingCall>) -> Ve
         .collect()
 }
 
+/// `GET /admin/nodes`: the nodes sharing this daemon's PostgreSQL
+/// database (docs/nodes.md). Empty, with `this_node` null, for a daemon
+/// that is not a node.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodeList {
+    /// The node that answered.
+    pub this_node: Option<String>,
+    /// How long a node not heard from keeps its conversations.
+    pub lease_ms: Option<u64>,
+    pub nodes: Vec<NodeSummary>,
+}
+
+/// One node of `GET /admin/nodes`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodeSummary {
+    pub node: String,
+    /// Where the other nodes reach its API.
+    pub url: Option<String>,
+    /// The epoch its current process writes under.
+    pub epoch: i64,
+    /// Heard from within the lease, and not fenced.
+    pub live: bool,
+    /// Another node fenced it off after its lease ran out: it writes
+    /// nothing until it starts again.
+    pub fenced: bool,
+    /// Since its last heartbeat, by PostgreSQL's clock.
+    pub heartbeat_age_ms: u64,
+    /// Conversation trees (a conversation with its sub-agents) it owns.
+    pub owns: i64,
+}
+
 /// One live actor of `GET /admin/actors`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ActorSummary {

@@ -17,7 +17,7 @@ use super::{AppState, ConversationPath};
 use crate::telemetry::{LIVE_CONVERSATIONS, STORE_AVAILABLE};
 use keel_api::types::{
     ActorList, ActorSummary, ApiMcpServer, ErrorBody, Evicted, Health, Killed, McpServerList,
-    ReclaimedSpace,
+    NodeList, NodeSummary, ReclaimedSpace,
 };
 
 /// The live actors: state, idle time, mailbox, subscribers and a memory
@@ -70,6 +70,46 @@ pub async fn actors(
     Ok(Json(ActorList {
         actors,
         next_cursor,
+    }))
+}
+
+/// The nodes sharing this daemon's PostgreSQL database, with their
+/// liveness and how many conversation trees each owns (docs/nodes.md).
+/// A daemon that is not a node lists none.
+#[utoipa::path(
+    get,
+    path = "/admin/nodes",
+    tag = "admin",
+    responses((status = 200, body = NodeList), (status = 503, body = ErrorBody))
+)]
+pub async fn nodes(State(state): State<AppState>) -> Result<Json<NodeList>, ApiError> {
+    let Some(cluster) = &state.cluster else {
+        return Ok(Json(NodeList {
+            this_node: None,
+            lease_ms: None,
+            nodes: Vec::new(),
+        }));
+    };
+    let rows = cluster
+        .nodes()
+        .list(cluster.lease)
+        .await
+        .map_err(|error| ApiError::storage_unavailable(&error.to_string()))?;
+    Ok(Json(NodeList {
+        this_node: Some(cluster.name().to_owned()),
+        lease_ms: Some(u64::try_from(cluster.lease.as_millis()).unwrap_or(u64::MAX)),
+        nodes: rows
+            .into_iter()
+            .map(|row| NodeSummary {
+                node: row.node,
+                url: row.addr,
+                epoch: row.epoch,
+                live: row.live,
+                fenced: row.fenced,
+                heartbeat_age_ms: u64::try_from(row.heartbeat_age.as_millis()).unwrap_or(u64::MAX),
+                owns: row.owns,
+            })
+            .collect(),
     }))
 }
 

@@ -77,6 +77,11 @@ impl ApiError {
                 ErrorCode::InvalidCwd,
                 error.to_string(),
             ),
+            Error::NotOwner { .. } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::OwnerUnavailable,
+                error.to_string(),
+            ),
             Error::ShuttingDown => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 ErrorCode::ShuttingDown,

@@ -1,0 +1,236 @@
+//! Any node answers any request (docs/nodes.md): a request about a
+//! conversation is carried out by the node that owns its tree, and
+//! forwarded there, as it came (method, path, headers, body streamed both
+//! ways, event streams included), when that is another node.
+//!
+//! - **Owned here**: handled here.
+//! - **Owned by a live node**: forwarded to it, marked with
+//!   [`FORWARDED_BY`]; a node given a forwarded request it does not own
+//!   answers 503 `owner_unavailable` rather than forward it again, so a
+//!   request never circles. The client retries; by then the owner is
+//!   known.
+//! - **Owned by a node not heard from within its lease**: 503
+//!   `owner_unavailable`, until another node takes the tree over.
+//! - **Owned by nobody**: handled by the node rendezvous hashing picks
+//!   among the live nodes (here, or forwarded there), which claims it
+//!   when it starts the conversation.
+//!
+//! Correctness does not rest on this: a conversation starts only on the
+//! node PostgreSQL says owns it (`keel_actors::ownership`), whatever
+//! request reaches which node. This is what makes the answer come from
+//! that node.
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::header::{self, HeaderName};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use keel_actors::core::ConversationId;
+use keel_actors::store::rendezvous;
+use keel_api::ErrorCode;
+
+use super::error::ApiError;
+use super::AppState;
+use crate::cluster::Cluster;
+
+/// Set on a forwarded request: the node that forwarded it.
+pub const FORWARDED_BY: &str = "x-keel-forwarded-by";
+
+/// Set on every answer of a node: which node carried the request out.
+pub const ANSWERED_BY: &str = "x-keel-node";
+
+/// The conversation a path is about, if any.
+fn conversation_of(path: &str) -> Option<&str> {
+    let mut parts = path.trim_start_matches('/').split('/');
+    let id = match (parts.next(), parts.next(), parts.next()) {
+        (Some("v1"), Some("conversations"), Some(id)) => id,
+        (Some("langgraph"), Some("threads"), Some("search")) => return None,
+        (Some("langgraph"), Some("threads"), Some(id)) => id,
+        (Some("ag-ui"), Some(id), Some(_)) => id,
+        (Some("admin"), Some("actors"), Some(id)) => id,
+        _ => return None,
+    };
+    (!id.is_empty()).then_some(id)
+}
+
+fn unavailable(message: String) -> Response {
+    let mut response =
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::OwnerUnavailable, message)
+            .into_response();
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    response
+}
+
+/// The middleware: see the module's comment.
+pub async fn to_owner(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let Some(cluster) = state.cluster.clone() else {
+        return next.run(request).await;
+    };
+    let here = |response: Response| with_node(response, cluster.name());
+    let Some(id) = conversation_of(request.uri().path())
+        .and_then(|id| ConversationId::new(id.to_owned()).ok())
+    else {
+        return here(next.run(request).await);
+    };
+    let forwarded = request.headers().contains_key(FORWARDED_BY);
+    let exists = match state.runtime.store().index_entry(&id).await {
+        Ok(entry) => entry.is_some(),
+        Err(error) => return ApiError::storage_unavailable(&error.to_string()).into_response(),
+    };
+    if !exists {
+        // Unknown here is unknown everywhere (one database): the handler
+        // says so, or creates it (AG-UI and LangGraph name new threads).
+        return here(next.run(request).await);
+    }
+    let root = match state.runtime.root_of(&id).await {
+        Ok(root) => root,
+        Err(error) => return ApiError::storage_unavailable(&error.to_string()).into_response(),
+    };
+    let owner = match cluster.nodes().owner(root.as_str(), cluster.lease).await {
+        Ok(owner) => owner,
+        Err(error) => return ApiError::storage_unavailable(&error.to_string()).into_response(),
+    };
+    let (node, url) = match owner {
+        Some(owner) if owner.node == cluster.name() => return here(next.run(request).await),
+        Some(owner) if forwarded => {
+            return unavailable(format!(
+                "conversation {id} moved to node {} while this request was forwarded; try again",
+                owner.node
+            ))
+        }
+        Some(owner) if owner.live => (owner.node, owner.addr),
+        Some(owner) => {
+            return unavailable(format!(
+                "conversation {id} belongs to node {}, which has not been heard from; another node takes it over once its lease of {} ms runs out",
+                owner.node,
+                cluster.lease.as_millis()
+            ))
+        }
+        None if forwarded => return here(next.run(request).await),
+        None => {
+            let live = match cluster.nodes().live(cluster.lease).await {
+                Ok(live) => live,
+                Err(error) => {
+                    return ApiError::storage_unavailable(&error.to_string()).into_response()
+                }
+            };
+            let names: Vec<String> = live.iter().map(|(name, _)| name.clone()).collect();
+            match rendezvous(root.as_str(), &names) {
+                Some(chosen) if chosen != cluster.name() => {
+                    let url = live
+                        .iter()
+                        .find(|(name, _)| name == chosen)
+                        .and_then(|(_, url)| url.clone());
+                    (chosen.to_owned(), url)
+                }
+                _ => return here(next.run(request).await),
+            }
+        }
+    };
+    let Some(url) = url else {
+        return unavailable(format!("node {node} has not said where it answers yet"));
+    };
+    forward(&cluster, &node, &url, request).await
+}
+
+fn with_node(mut response: Response, node: &str) -> Response {
+    if let Ok(value) = header::HeaderValue::from_str(node) {
+        response
+            .headers_mut()
+            .entry(HeaderName::from_static(ANSWERED_BY))
+            .or_insert(value);
+    }
+    response
+}
+
+/// Headers that describe one hop, not the request: never forwarded.
+fn hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "transfer-encoding"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "host"
+            | "content-length"
+    )
+}
+
+/// Carry `request` out on node `node` at `url`, streaming both bodies.
+async fn forward(cluster: &Cluster, node: &str, url: &str, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let target = format!(
+        "{url}{}",
+        parts
+            .uri
+            .path_and_query()
+            .map_or("/", |path| path.as_str())
+    );
+    let mut outgoing = cluster.http.request(parts.method.clone(), &target);
+    for (name, value) in &parts.headers {
+        if !hop_by_hop(name) {
+            outgoing = outgoing.header(name, value);
+        }
+    }
+    outgoing = outgoing
+        .header(FORWARDED_BY, cluster.name())
+        .body(reqwest::Body::wrap_stream(body.into_data_stream()));
+    let answer = match outgoing.send().await {
+        Ok(answer) => answer,
+        Err(error) => {
+            tracing::warn!(node, %error, "cannot forward a request to its conversation's node");
+            return unavailable(format!(
+                "the conversation's node {node} cannot be reached ({error}); if it is gone, another node takes over once its lease runs out"
+            ));
+        }
+    };
+    let mut response = Response::builder().status(answer.status());
+    for (name, value) in answer.headers() {
+        if !hop_by_hop(name) {
+            response = response.header(name, value);
+        }
+    }
+    response
+        .body(Body::from_stream(answer.bytes_stream()))
+        .unwrap_or_else(|error| {
+            ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                ErrorCode::OwnerUnavailable,
+                format!("node {node}'s answer could not be passed on: {error}"),
+            )
+            .into_response()
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_conversation_a_path_is_about() {
+        let cases = [
+            ("/v1/conversations/c-1", Some("c-1")),
+            ("/v1/conversations/c-1/events", Some("c-1")),
+            ("/v1/conversations", None),
+            ("/v1/conversations/", None),
+            ("/langgraph/threads/c-2/runs/stream", Some("c-2")),
+            ("/langgraph/threads/search", None),
+            ("/langgraph/threads", None),
+            ("/ag-ui/c-3/runs/r/events", Some("c-3")),
+            ("/ag-ui", None),
+            ("/admin/actors/c-4/evict", Some("c-4")),
+            ("/admin/actors", None),
+            ("/healthz", None),
+        ];
+        for (path, expected) in cases {
+            assert_eq!(conversation_of(path), expected, "{path}");
+        }
+    }
+}
