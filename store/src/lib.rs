@@ -23,7 +23,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
 
-pub use backend::postgres_nodes::{rendezvous, NodeRow, Nodes, Owner};
+pub use backend::postgres_nodes::{rendezvous, NodeRow, Nodes, Owner, Writer};
 pub use backend::{Backend, MemoryBackend, PostgresBackend, Reclaim, RedbBackend, SledBackend};
 pub use deletion::{Deleted, Reclaimed, Swept};
 pub use error::{Error, Result};

@@ -26,7 +26,12 @@
 //! When the runtime's end of the socket closes (it exited or crashed), the
 //! spawner exits; its children live on, reparented, as they would have
 //! after a crash of a runtime that started them itself, and the next
-//! runtime's boot reaps them through the process ledger.
+//! runtime's boot reaps them through the process ledger. Started with
+//! `--kill-on-exit` (a node among several, docs/nodes.md: another node
+//! may run the call again once this one is gone, and the dead node's boot
+//! may never come), it first kills every group it started that was not
+//! reaped yet: a group id stays its leader's until then, so none names a
+//! stranger.
 
 use std::ffi::{OsStr, OsString};
 use std::io;
@@ -41,7 +46,7 @@ use crate::sandbox::{self, Confinement, SandboxError};
 
 /// Serve the runtime on the socket that is this process's stdin, until it
 /// closes. The entry point of `keel spawner` and of `keel-spawner`.
-pub fn serve_stdin() -> io::Result<()> {
+pub fn serve_stdin(kill_on_exit: bool) -> io::Result<()> {
     // A close-on-exec copy: descriptor 0 itself is replaced by each child's
     // stdin, so children never see the socket.
     let socket = io::stdin().as_fd().try_clone_to_owned()?;
@@ -53,7 +58,32 @@ pub fn serve_stdin() -> io::Result<()> {
             );
         }
     }
-    serve(socket)
+    let served = serve(socket);
+    if kill_on_exit {
+        kill_unreaped();
+    }
+    served
+}
+
+/// The groups started and not yet reaped, by their leaders' pids (which
+/// are their group ids).
+static UNREAPED: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
+fn unreaped() -> std::sync::MutexGuard<'static, Vec<u32>> {
+    UNREAPED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Kill every group started and not reaped, holding the list so that no
+/// waiter reaps one meanwhile.
+fn kill_unreaped() {
+    let groups = unreaped();
+    for pid in groups.iter() {
+        if let Some(pid) = i32::try_from(*pid).ok().and_then(Pid::from_raw) {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+    }
 }
 
 /// Serve the runtime on `socket` until it closes.
@@ -145,6 +175,7 @@ const EAGAIN: i32 = 11;
 fn answer(started: Result<Child, SandboxError>, replies: &OwnedFd) -> Option<Child> {
     match started {
         Ok(child) => {
+            unreaped().push(child.id());
             // The caller may have given up already; the child then finds
             // its stdin closed at the gate, and the waiter reaps it.
             let _ = protocol::send(
@@ -226,19 +257,29 @@ fn watch(child: Child, replies: OwnedFd) {
         // closes (the closure, and the child's handle, are gone). Its group
         // id is its pid: it leads its own group.
         let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        let mut groups = unreaped();
+        groups.retain(|started| i32::try_from(*started).ok() != Some(pid.as_raw_nonzero().get()));
         let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
     }
 }
 
 /// Report `child`'s exit on `replies`, then reap it once the runtime
 /// closed its end (the release).
-fn wait_then_release(mut child: Child, replies: OwnedFd) {
+fn wait_then_release(child: Child, replies: OwnedFd) {
     let status = exit_status(Pid::from_child(&child));
     let _ = protocol::send(replies.as_fd(), &Reply::Exited { status }.encode(), &[]);
     // The runtime sends nothing on this socket: the read returns when
     // it closes its end (or the spawner is ending).
     let mut byte = [0_u8; 1];
     while let Ok(Some(_)) = protocol::receive(replies.as_fd(), &mut byte) {}
+    reap(child);
+}
+
+/// Reap `child`, off the list of groups to kill first.
+fn reap(mut child: Child) {
+    let id = child.id();
+    let mut groups = unreaped();
+    groups.retain(|pid| *pid != id);
     let _ = child.wait();
 }
 

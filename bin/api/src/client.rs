@@ -38,7 +38,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::types::{
-    AcceptedMessage, ActorList, NodeList, ApiDecisionKind, CancelAccepted, CompactAccepted,
+    AcceptedMessage, ActorList, NodeList, WriterList, ApiDecisionKind, CancelAccepted, CompactAccepted,
     ConversationDetail, ConversationList, CreateConversation, CreatedConversation,
     DeletedConversation, Evicted, ForkRequest, ForkedConversation, Health, ImageBody, Killed,
     LogPage, McpServerList, ReclaimedSpace, ResolveAccepted, ResolveRequest, RewindRequest,
@@ -342,6 +342,13 @@ impl Client {
     /// which one answered (docs/nodes.md).
     pub async fn nodes(&self) -> Result<NodeList, Error> {
         self.call(Method::GET, "/admin/nodes", None, NO_BODY).await
+    }
+
+    /// `GET /admin/conversations/{id}/writers`: which node appended which
+    /// seqs of conversation `id`, under which epoch (docs/nodes.md).
+    pub async fn writers(&self, id: &str) -> Result<WriterList, Error> {
+        let path = format!("/admin/conversations/{}/writers", encode(id));
+        self.call(Method::GET, &path, Some(id), NO_BODY).await
     }
 
     /// `GET /admin/actors`, every page: the live actors (`next_cursor`

@@ -186,6 +186,7 @@ fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(events::events))
         .routes(routes!(admin::actors))
         .routes(routes!(admin::nodes))
+        .routes(routes!(admin::writers))
         .routes(routes!(admin::evict))
         .routes(routes!(admin::kill))
         .routes(routes!(admin::reclaim))

@@ -55,6 +55,8 @@ impl Cluster {
     /// `nodes` was opened just now (`started` is when its open began):
     /// the epoch's claim counts as the first heartbeat.
     pub fn new(nodes: Nodes, config: &NodeConfig, started: Instant) -> anyhow::Result<Arc<Cluster>> {
+        // reqwest is built without a TLS provider of its own (Cargo.toml).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)

@@ -327,7 +327,13 @@ pub async fn start(config: Config, metrics: Option<MetricsRender>) -> anyhow::Re
         // This binary's `keel spawner`, started before the listener below
         // exists: tool spawns then cost the same with 10,000 clients
         // connected as with none (keel_actors::spawner).
-        spawner: Some(SpawnerCommand::this_binary([SPAWNER_COMMAND])),
+        // A node's spawner kills its tools if the node dies: another
+        // node may run the call again (docs/nodes.md).
+        spawner: Some(if cluster.is_some() {
+            SpawnerCommand::this_binary([SPAWNER_COMMAND, "--kill-on-exit"])
+        } else {
+            SpawnerCommand::this_binary([SPAWNER_COMMAND])
+        }),
         settings: Settings {
             shutdown_grace: config.shutdown_grace,
             live_interval: config.live_interval,

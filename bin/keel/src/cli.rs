@@ -80,7 +80,12 @@ pub enum Command {
     /// (keel_actors::spawner): started by the daemon with a socket as its
     /// stdin; not for people.
     #[command(hide = true)]
-    Spawner,
+    Spawner {
+        /// Kill every process group it started once the runtime is gone
+        /// (a node among several: its tools must not outlive it).
+        #[arg(long)]
+        kill_on_exit: bool,
+    },
     /// Run the daemon: the HTTP + SSE API over the store in KEEL_DATA_DIR,
     /// on KEEL_ADDR (127.0.0.1:7777). With no provider configured it runs
     /// the built-in fake provider. SIGTERM or Ctrl-C stop it gracefully.
@@ -481,7 +486,7 @@ fn wire_enum<T: serde::de::DeserializeOwned>(text: &str, expected: &str) -> Resu
 
 pub fn run(cli: Cli) -> anyhow::Result<Exit> {
     let outcome = match cli.command {
-        Command::Spawner => keel_actors::spawner::serve_stdin()
+        Command::Spawner { kill_on_exit } => keel_actors::spawner::serve_stdin(kill_on_exit)
             .context("serving as the process spawner")
             .map(|()| Exit::Ok),
         Command::Serve { config } => daemon::run(daemon::Options {
@@ -656,7 +661,7 @@ fn run_client(command: Command) -> anyhow::Result<Exit> {
             Command::Rewind { id, to, json } => commands::rewind(&client, &id, to, json).await,
             Command::Ps { json } => commands::ps(&client, json).await,
             Command::Serve { .. }
-            | Command::Spawner
+            | Command::Spawner { .. }
             | Command::Demo { .. }
             | Command::Drill(_)
             | Command::Bench { .. }

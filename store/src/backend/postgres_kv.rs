@@ -66,7 +66,10 @@ const MIGRATIONS: &[&str] = &[
          ADD COLUMN fenced boolean NOT NULL DEFAULT false;
      CREATE TABLE keel_owners (conversation text PRIMARY KEY, node text NOT NULL,
          since timestamptz NOT NULL DEFAULT now());
-     CREATE INDEX keel_owners_by_node ON keel_owners (node);",
+     CREATE INDEX keel_owners_by_node ON keel_owners (node);
+     CREATE TABLE keel_writers (conversation text NOT NULL, node text NOT NULL,
+         epoch bigint NOT NULL, first_seq bigint NOT NULL, last_seq bigint NOT NULL,
+         PRIMARY KEY (conversation, node, epoch));",
 ];
 
 /// The advisory lock keys: one held for the store's life (one keel per
@@ -82,6 +85,15 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Rows a range scan hands over at a time.
 const CHUNK: usize = 256;
+
+/// A node's commit records, per conversation it appended to, the seqs it
+/// wrote under its epoch: who wrote what, for drills and operators to
+/// check that no two epochs ever interleave (docs/nodes.md).
+const WRITERS: &str = "INSERT INTO keel_writers (conversation, node, epoch, first_seq, last_seq) \
+     SELECT c, $2, $3, f, l FROM unnest($1::text[], $4::bigint[], $5::bigint[]) AS t(c, f, l) \
+     ON CONFLICT (conversation, node, epoch) DO UPDATE \
+     SET first_seq = LEAST(keel_writers.first_seq, EXCLUDED.first_seq), \
+         last_seq = GREATEST(keel_writers.last_seq, EXCLUDED.last_seq)";
 
 const DELETE: &str = "DELETE FROM keel_kv WHERE key = ANY($1)";
 const UPSERT: &str =
@@ -413,6 +425,39 @@ fn settle(writes: &[Write]) -> Settled {
     }
 }
 
+/// The seqs a batch appends, per conversation (the event keys it puts).
+#[derive(Default)]
+struct Appended {
+    conversations: Vec<String>,
+    first: Vec<i64>,
+    last: Vec<i64>,
+}
+
+fn appended(keys: &[Vec<u8>]) -> Appended {
+    let mut ranges: std::collections::BTreeMap<&str, (i64, i64)> = std::collections::BTreeMap::new();
+    for key in keys {
+        if key.first() != Some(&b'e') {
+            continue;
+        }
+        let (Some(conversation), Some(seq)) = (
+            crate::keys::conversation_of_event(key),
+            crate::keys::seq_of(key).and_then(|seq| i64::try_from(seq).ok()),
+        ) else {
+            continue;
+        };
+        let range = ranges.entry(conversation).or_insert((seq, seq));
+        range.0 = range.0.min(seq);
+        range.1 = range.1.max(seq);
+    }
+    let mut written = Appended::default();
+    for (conversation, (first, last)) in ranges {
+        written.conversations.push(conversation.to_owned());
+        written.first.push(first);
+        written.last.push(last);
+    }
+    written
+}
+
 /// `LIMIT` takes a bigint; `usize::MAX` means all.
 fn limit(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
@@ -432,6 +477,10 @@ impl Backend for PostgresBackend {
             values,
             removed,
         } = settle(writes);
+        let written = match &self.claim {
+            Some(_) => appended(&keys),
+            None => Appended::default(),
+        };
         let pool = self.pool.clone();
         let claim = self.claim.clone();
         self.run(async move {
@@ -465,7 +514,27 @@ impl Backend for PostgresBackend {
                 }
                 transaction.execute(UPSERT, &[&keys, &values]).await
             };
-            let (held, _, _) = tokio::try_join!(fence, delete, upsert).map_err(database_error)?;
+            let writers = async {
+                match &claim {
+                    Some(claim) if !written.conversations.is_empty() => {
+                        transaction
+                            .execute(
+                                WRITERS,
+                                &[
+                                    &written.conversations,
+                                    &claim.node,
+                                    &claim.epoch,
+                                    &written.first,
+                                    &written.last,
+                                ],
+                            )
+                            .await
+                    }
+                    _ => Ok(0),
+                }
+            };
+            let (held, _, _, _) =
+                tokio::try_join!(fence, delete, upsert, writers).map_err(database_error)?;
             if let Some(claim) = &claim {
                 if held != Some(claim.epoch) {
                     // Dropped without a commit: rolled back.

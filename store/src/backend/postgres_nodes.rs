@@ -62,6 +62,16 @@ pub struct Owner {
     pub live: bool,
 }
 
+/// Who appended which seqs of a conversation: one row per node and epoch
+/// (`keel_writers`, written by each commit in the same transaction).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Writer {
+    pub node: String,
+    pub epoch: i64,
+    pub first_seq: i64,
+    pub last_seq: i64,
+}
+
 /// The lease as PostgreSQL takes it: seconds.
 fn seconds(lease: Duration) -> f64 {
     lease.as_secs_f64()
@@ -279,6 +289,32 @@ impl Nodes {
                 .await
                 .map_err(database_error)?;
             Ok(())
+        })
+        .await
+    }
+
+    /// Who appended `conversation`'s events, in seq order.
+    pub async fn writers(&self, conversation: &str) -> Result<Vec<Writer>> {
+        let (pool, conversation) = (self.pool.clone(), conversation.to_owned());
+        self.run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            let rows = client
+                .query(
+                    "SELECT node, epoch, first_seq, last_seq FROM keel_writers \
+                     WHERE conversation = $1 ORDER BY first_seq, node, epoch",
+                    &[&conversation],
+                )
+                .await
+                .map_err(database_error)?;
+            Ok(rows
+                .into_iter()
+                .map(|row| Writer {
+                    node: row.get(0),
+                    epoch: row.get(1),
+                    first_seq: row.get(2),
+                    last_seq: row.get(3),
+                })
+                .collect())
         })
         .await
     }

@@ -420,6 +420,23 @@ pub struct NodeList {
     pub nodes: Vec<NodeSummary>,
 }
 
+/// `GET /admin/conversations/{id}/writers`: which node, under which
+/// epoch, appended which seqs of the conversation (docs/nodes.md). Empty
+/// for a daemon that is not a node.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WriterList {
+    pub writers: Vec<WriterSummary>,
+}
+
+/// One node's appends to a conversation under one epoch.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WriterSummary {
+    pub node: String,
+    pub epoch: i64,
+    pub first_seq: u64,
+    pub last_seq: u64,
+}
+
 /// One node of `GET /admin/nodes`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct NodeSummary {

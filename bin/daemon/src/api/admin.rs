@@ -17,7 +17,7 @@ use super::{AppState, ConversationPath};
 use crate::telemetry::{LIVE_CONVERSATIONS, STORE_AVAILABLE};
 use keel_api::types::{
     ActorList, ActorSummary, ApiMcpServer, ErrorBody, Evicted, Health, Killed, McpServerList,
-    NodeList, NodeSummary, ReclaimedSpace,
+    NodeList, NodeSummary, ReclaimedSpace, WriterList, WriterSummary,
 };
 
 /// The live actors: state, idle time, mailbox, subscribers and a memory
@@ -108,6 +108,43 @@ pub async fn nodes(State(state): State<AppState>) -> Result<Json<NodeList>, ApiE
                 fenced: row.fenced,
                 heartbeat_age_ms: u64::try_from(row.heartbeat_age.as_millis()).unwrap_or(u64::MAX),
                 owns: row.owns,
+            })
+            .collect(),
+    }))
+}
+
+/// Which node appended which seqs of the conversation, under which epoch
+/// (docs/nodes.md): the record each commit of a node leaves in the same
+/// transaction. A drill checks no two epochs ever interleave.
+#[utoipa::path(
+    get,
+    path = "/admin/conversations/{id}/writers",
+    tag = "admin",
+    params(("id" = String, Path, description = "The conversation")),
+    responses((status = 200, body = WriterList), (status = 503, body = ErrorBody))
+)]
+pub async fn writers(
+    State(state): State<AppState>,
+    ConversationPath(id): ConversationPath,
+) -> Result<Json<WriterList>, ApiError> {
+    let Some(cluster) = &state.cluster else {
+        return Ok(Json(WriterList {
+            writers: Vec::new(),
+        }));
+    };
+    let rows = cluster
+        .nodes()
+        .writers(id.as_str())
+        .await
+        .map_err(|error| ApiError::storage_unavailable(&error.to_string()))?;
+    Ok(Json(WriterList {
+        writers: rows
+            .into_iter()
+            .map(|row| WriterSummary {
+                node: row.node,
+                epoch: row.epoch,
+                first_seq: u64::try_from(row.first_seq).unwrap_or(0),
+                last_seq: u64::try_from(row.last_seq).unwrap_or(0),
             })
             .collect(),
     }))
