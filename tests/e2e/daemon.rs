@@ -28,6 +28,7 @@ mod history;
 mod images;
 mod langgraph;
 mod mcp;
+mod nodes;
 mod operations;
 mod postgres;
 mod refusals;
@@ -371,6 +372,16 @@ impl Daemon {
     /// Crash it.
     pub fn sigkill(&self) {
         self.signal(nix::sys::signal::Signal::SIGKILL);
+    }
+
+    /// Pause it (as a stalled machine or a long GC pause would).
+    pub fn sigstop(&self) {
+        self.signal(nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    /// Let a paused daemon go on.
+    pub fn sigcont(&self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
     }
 
     /// Waits (bounded) for the process to exit, and says how it did.
