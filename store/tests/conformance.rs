@@ -1347,7 +1347,7 @@ async fn postgres_a_fenced_node_writes_no_more() {
     connection.await.unwrap().unwrap();
 }
 
-/// A database an older keel wrote (schema version 1: no `keel_nodes`) is
+/// A database an older keel wrote (schema version 1: only `keel_kv`) is
 /// brought up to date at open, its data kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_brings_an_older_schema_up_to_date() {
@@ -1364,7 +1364,9 @@ async fn postgres_brings_an_older_schema_up_to_date() {
         .unwrap();
     let connection = tokio::spawn(connection);
     client
-        .batch_execute("DROP TABLE keel_nodes; UPDATE keel_schema SET version = 1;")
+        .batch_execute(
+            "DROP TABLE keel_nodes, keel_owners, keel_writers; UPDATE keel_schema SET version = 1;",
+        )
         .await
         .unwrap();
     let node = keel_store::open_postgres_node(&url, "n").unwrap();
@@ -1374,8 +1376,141 @@ async fn postgres_brings_an_older_schema_up_to_date() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(version, 2);
+    assert_eq!(version, 3);
     drop(node);
     drop(client);
+    connection.await.unwrap().unwrap();
+}
+
+/// Nodes over one database (docs/nodes.md): one owner per tree, whoever
+/// asks; a node not heard from within the lease is fenced by another (its
+/// heartbeats, claims and commits refused from then on) and its trees are
+/// shared out among the live nodes by rendezvous hashing, each taken by
+/// exactly one; a fenced node started again owns nothing it lost, and the
+/// writers' record says who appended which seqs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_nodes_claim_fence_and_take_over() {
+    let Some(server) = keel_test_support::postgres::Postgres::start() else {
+        return;
+    };
+    let url = server.url();
+    let lease = std::time::Duration::from_secs(30);
+    let a = keel_store::open_postgres_node(&url, "node-a").unwrap();
+    let b = keel_store::open_postgres_node(&url, "node-b").unwrap();
+    let c = keel_store::open_postgres_node(&url, "node-c").unwrap();
+    let [na, nb, nc] = [&a, &b, &c].map(|log| log.backend().nodes().unwrap());
+    for (nodes, port) in [(&na, 1), (&nb, 2), (&nc, 3)] {
+        nodes
+            .heartbeat(&format!("http://127.0.0.1:{port}"))
+            .await
+            .unwrap();
+    }
+
+    // One owner, whoever claims first; the others are told who.
+    assert_eq!(na.claim("first", lease).await.unwrap().node, "node-a");
+    let told = nb.claim("first", lease).await.unwrap();
+    assert_eq!(told.node, "node-a");
+    assert_eq!(told.addr.as_deref(), Some("http://127.0.0.1:1"));
+    assert!(told.live);
+    let roots: Vec<String> = (0..40).map(|i| format!("root-{i}")).collect();
+    for root in &roots {
+        assert_eq!(na.claim(root, lease).await.unwrap().node, "node-a");
+    }
+    assert_eq!(na.owned().await.unwrap().len(), 41);
+    seed(&a, "first", 3).await;
+    assert!(
+        nb.fence_stale(lease).await.unwrap().is_empty(),
+        "everyone is fresh"
+    );
+
+    // a falls silent past its lease (by PostgreSQL's clock).
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let connection = tokio::spawn(connection);
+    client
+        .execute(
+            "UPDATE keel_nodes SET heartbeat_at = now() - interval '1 hour' WHERE node = 'node-a'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let listed = nb.list(lease).await.unwrap();
+    assert!(
+        !listed[0].live && listed[1].live && listed[2].live,
+        "{listed:?}"
+    );
+    assert_eq!(
+        nb.fence_stale(lease).await.unwrap(),
+        vec!["node-a".to_owned()]
+    );
+    assert!(
+        nc.fence_stale(lease).await.unwrap().is_empty(),
+        "fenced once"
+    );
+    for refused in [
+        na.heartbeat("http://127.0.0.1:1").await.map(|_| ()),
+        na.claim("new", lease).await.map(|_| ()),
+        na.take_over(lease).await.map(|_| ()),
+    ] {
+        let error = refused.expect_err("a fenced node is refused");
+        assert!(error.to_string().contains("fenced off"), "{error}");
+    }
+    let committed = a.last_seq(&id("first")).await.unwrap();
+    assert!(a
+        .append(&id("first"), messages(committed, 1))
+        .await
+        .is_err());
+
+    // b and c share a's trees out: each root taken once, by the node
+    // rendezvous hashing gives it.
+    let by_b = nb.take_over(lease).await.unwrap();
+    let by_c = nc.take_over(lease).await.unwrap();
+    assert!(nb.take_over(lease).await.unwrap().is_empty(), "taken once");
+    let live = vec!["node-b".to_owned(), "node-c".to_owned()];
+    for root in &by_b {
+        assert_eq!(keel_store::rendezvous(root, &live), Some("node-b"));
+    }
+    for root in &by_c {
+        assert_eq!(keel_store::rendezvous(root, &live), Some("node-c"));
+    }
+    let mut all: Vec<String> = by_b.iter().chain(&by_c).cloned().collect();
+    all.sort();
+    let mut expected: Vec<String> = roots.iter().cloned().chain(["first".to_owned()]).collect();
+    expected.sort();
+    assert_eq!(all, expected);
+    assert!(!by_b.is_empty() && !by_c.is_empty(), "{by_b:?} {by_c:?}");
+
+    // The new owner appends; the record names both writers, in turn.
+    let owner = nb.owner("first", lease).await.unwrap().unwrap().node;
+    let writer = if owner == "node-b" { &b } else { &c };
+    writer
+        .append(&id("first"), messages(committed, 2))
+        .await
+        .unwrap();
+    let writers = nb.writers("first").await.unwrap();
+    let stretches: Vec<(&str, i64, i64, i64)> = writers
+        .iter()
+        .map(|w| (w.node.as_str(), w.epoch, w.first_seq, w.last_seq))
+        .collect();
+    let committed = i64::try_from(committed).unwrap();
+    assert_eq!(
+        stretches,
+        vec![
+            ("node-a", 1, 1, committed),
+            (owner.as_str(), 1, committed + 1, committed + 2)
+        ]
+    );
+
+    // a started again: a new epoch, live, owning nothing it lost.
+    drop(a);
+    let again = keel_store::open_postgres_node(&url, "node-a").unwrap();
+    let na = again.backend().nodes().unwrap();
+    assert_eq!(na.epoch(), 3);
+    na.heartbeat("http://127.0.0.1:1").await.unwrap();
+    assert!(na.owned().await.unwrap().is_empty());
+    assert!(na.list(lease).await.unwrap()[0].live);
+    assert_eq!(na.claim("new", lease).await.unwrap().node, "node-a");
+    drop((again, b, c, client));
     connection.await.unwrap().unwrap();
 }

@@ -434,7 +434,8 @@ struct Appended {
 }
 
 fn appended(keys: &[Vec<u8>]) -> Appended {
-    let mut ranges: std::collections::BTreeMap<&str, (i64, i64)> = std::collections::BTreeMap::new();
+    let mut ranges: std::collections::BTreeMap<&str, (i64, i64)> =
+        std::collections::BTreeMap::new();
     for key in keys {
         if key.first() != Some(&b'e') {
             continue;
