@@ -56,9 +56,12 @@ fn conversation_of(path: &str) -> Option<&str> {
 }
 
 fn unavailable(message: String) -> Response {
-    let mut response =
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::OwnerUnavailable, message)
-            .into_response();
+    let mut response = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::OwnerUnavailable,
+        message,
+    )
+    .into_response();
     response
         .headers_mut()
         .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
@@ -76,19 +79,29 @@ pub async fn to_owner(State(state): State<AppState>, request: Request, next: Nex
     else {
         return here(next.run(request).await);
     };
+    if state.runtime.is_live(&id) {
+        // Running here: this node claimed its tree when it started it, and
+        // keeps it until it is fenced (and then exits).
+        return here(next.run(request).await);
+    }
     let forwarded = request.headers().contains_key(FORWARDED_BY);
-    let exists = match state.runtime.store().index_entry(&id).await {
-        Ok(entry) => entry.is_some(),
+    let entry = match state.runtime.store().index_entry(&id).await {
+        Ok(entry) => entry,
         Err(error) => return ApiError::storage_unavailable(&error.to_string()).into_response(),
     };
-    if !exists {
+    let Some(entry) = entry else {
         // Unknown here is unknown everywhere (one database): the handler
         // says so, or creates it (AG-UI and LangGraph name new threads).
         return here(next.run(request).await);
-    }
-    let root = match state.runtime.root_of(&id).await {
-        Ok(root) => root,
-        Err(error) => return ApiError::storage_unavailable(&error.to_string()).into_response(),
+    };
+    let root = match &entry.parent {
+        None => id.clone(),
+        Some(parent) => match state.runtime.root_of(parent).await {
+            Ok(root) => root,
+            Err(error) => {
+                return ApiError::storage_unavailable(&error.to_string()).into_response()
+            }
+        },
     };
     let owner = match cluster.nodes().owner(root.as_str(), cluster.lease).await {
         Ok(owner) => owner,
@@ -168,10 +181,7 @@ async fn forward(cluster: &Cluster, node: &str, url: &str, request: Request) -> 
     let (parts, body) = request.into_parts();
     let target = format!(
         "{url}{}",
-        parts
-            .uri
-            .path_and_query()
-            .map_or("/", |path| path.as_str())
+        parts.uri.path_and_query().map_or("/", |path| path.as_str())
     );
     let mut outgoing = cluster.http.request(parts.method.clone(), &target);
     for (name, value) in &parts.headers {

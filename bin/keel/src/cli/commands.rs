@@ -685,9 +685,44 @@ pub async fn evict(client: &Client, id: &str, json: bool) -> anyhow::Result<Exit
 /// `keel ps`: the live actors.
 pub async fn ps(client: &Client, json: bool) -> anyhow::Result<Exit> {
     let list = client.actors().await?;
+    // A daemon that is one node of several also lists the nodes
+    // (docs/nodes.md); one that is not, or an older one, lists none.
+    let nodes = client
+        .nodes()
+        .await
+        .ok()
+        .filter(|nodes| nodes.this_node.is_some());
     if json {
-        output::json_line(&list)?;
+        let mut value = serde_json::to_value(&list)?;
+        if let (Some(nodes), Some(object)) = (&nodes, value.as_object_mut()) {
+            object.insert("nodes".to_owned(), serde_json::to_value(nodes)?);
+        }
+        output::json_line(&value)?;
         return Ok(Exit::Ok);
+    }
+    if let Some(nodes) = &nodes {
+        let mut table = output::table(&["NODE", "URL", "STATE", "EPOCH", "HEARD", "OWNS"]);
+        for node in &nodes.nodes {
+            let mut name = node.node.clone();
+            if nodes.this_node.as_deref() == Some(node.node.as_str()) {
+                name.push_str(" (this one)");
+            }
+            let state = match (node.live, node.fenced) {
+                (true, _) => "live",
+                (false, true) => "fenced",
+                (false, false) => "not heard from",
+            };
+            table.add_row(vec![
+                name,
+                node.url.clone().unwrap_or_else(|| "-".to_owned()),
+                state.to_owned(),
+                node.epoch.to_string(),
+                format!("{} ago", output::duration(node.heartbeat_age_ms)),
+                node.owns.to_string(),
+            ]);
+        }
+        output::print_table(&table)?;
+        println!("actors of node {}:", nodes.this_node.as_deref().unwrap_or("?"));
     }
     let mut table = output::table(&["ID", "STATE", "IDLE", "MAILBOX", "MEMORY", "SUBSCRIBERS"]);
     for actor in &list.actors {
