@@ -38,11 +38,11 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::types::{
-    AcceptedMessage, ActorList, NodeList, WriterList, ApiDecisionKind, CancelAccepted, CompactAccepted,
+    AcceptedMessage, ActorList, ApiDecisionKind, CancelAccepted, CompactAccepted,
     ConversationDetail, ConversationList, CreateConversation, CreatedConversation,
     DeletedConversation, Evicted, ForkRequest, ForkedConversation, Health, ImageBody, Killed,
-    LogPage, McpServerList, ReclaimedSpace, ResolveAccepted, ResolveRequest, RewindRequest,
-    RewoundConversation, SendMessage, UpdateConversation,
+    LogPage, McpServerList, NodeList, ReclaimedSpace, ResolveAccepted, ResolveRequest,
+    RewindRequest, RewoundConversation, SendMessage, UpdateConversation, WriterList,
 };
 
 pub use error::Error;

@@ -238,7 +238,10 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(state.clone(), storage_guard))
         // After the token check, so a request is refused where it came in;
         // before the storage guard, whose answer is the owner's to give.
-        .layer(middleware::from_fn_with_state(state.clone(), forward::to_owner))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            forward::to_owner,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(catch_panics())

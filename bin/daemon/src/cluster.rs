@@ -54,7 +54,11 @@ pub struct Cluster {
 impl Cluster {
     /// `nodes` was opened just now (`started` is when its open began):
     /// the epoch's claim counts as the first heartbeat.
-    pub fn new(nodes: Nodes, config: &NodeConfig, started: Instant) -> anyhow::Result<Arc<Cluster>> {
+    pub fn new(
+        nodes: Nodes,
+        config: &NodeConfig,
+        started: Instant,
+    ) -> anyhow::Result<Arc<Cluster>> {
         // reqwest is built without a TLS provider of its own (Cargo.toml).
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
@@ -172,7 +176,11 @@ impl Cluster {
         if roots.is_empty() {
             return roots;
         }
-        tracing::warn!(node = self.name(), n = roots.len(), "took over conversations of a fenced node");
+        tracing::warn!(
+            node = self.name(),
+            n = roots.len(),
+            "took over conversations of a fenced node"
+        );
         match runtime.recover_taken_over(&roots).await {
             Ok(report) => {
                 tracing::info!(
@@ -207,7 +215,11 @@ impl Cluster {
     }
 
     /// Takeovers every quarter lease until the daemon stops.
-    pub fn spawn_takeovers(self: &Arc<Cluster>, runtime: Runtime, mut stopping: watch::Receiver<bool>) {
+    pub fn spawn_takeovers(
+        self: &Arc<Cluster>,
+        runtime: Runtime,
+        mut stopping: watch::Receiver<bool>,
+    ) {
         let cluster = Arc::clone(self);
         tokio::spawn(async move {
             let mut ticks = tokio::time::interval(cluster.lease / 4);
@@ -241,7 +253,11 @@ impl Ownership for NodeOwnership {
             Ok(owner) => Err(format!(
                 "node {} owns it{}",
                 owner.node,
-                if owner.live { "" } else { " (not answering: it is taken over once its lease runs out)" }
+                if owner.live {
+                    ""
+                } else {
+                    " (not answering: it is taken over once its lease runs out)"
+                }
             )),
             Err(error @ keel_store::Error::Fenced { .. }) => {
                 cluster.step_down(error.to_string());
@@ -256,7 +272,12 @@ impl Ownership for NodeOwnership {
     }
 
     async fn owned(&self) -> Result<Vec<ConversationId>, String> {
-        let owned = self.0.nodes.owned().await.map_err(|error| error.to_string())?;
+        let owned = self
+            .0
+            .nodes
+            .owned()
+            .await
+            .map_err(|error| error.to_string())?;
         Ok(owned
             .into_iter()
             .filter_map(|root| ConversationId::new(root).ok())

@@ -473,7 +473,11 @@ fn node(
         }
         return Ok(None);
     };
-    if name.len() > 200 || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+    if name.len() > 200
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
         return Err(invalid(
             "KEEL_NODE",
             format!("{name:?} is not a node name: 1 to 200 of A-Z a-z 0-9 - _ ."),
@@ -494,9 +498,9 @@ fn node(
     let url = match lookup("KEEL_NODE_URL") {
         None => None,
         Some(url) => {
-            let parsed = reqwest::Url::parse(&url)
-                .ok()
-                .filter(|parsed| matches!(parsed.scheme(), "http" | "https") && parsed.host().is_some());
+            let parsed = reqwest::Url::parse(&url).ok().filter(|parsed| {
+                matches!(parsed.scheme(), "http" | "https") && parsed.host().is_some()
+            });
             if parsed.is_none() {
                 return Err(invalid(
                     "KEEL_NODE_URL",
@@ -820,6 +824,27 @@ mod tests {
     }
 
     #[test]
+    fn a_node_takes_its_name_url_and_lease_from_the_environment_or_the_file() {
+        let shared = [
+            ("KEEL_STORE", "postgres"),
+            ("KEEL_DATABASE_URL", "postgres://keel@localhost/keel"),
+            ("KEEL_TOKEN", "t"),
+        ];
+        let mut pairs = shared.to_vec();
+        pairs.push(("KEEL_NODE", "n-1.a_b"));
+        let node = load(&pairs, None).unwrap().node.unwrap();
+        assert_eq!(node.name, "n-1.a_b");
+        assert_eq!(node.url, None);
+        assert_eq!(node.lease, DEFAULT_NODE_LEASE);
+        let file = "node = \"n2\"\nnode_url = \"http://10.0.0.2:7777/\"\nnode_lease_ms = 2500\n";
+        let node = load(&shared, Some(file)).unwrap().node.unwrap();
+        assert_eq!(node.name, "n2");
+        assert_eq!(node.url.as_deref(), Some("http://10.0.0.2:7777"));
+        assert_eq!(node.lease, Duration::from_millis(2500));
+        assert!(load(&shared, None).unwrap().node.is_none());
+    }
+
+    #[test]
     fn a_key_picks_its_provider_and_the_environment_wins_over_the_file() {
         let file = "model = \"from-file\"\n[anthropic]\napi_key = \"sk-file\"\n";
         let config = load(&[("KEEL_MODEL", "from-env")], Some(file)).unwrap();
@@ -911,6 +936,48 @@ mod tests {
             ),
             (&[("KEEL_STORE", "postgres")], "KEEL_DATABASE_URL"),
             (&[("KEEL_STORE", "mysql")], "KEEL_STORE"),
+            (&[("KEEL_NODE", "n1")], "KEEL_NODE"),
+            (
+                &[("KEEL_NODE_URL", "http://10.0.0.1:7777")],
+                "KEEL_NODE_URL",
+            ),
+            (
+                &[
+                    ("KEEL_STORE", "postgres"),
+                    ("KEEL_DATABASE_URL", "postgres://keel@localhost/keel"),
+                    ("KEEL_NODE", "n1"),
+                ],
+                "KEEL_TOKEN",
+            ),
+            (
+                &[
+                    ("KEEL_STORE", "postgres"),
+                    ("KEEL_DATABASE_URL", "postgres://keel@localhost/keel"),
+                    ("KEEL_TOKEN", "t"),
+                    ("KEEL_NODE", "n 1"),
+                ],
+                "KEEL_NODE",
+            ),
+            (
+                &[
+                    ("KEEL_STORE", "postgres"),
+                    ("KEEL_DATABASE_URL", "postgres://keel@localhost/keel"),
+                    ("KEEL_TOKEN", "t"),
+                    ("KEEL_NODE", "n1"),
+                    ("KEEL_NODE_URL", "10.0.0.1:7777"),
+                ],
+                "KEEL_NODE_URL",
+            ),
+            (
+                &[
+                    ("KEEL_STORE", "postgres"),
+                    ("KEEL_DATABASE_URL", "postgres://keel@localhost/keel"),
+                    ("KEEL_TOKEN", "t"),
+                    ("KEEL_NODE", "n1"),
+                    ("KEEL_NODE_LEASE_MS", "100"),
+                ],
+                "KEEL_NODE_LEASE_MS",
+            ),
             (
                 &[("KEEL_DATABASE_URL", "postgres://keel@localhost/keel")],
                 "KEEL_DATABASE_URL",

@@ -252,11 +252,12 @@ pub struct Daemon {
     store: Weak<dyn EventLog>,
 }
 
-/// The store `config` names, and for a node (`KEEL_NODE`), its place
+/// The store a daemon runs on, and for a node (`KEEL_NODE`), its place
 /// among the others.
-fn open_store(
-    config: &Config,
-) -> anyhow::Result<(Arc<dyn EventLog>, Option<Arc<crate::cluster::Cluster>>)> {
+type Opened = (Arc<dyn EventLog>, Option<Arc<crate::cluster::Cluster>>);
+
+/// The store `config` names, and for a node, its place among the others.
+fn open_store(config: &Config) -> anyhow::Result<Opened> {
     let data_dir = &config.data_dir;
     if let (Some(node), Some(url)) = (&config.node, &config.database_url) {
         let started = std::time::Instant::now();
@@ -264,10 +265,10 @@ fn open_store(
             keel_actors::store::open_postgres_node_with_dir(url, data_dir, &node.name)
                 .with_context(|| {
                     format!(
-                        "opening the postgres store (KEEL_DATABASE_URL) as node {} with data dir {}",
-                        node.name,
-                        data_dir.display()
-                    )
+                "opening the postgres store (KEEL_DATABASE_URL) as node {} with data dir {}",
+                node.name,
+                data_dir.display()
+            )
                 })?;
         let cluster = crate::cluster::Cluster::new(nodes, node, started)?;
         return Ok((Arc::new(store), Some(cluster)));
@@ -319,35 +320,38 @@ pub async fn start(config: Config, metrics: Option<MetricsRender>) -> anyhow::Re
         Arc::new(crate::cluster::NodeOwnership(Arc::clone(cluster)))
             as Arc<dyn keel_actors::ownership::Ownership>
     });
-    let (runtime, report) = Runtime::open_with_ownership(RuntimeConfig {
-        store,
-        providers: config.providers.clone(),
-        tools: ToolRegistry::with_defaults(),
-        process_dir: Some(data_dir.join("processes")),
-        // This binary's `keel spawner`, started before the listener below
-        // exists: tool spawns then cost the same with 10,000 clients
-        // connected as with none (keel_actors::spawner).
-        // A node's spawner kills its tools if the node dies: another
-        // node may run the call again (docs/nodes.md).
-        spawner: Some(if cluster.is_some() {
-            SpawnerCommand::this_binary([SPAWNER_COMMAND, "--kill-on-exit"])
-        } else {
-            SpawnerCommand::this_binary([SPAWNER_COMMAND])
-        }),
-        settings: Settings {
-            shutdown_grace: config.shutdown_grace,
-            live_interval: config.live_interval,
-            ..Settings::default()
+    let (runtime, report) = Runtime::open_with_ownership(
+        RuntimeConfig {
+            store,
+            providers: config.providers.clone(),
+            tools: ToolRegistry::with_defaults(),
+            process_dir: Some(data_dir.join("processes")),
+            // This binary's `keel spawner`, started before the listener below
+            // exists: tool spawns then cost the same with 10,000 clients
+            // connected as with none (keel_actors::spawner).
+            // A node's spawner kills its tools if the node dies: another
+            // node may run the call again (docs/nodes.md).
+            spawner: Some(if cluster.is_some() {
+                SpawnerCommand::this_binary([SPAWNER_COMMAND, "--kill-on-exit"])
+            } else {
+                SpawnerCommand::this_binary([SPAWNER_COMMAND])
+            }),
+            settings: Settings {
+                shutdown_grace: config.shutdown_grace,
+                live_interval: config.live_interval,
+                ..Settings::default()
+            },
+            mcp_servers: config.mcp_servers.clone(),
+            sandbox: SandboxSettings {
+                default: config.sandbox.clone(),
+                allow_full_access: config.sandbox_full_access,
+                data_dir: Some(data_dir.to_owned()),
+                api_port: Some(config.addr.port()).filter(|port| *port != 0),
+                protections: None,
+            },
         },
-        mcp_servers: config.mcp_servers.clone(),
-        sandbox: SandboxSettings {
-            default: config.sandbox.clone(),
-            allow_full_access: config.sandbox_full_access,
-            data_dir: Some(data_dir.to_owned()),
-            api_port: Some(config.addr.port()).filter(|port| *port != 0),
-            protections: None,
-        },
-    }, ownership)
+        ownership,
+    )
     .await
     .context("starting the runtime")?;
     log_sandbox(&runtime, &config);

@@ -75,7 +75,9 @@ async fn turn_done(daemon: &Daemon, id: &str, turn: u64) -> Vec<Value> {
         daemon,
         &format!("/v1/conversations/{id}"),
         &format!("turn {turn} done"),
-        |conversation| conversation["state"] == "idle" && conversation["turn"].as_u64() >= Some(turn),
+        |conversation| {
+            conversation["state"] == "idle" && conversation["turn"].as_u64() >= Some(turn)
+        },
     )
     .await;
     let log = daemon.log(id).await;
@@ -119,7 +121,11 @@ fn follow(daemon: &Daemon, id: &str, turn: u64) -> tokio::task::JoinHandle<Vec<u
 /// Every seq from 1 to the last, once each, in order.
 fn assert_gap_free(seen: &[u64]) {
     let expected: Vec<u64> = (1..=seen.len() as u64).collect();
-    assert_eq!(seen, expected.as_slice(), "the client saw every event once, in order");
+    assert_eq!(
+        seen,
+        expected.as_slice(),
+        "the client saw every event once, in order"
+    );
 }
 
 /// The writers of `id`'s log never interleave: each (node, epoch) wrote
@@ -171,7 +177,9 @@ async fn any_node_answers_any_request_about_any_conversation() {
     assert_gap_free(&seen);
     assert_eq!(seen.len(), log.len(), "the stream from c saw the whole log");
     assert!(
-        super::assistant_texts(&log).iter().any(|text| text.contains("hello from b")),
+        super::assistant_texts(&log)
+            .iter()
+            .any(|text| text.contains("hello from b")),
         "{log:#?}"
     );
 
@@ -184,9 +192,12 @@ async fn any_node_answers_any_request_about_any_conversation() {
     b.daemon
         .send(&gated, "run: echo approved-through-c > approved.txt")
         .await;
-    let waiting = poll(&b.daemon, &format!("/v1/conversations/{gated}"), "awaiting input", |conversation| {
-        conversation["state"] == "awaiting_input"
-    })
+    let waiting = poll(
+        &b.daemon,
+        &format!("/v1/conversations/{gated}"),
+        "awaiting input",
+        |conversation| conversation["state"] == "awaiting_input",
+    )
     .await;
     let call = waiting["pending"][0]["tool_call_id"]
         .as_str()
@@ -201,16 +212,21 @@ async fn any_node_answers_any_request_about_any_conversation() {
     let log = turn_done(&b.daemon, &gated, 1).await;
     assert_eq!(of_kind(&log, "resolved").len(), 1, "{log:#?}");
     assert_eq!(
-        std::fs::read_to_string(site.cwd().join("approved.txt")).unwrap().trim(),
+        std::fs::read_to_string(site.cwd().join("approved.txt"))
+            .unwrap()
+            .trim(),
         "approved-through-c"
     );
 
     // A cancel through a node that does not own the conversation stops
     // the tool running on the one that does.
     b.daemon.send(&id, "run: sleep 30").await;
-    poll(&c.daemon, &format!("/v1/conversations/{id}"), "running the tool", |conversation| {
-        conversation["state"] == "executing_tools"
-    })
+    poll(
+        &c.daemon,
+        &format!("/v1/conversations/{id}"),
+        "running the tool",
+        |conversation| conversation["state"] == "executing_tools",
+    )
     .await;
     let reply = c.daemon.cancel(&id).await;
     assert_eq!(reply.status, StatusCode::ACCEPTED, "{reply:?}");
@@ -238,7 +254,10 @@ async fn any_node_answers_any_request_about_any_conversation() {
         .collect();
     assert_eq!(listed, vec![("a", true, 2), ("b", true, 0), ("c", true, 0)]);
     let writers = assert_writers_in_turn(&c.daemon, &id).await;
-    assert!(writers.iter().all(|writer| writer["node"] == "a"), "{writers:#?}");
+    assert!(
+        writers.iter().all(|writer| writer["node"] == "a"),
+        "{writers:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -255,11 +274,17 @@ async fn a_node_killed_mid_turn_is_taken_over_and_the_turn_finishes_elsewhere() 
     // Followed through c, which forwards to a until a is gone.
     let stream = follow(&c.daemon, &id, 1);
     b.daemon
-        .send(&id, "run: sleep 1; echo ran >> runs.txt; echo survived-the-node")
+        .send(
+            &id,
+            "run: sleep 1; echo ran >> runs.txt; echo survived-the-node",
+        )
         .await;
-    poll(&b.daemon, &format!("/v1/conversations/{id}"), "running the tool", |conversation| {
-        conversation["state"] == "executing_tools"
-    })
+    poll(
+        &b.daemon,
+        &format!("/v1/conversations/{id}"),
+        "running the tool",
+        |conversation| conversation["state"] == "executing_tools",
+    )
     .await;
     a.daemon.sigkill();
 
@@ -316,7 +341,9 @@ async fn a_paused_owner_that_comes_back_after_a_takeover_steps_down() {
         .daemon
         .create(&site, json!({"tools": {"bash": "approve"}}))
         .await;
-    a.daemon.send(&id, "run: echo decided-on-b > decided.txt").await;
+    a.daemon
+        .send(&id, "run: echo decided-on-b > decided.txt")
+        .await;
     let waiting = a.daemon.wait_state(&id, "awaiting_input").await;
     let call = waiting["pending"][0]["tool_call_id"]
         .as_str()
@@ -326,16 +353,21 @@ async fn a_paused_owner_that_comes_back_after_a_takeover_steps_down() {
 
     // b fences a once its lease has run out and takes the conversation,
     // its approval still pending.
-    poll(&b.daemon, "/admin/nodes", "a fenced and its conversation taken", |nodes| {
-        nodes["nodes"][0]["fenced"] == true && nodes["nodes"][1]["owns"] == 1
-    })
+    poll(
+        &b.daemon,
+        "/admin/nodes",
+        "a fenced and its conversation taken",
+        |nodes| nodes["nodes"][0]["fenced"] == true && nodes["nodes"][1]["owns"] == 1,
+    )
     .await;
     let reply = b.daemon.resolve(&id, &call, "approve").await;
     assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
     assert_eq!(answered_by(&reply), "b");
     let log = turn_done(&b.daemon, &id, 1).await;
     assert_eq!(
-        std::fs::read_to_string(site.cwd().join("decided.txt")).unwrap().trim(),
+        std::fs::read_to_string(site.cwd().join("decided.txt"))
+            .unwrap()
+            .trim(),
         "decided-on-b"
     );
 

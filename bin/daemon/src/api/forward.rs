@@ -98,9 +98,7 @@ pub async fn to_owner(State(state): State<AppState>, request: Request, next: Nex
         None => id.clone(),
         Some(parent) => match state.runtime.root_of(parent).await {
             Ok(root) => root,
-            Err(error) => {
-                return ApiError::storage_unavailable(&error.to_string()).into_response()
-            }
+            Err(error) => return ApiError::storage_unavailable(&error.to_string()).into_response(),
         },
     };
     let owner = match cluster.nodes().owner(root.as_str(), cluster.lease).await {

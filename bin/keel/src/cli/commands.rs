@@ -722,7 +722,10 @@ pub async fn ps(client: &Client, json: bool) -> anyhow::Result<Exit> {
             ]);
         }
         output::print_table(&table)?;
-        println!("actors of node {}:", nodes.this_node.as_deref().unwrap_or("?"));
+        println!(
+            "actors of node {}:",
+            nodes.this_node.as_deref().unwrap_or("?")
+        );
     }
     let mut table = output::table(&["ID", "STATE", "IDLE", "MAILBOX", "MEMORY", "SUBSCRIBERS"]);
     for actor in &list.actors {
