@@ -456,6 +456,35 @@ pub enum DrillCommand {
         #[arg(long, value_name = "CMD", requires = "addr")]
         restart: Option<String>,
     },
+    /// Start PostgreSQL and several `keel serve` nodes over it (docs/nodes.md),
+    /// drive conversations through random nodes, and SIGKILL or pause
+    /// (SIGSTOP past the lease, then SIGCONT) a node at random moments,
+    /// restarting it; after each fault check what `keel drill crash` checks,
+    /// plus that no two epochs interleave in a log, nothing is appended
+    /// under a stale epoch, and every client stream is gap-free. Reports
+    /// the time a lost node's conversations take to answer again. Needs
+    /// PostgreSQL's server binaries. Exits 1 on any violation.
+    Nodes {
+        /// How many nodes.
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// Conversations working at once.
+        #[arg(long, default_value_t = 6)]
+        conversations: usize,
+        /// How many faults (SIGKILLs and pauses) to deal.
+        #[arg(long, default_value_t = 20)]
+        kills: usize,
+        /// Fixes the workload and the fault schedule (printed when not given).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Each node's lease (KEEL_NODE_LEASE_MS): how long a node not heard
+        /// from keeps its conversations.
+        #[arg(long, default_value_t = 1000)]
+        lease_ms: u64,
+        /// The report as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Every fault of the fake provider (error statuses, retry-after, a cut
     /// or stalled stream, malformed SSE, an error event, a slow drip, a
     /// hang, a refused connection), in both wire formats, with and without
@@ -562,6 +591,32 @@ pub fn run(cli: Cli) -> anyhow::Result<Exit> {
                     addr,
                     mock_url,
                     restart,
+                },
+            )?;
+            Ok(if report.violations.is_empty() {
+                Exit::Ok
+            } else {
+                Exit::Failed
+            })
+        }
+        Command::Drill(DrillCommand::Nodes {
+            nodes,
+            conversations,
+            kills,
+            seed,
+            lease_ms,
+            json,
+        }) => {
+            let stdout = io::stdout().lock();
+            let report = drill::nodes::run(
+                io::LineWriter::new(stdout),
+                drill::nodes::Options {
+                    nodes,
+                    conversations,
+                    kills,
+                    seed,
+                    lease_ms,
+                    json,
                 },
             )?;
             Ok(if report.violations.is_empty() {

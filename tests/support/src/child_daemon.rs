@@ -158,6 +158,44 @@ impl ChildDaemon {
         Ok(())
     }
 
+    /// Send `signal` to the running daemon (SIGSTOP and SIGCONT: a node
+    /// paused past its lease, `keel drill nodes`).
+    pub fn signal(&self, signal: nix::sys::signal::Signal) -> anyhow::Result<()> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| anyhow!("the daemon is not running"))?;
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).context("the daemon's pid")?);
+        nix::sys::signal::kill(pid, signal)
+            .with_context(|| format!("sending {signal} to the daemon"))
+    }
+
+    /// Wait up to `patience` for the daemon to exit by itself, and reap
+    /// it: how it exited, or `None` if it still runs.
+    pub async fn exited(
+        &mut self,
+        patience: Duration,
+    ) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        let started = Instant::now();
+        loop {
+            let Some(child) = self.child.as_mut() else {
+                return Ok(None);
+            };
+            if let Some(status) = child.try_wait().context("waiting for the daemon")? {
+                self.child = None;
+                return Ok(Some(status));
+            }
+            if started.elapsed() > patience {
+                return Ok(None);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// What the current (or last) life wrote to its log.
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
     /// SIGTERM, and wait for the graceful stop.
     pub fn stop(&mut self) -> anyhow::Result<()> {
         if let Some(mut child) = self.child.take() {

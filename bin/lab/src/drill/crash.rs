@@ -54,9 +54,9 @@ use keel_api::types::{
 };
 use keel_test_support::{self as rig, ChildDaemon, LIFE_ENV};
 
-mod checks;
-mod drill;
-mod worker;
+pub(super) mod checks;
+pub(super) mod drill;
+pub(super) mod worker;
 use checks::*;
 use drill::*;
 
@@ -104,7 +104,7 @@ impl Boundary {
 }
 
 /// Whether a conversation in `state` is working (not at rest or finished).
-fn at_work(state: ApiState) -> bool {
+pub(in crate::drill) fn at_work(state: ApiState) -> bool {
     matches!(
         state,
         ApiState::Debouncing
@@ -132,12 +132,12 @@ pub struct Options {
 
 /// How long a kill aimed at a state waits for some conversation to be in
 /// it before it lands anyway (and is counted as a miss).
-const AIM_PATIENCE: Duration = Duration::from_secs(5);
+pub(in crate::drill) const AIM_PATIENCE: Duration = Duration::from_secs(5);
 /// How long a turn may stay unfinished (restarts included) before its
 /// conversation counts as stuck.
-const TURN_PATIENCE: Duration = Duration::from_secs(60);
+pub(in crate::drill) const TURN_PATIENCE: Duration = Duration::from_secs(60);
 /// How long every conversation gets to come to rest at the end.
-const SETTLE_PATIENCE: Duration = Duration::from_secs(60);
+pub(in crate::drill) const SETTLE_PATIENCE: Duration = Duration::from_secs(60);
 /// Starts the nonce a side effect writes beside its `tool_call_id`.
 const NONCE: &str = "nonce-";
 /// Who decided, in every resolution the drill makes: the log must name
@@ -286,41 +286,41 @@ fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
 
 /// What the workers and the killer share.
 #[derive(Default)]
-struct Book {
+pub(in crate::drill) struct Book {
     /// Each conversation's latest state, from its stream.
-    states: HashMap<String, ApiState>,
+    pub(in crate::drill) states: HashMap<String, ApiState>,
     /// Seqs of the messages the daemon acknowledged (202).
-    acked: HashMap<String, Vec<u64>>,
+    pub(in crate::drill) acked: HashMap<String, Vec<u64>>,
     /// Every canonical event a client received, by conversation and seq.
-    seen: HashMap<String, BTreeMap<u64, Value>>,
+    pub(in crate::drill) seen: HashMap<String, BTreeMap<u64, Value>>,
     /// Each sub-agent's latest state as its parent's stream told it
     /// (`child_state`), by (parent, child); a parent's go when it rests.
-    children: HashMap<(String, String), ApiState>,
+    pub(in crate::drill) children: HashMap<(String, String), ApiState>,
     /// Messages being sent (POSTed, not answered yet).
-    sending: usize,
+    pub(in crate::drill) sending: usize,
     /// Canonical events received by all clients so far.
-    appended: u64,
+    pub(in crate::drill) appended: u64,
     /// How far each conversation's log has been checked.
-    checked: HashMap<String, Checked>,
-    violations: Vec<Violation>,
-    kills: usize,
-    turns: u64,
-    approvals: u64,
-    checks_passed: u64,
+    pub(in crate::drill) checked: HashMap<String, Checked>,
+    pub(in crate::drill) violations: Vec<Violation>,
+    pub(in crate::drill) kills: usize,
+    pub(in crate::drill) turns: u64,
+    pub(in crate::drill) approvals: u64,
+    pub(in crate::drill) checks_passed: u64,
 }
 
 #[derive(Clone)]
-struct Shared {
-    book: Arc<Mutex<Book>>,
-    stop: Arc<AtomicBool>,
+pub(in crate::drill) struct Shared {
+    pub(in crate::drill) book: Arc<Mutex<Book>>,
+    pub(in crate::drill) stop: Arc<AtomicBool>,
 }
 
 impl Shared {
-    fn book(&self) -> MutexGuard<'_, Book> {
+    pub(in crate::drill) fn book(&self) -> MutexGuard<'_, Book> {
         self.book.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn violation(
+    pub(in crate::drill) fn violation(
         &self,
         check: &'static str,
         conversation: Option<&str>,
@@ -338,7 +338,7 @@ impl Shared {
         });
     }
 
-    fn passed(&self, checks: u64) {
+    pub(in crate::drill) fn passed(&self, checks: u64) {
         self.book().checks_passed += checks;
     }
 }
@@ -355,7 +355,7 @@ fn survivors(run_id: &str, life: u32) -> Vec<(u32, u32, String)> {
 }
 
 /// [`survivors`], each said as a violation says it.
-fn described_survivors(run_id: &str, life: u32) -> Vec<String> {
+pub(in crate::drill) fn described_survivors(run_id: &str, life: u32) -> Vec<String> {
     survivors(run_id, life)
         .into_iter()
         .map(|(pid, life, cmdline)| format!("pid {pid} of life {life} still runs: {cmdline}"))
@@ -421,14 +421,14 @@ impl Lives {
 }
 
 /// A state as the API names it.
-fn state_name(state: ApiState) -> String {
+pub(in crate::drill) fn state_name(state: ApiState) -> String {
     serde_json::to_value(state)
         .ok()
         .and_then(|value| value.as_str().map(str::to_owned))
         .unwrap_or_else(|| format!("{state:?}"))
 }
 
-fn is_at_rest(state: ApiState) -> bool {
+pub(in crate::drill) fn is_at_rest(state: ApiState) -> bool {
     matches!(
         state,
         ApiState::Idle

@@ -5,7 +5,7 @@
 use super::*;
 
 /// The log of `id` from `from` on, page by page.
-pub(super) async fn read_log(
+pub(in crate::drill) async fn read_log(
     client: &Client,
     id: &str,
     from: u64,
@@ -26,14 +26,14 @@ pub(super) async fn read_log(
 /// How far a conversation's log has been checked, so that a check after a
 /// restart reads only what is new; the final check starts over from seq 1.
 #[derive(Debug, Clone)]
-pub(super) struct Checked {
-    pub(super) next_seq: u64,
+pub(in crate::drill) struct Checked {
+    pub(in crate::drill) next_seq: u64,
     /// Calls of the latest response without a result yet.
-    pub(super) open: Vec<String>,
-    pub(super) answered: HashSet<String>,
+    pub(in crate::drill) open: Vec<String>,
+    pub(in crate::drill) answered: HashSet<String>,
     /// The log ends with the conversation's `finished` event (a sub-agent
     /// that completed or failed): nothing more can be appended.
-    pub(super) finished: bool,
+    pub(in crate::drill) finished: bool,
 }
 
 impl Default for Checked {
@@ -51,7 +51,7 @@ impl Default for Checked {
 /// seq 1): seqs contiguous, every acknowledged message and every event a
 /// client received in it and the same, every `tool_use` answered once
 /// before the next response.
-pub(super) async fn check_log(client: &Client, shared: &Shared, id: &str, full: bool) {
+pub(in crate::drill) async fn check_log(client: &Client, shared: &Shared, id: &str, full: bool) {
     let mut checked = if full {
         Checked::default()
     } else {
@@ -201,7 +201,7 @@ pub(super) async fn check_log(client: &Client, shared: &Shared, id: &str, full: 
 }
 
 /// Whether `event` ends the turn of a message (or says it got none).
-pub(super) fn ends_a_turn(event: &ApiEvent) -> bool {
+pub(in crate::drill) fn ends_a_turn(event: &ApiEvent) -> bool {
     matches!(
         event.kind,
         ApiEventKind::TurnCompleted { .. }
@@ -211,7 +211,7 @@ pub(super) fn ends_a_turn(event: &ApiEvent) -> bool {
     )
 }
 
-pub(super) fn kind_name(event: &ApiEvent) -> String {
+pub(in crate::drill) fn kind_name(event: &ApiEvent) -> String {
     serde_json::to_value(event)
         .ok()
         .and_then(|value| value.get("type").and_then(Value::as_str).map(str::to_owned))
@@ -219,7 +219,7 @@ pub(super) fn kind_name(event: &ApiEvent) -> String {
 }
 
 /// Give the approvals still owed and wait for every conversation to rest.
-pub(super) async fn settle(client: &Client, shared: &Shared, ids: &[String]) {
+pub(in crate::drill) async fn settle(client: &Client, shared: &Shared, ids: &[String]) {
     let started = Instant::now();
     let mut restless: Vec<String> = ids.to_vec();
     while !restless.is_empty() && started.elapsed() < SETTLE_PATIENCE {
@@ -273,7 +273,7 @@ pub(super) async fn settle(client: &Client, shared: &Shared, ids: &[String]) {
 
 /// Every side effect ran under one `tool_call_id` per nonce, and that id
 /// is the call's in the log. Returns how many calls the logs hold.
-pub(super) async fn check_effects(
+pub(in crate::drill) async fn check_effects(
     client: &Client,
     shared: &Shared,
     ids: &[String],

@@ -6,18 +6,51 @@ use super::checks::{check_effects, check_log, settle};
 use super::worker::Worker;
 use super::*;
 
-pub(super) async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
+pub(in crate::drill) async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report> {
     let started = Instant::now();
+    in_temp_dir("keel-drill-crash-", seed, |dir| async move {
+        drill_in(options, seed, started, &dir).await
+    })
+    .await
+}
+
+/// A drill's report, which says whether it failed and where its
+/// directory was kept.
+pub(in crate::drill) trait Kept {
+    fn failed(&self) -> bool;
+    fn keep(&mut self, dir: String);
+}
+
+impl Kept for Report {
+    fn failed(&self) -> bool {
+        !self.violations.is_empty()
+    }
+
+    fn keep(&mut self, dir: String) {
+        self.kept = Some(dir);
+    }
+}
+
+/// Run `body` in a new temporary directory named `prefix…`, removed
+/// afterwards unless the drill failed.
+pub(in crate::drill) async fn in_temp_dir<
+    R: Kept,
+    F: std::future::Future<Output = anyhow::Result<R>>,
+>(
+    prefix: &str,
+    seed: u64,
+    body: impl FnOnce(PathBuf) -> F,
+) -> anyhow::Result<R> {
     let temp = tempfile::Builder::new()
-        .prefix("keel-drill-crash-")
+        .prefix(prefix)
         .tempdir()
         .context("creating a temporary directory")?;
     // Keep the evidence of a failed drill (the data dir, the daemons' logs
     // and the side-effect file): on a violation, or when it could not go on.
-    match drill_in(options, seed, started, temp.path()).await {
+    match body(temp.path().to_path_buf()).await {
         Ok(mut report) => {
-            if !report.violations.is_empty() {
-                report.kept = Some(temp.keep().display().to_string());
+            if report.failed() {
+                report.keep(temp.keep().display().to_string());
             }
             Ok(report)
         }
@@ -37,7 +70,7 @@ pub(super) async fn drill(options: &Options, seed: u64) -> anyhow::Result<Report
 }
 
 /// Whether `dir` or a directory under it holds a file.
-pub(super) fn holds_a_file(dir: &Path) -> bool {
+pub(in crate::drill) fn holds_a_file(dir: &Path) -> bool {
     std::fs::read_dir(dir).is_ok_and(|entries| {
         entries.flatten().any(|entry| {
             let path = entry.path();
@@ -50,7 +83,7 @@ pub(super) fn holds_a_file(dir: &Path) -> bool {
     })
 }
 
-pub(super) async fn drill_in(
+pub(in crate::drill) async fn drill_in(
     options: &Options,
     seed: u64,
     started: Instant,
@@ -100,6 +133,8 @@ pub(super) async fn drill_in(
             opened: Some(opened.clone()),
             approvals: Approvals::default(),
             client: client.clone(),
+            senders: Vec::new(),
+            stream_from: None,
             shared: shared.clone(),
             id: id.clone(),
             rng: fastrand::Rng::with_seed(seed.wrapping_add(index as u64 + 1)),
@@ -139,20 +174,8 @@ pub(super) async fn drill_in(
     let mut kills_by_state: BTreeMap<String, usize> = BTreeMap::new();
     let mut missed_aims = 0;
     for kill in 1..=options.kills {
-        if let Some(mock_url) = mock_url.as_ref().filter(|_| rng.u8(..) < 80) {
-            let faults: Vec<Value> = (0..rng.u32(1..3))
-                .map(|_| {
-                    let status = [500, 503, 529][rng.usize(..3)];
-                    json!({ "status": status })
-                })
-                .collect();
-            // The fake provider is in this process (or was named with
-            // --mock-url); a failure here is the drill's, not keel's.
-            http.post(format!("{mock_url}/_mock/script"))
-                .json(&faults)
-                .send()
-                .await
-                .context("queueing faults at the fake provider")?;
+        if let Some(mock_url) = &mock_url {
+            queue_faults(&http, mock_url, &mut rng).await?;
         }
         match options.at {
             Boundary::Any => tokio::time::sleep(Duration::from_millis(rng.u64(20..400))).await,
@@ -278,8 +301,34 @@ pub(super) async fn drill_in(
     })
 }
 
+/// Now and then (80 times in 256), one or two failures (500, 503, 529)
+/// queued at the fake provider at `mock_url`, so that requests retry.
+pub(in crate::drill) async fn queue_faults(
+    http: &reqwest::Client,
+    mock_url: &str,
+    rng: &mut fastrand::Rng,
+) -> anyhow::Result<()> {
+    if rng.u8(..) >= 80 {
+        return Ok(());
+    }
+    let faults: Vec<Value> = (0..rng.u32(1..3))
+        .map(|_| {
+            let status = [500, 503, 529][rng.usize(..3)];
+            json!({ "status": status })
+        })
+        .collect();
+    // The fake provider is in this process (or was named with
+    // --mock-url); a failure here is the drill's, not keel's.
+    http.post(format!("{mock_url}/_mock/script"))
+        .json(&faults)
+        .send()
+        .await
+        .context("queueing faults at the fake provider")?;
+    Ok(())
+}
+
 /// Wait until the book shows `boundary`; false if it did not in time.
-pub(super) async fn aim(shared: &Shared, boundary: Boundary) -> bool {
+pub(in crate::drill) async fn aim(shared: &Shared, boundary: Boundary) -> bool {
     let started = Instant::now();
     let appended_before = shared.book().appended;
     while started.elapsed() < AIM_PATIENCE {
@@ -292,11 +341,11 @@ pub(super) async fn aim(shared: &Shared, boundary: Boundary) -> bool {
 }
 
 /// Every third conversation's `bash` calls wait for an approval.
-pub(super) fn is_gated(index: usize) -> bool {
+pub(in crate::drill) fn is_gated(index: usize) -> bool {
     index % 3 == 2
 }
 
-pub(super) async fn create(
+pub(in crate::drill) async fn create(
     client: &Client,
     index: usize,
     workdir: &Path,
@@ -323,7 +372,7 @@ pub(super) async fn create(
 }
 
 /// `ids` and every sub-agent they started.
-pub(super) async fn with_children(client: &Client, ids: &[String]) -> Vec<String> {
+pub(in crate::drill) async fn with_children(client: &Client, ids: &[String]) -> Vec<String> {
     let mut all = ids.to_vec();
     if let Ok(list) = client.list(true).await {
         all.extend(

@@ -1,35 +1,52 @@
 //! A worker: one conversation's client. It sends messages in a loop, gives
 //! approvals, queues faults now and then, and follows the conversation's
 //! event stream across the daemon's lives, keeping what it was told.
+//! `keel drill nodes` runs the same workers against several nodes: each
+//! message and approval through a node picked at random (`senders`), the
+//! stream followed from seq 1 through another (`stream_from`), and checked
+//! gap-free as it comes.
 
 use super::checks::{ends_a_turn, read_log};
 use super::*;
 
-pub(super) struct Worker {
-    pub(super) client: Client,
+pub(in crate::drill) struct Worker {
+    /// Follows the event stream and reads the log; sends and approves
+    /// when there are no `senders`.
+    pub(in crate::drill) client: Client,
+    /// Each message and approval goes through one of these, picked at
+    /// random (the nodes drill's nodes); empty: through `client`.
+    pub(in crate::drill) senders: Vec<Client>,
+    /// Where the stream starts (`Client::events`): from now (`None`), or
+    /// from a seq, in which case every seq it delivers must follow the one
+    /// before ("every client stream is gap-free").
+    pub(in crate::drill) stream_from: Option<u64>,
     /// Told once the event stream is open; the first kill waits for every
     /// worker's.
-    pub(super) opened: Option<tokio::sync::mpsc::Sender<()>>,
+    pub(in crate::drill) opened: Option<tokio::sync::mpsc::Sender<()>>,
     /// The calls it approves, and those that wait untouched.
-    pub(super) approvals: Approvals,
-    pub(super) shared: Shared,
-    pub(super) id: String,
-    pub(super) rng: fastrand::Rng,
-    pub(super) effects: PathBuf,
+    pub(in crate::drill) approvals: Approvals,
+    pub(in crate::drill) shared: Shared,
+    pub(in crate::drill) id: String,
+    pub(in crate::drill) rng: fastrand::Rng,
+    pub(in crate::drill) effects: PathBuf,
     /// The run id its commands mark themselves with, at `--addr`
     /// (`running::mark_command`).
-    pub(super) mark: Option<String>,
-    pub(super) nonce: u64,
-    pub(super) index: usize,
+    pub(in crate::drill) mark: Option<String>,
+    pub(in crate::drill) nonce: u64,
+    pub(in crate::drill) index: usize,
     /// Its `bash` calls wait for an approval.
-    pub(super) gated: bool,
+    pub(in crate::drill) gated: bool,
     /// How many messages in 256 spawn sub-agents (ungated conversations).
-    pub(super) spawn_per_256: u8,
+    pub(in crate::drill) spawn_per_256: u8,
 }
 
 impl Worker {
-    pub(super) async fn run(mut self) {
-        let mut events = self.client.events(&self.id, None).with_patience(None);
+    pub(in crate::drill) async fn run(mut self) {
+        let mut events = self
+            .client
+            .events(&self.id, self.stream_from)
+            .with_patience(None);
+        let mut next_seq = self.stream_from;
         // Open before the first message, so nothing of its turn is missed.
         loop {
             match events.next().await {
@@ -57,7 +74,7 @@ impl Worker {
         while !self.shared.stop.load(Ordering::SeqCst) {
             let text = self.next_message();
             self.shared.book().sending += 1;
-            let sent = self.client.send_text(&self.id, &text).await;
+            let sent = self.sender().send_text(&self.id, &text).await;
             self.shared.book().sending -= 1;
             match sent {
                 Ok(accepted) => {
@@ -69,7 +86,9 @@ impl Worker {
                         .push(accepted.seq);
                     let after = accepted.seq;
                     let ended = self
-                        .follow_until(&mut events, |event| event.seq > after && ends_a_turn(event))
+                        .follow_until(&mut events, &mut next_seq, |event| {
+                            event.seq > after && ends_a_turn(event)
+                        })
                         .await;
                     match ended {
                         Ok(()) => self.shared.book().turns += 1,
@@ -99,7 +118,7 @@ impl Worker {
         }
     }
 
-    pub(super) fn next_message(&mut self) -> String {
+    pub(in crate::drill) fn next_message(&mut self) -> String {
         self.nonce += 1;
         // Sub-agents inherit the parent's tool policies, so only a
         // conversation whose calls need no approval spawns them: one task
@@ -128,8 +147,16 @@ impl Worker {
         }
     }
 
+    /// Who the next message or approval goes through.
+    pub(in crate::drill) fn sender(&mut self) -> Client {
+        if self.senders.is_empty() {
+            return self.client.clone();
+        }
+        self.senders[self.rng.usize(..self.senders.len())].clone()
+    }
+
     /// `command` as the daemon should run it: marked at `--addr`.
-    pub(super) fn command(&self, command: &str) -> String {
+    pub(in crate::drill) fn command(&self, command: &str) -> String {
         match &self.mark {
             Some(run) => running::mark_command(command, run),
             None => command.to_owned(),
@@ -138,9 +165,11 @@ impl Worker {
 
     /// Read the stream until `done` says an event ends the wait, giving
     /// approvals as calls suspend. `Err` (why) if that takes too long.
-    pub(super) async fn follow_until(
+    /// `next_seq`, when known, is the seq the stream must deliver next.
+    pub(in crate::drill) async fn follow_until(
         &mut self,
         events: &mut keel_api::client::Events,
+        next_seq: &mut Option<u64>,
         mut done: impl FnMut(&ApiEvent) -> bool,
     ) -> Result<(), String> {
         let started = Instant::now();
@@ -199,6 +228,20 @@ impl Worker {
                 }
                 Frame::Live(_) => {}
                 Frame::Canonical(event) => {
+                    // Only a stream followed from a known seq is checked.
+                    if let Some(expected) = next_seq.take() {
+                        *next_seq = Some(event.seq + 1);
+                        if event.seq == expected {
+                            self.shared.passed(1);
+                        } else {
+                            self.shared.violation(
+                                "every client stream is gap-free",
+                                Some(&self.id),
+                                Some(event.seq),
+                                format!("seq {} came where {expected} was due", event.seq),
+                            );
+                        }
+                    }
                     let value = serde_json::to_value(&event).unwrap_or(Value::Null);
                     let mut book = self.shared.book();
                     book.appended += 1;
@@ -222,7 +265,7 @@ impl Worker {
         }
     }
 
-    pub(super) fn set_state(&self, state: ApiState) {
+    pub(in crate::drill) fn set_state(&self, state: ApiState) {
         let mut book = self.shared.book();
         book.states.insert(self.id.clone(), state);
         if !at_work(state) {
@@ -235,7 +278,7 @@ impl Worker {
     /// After a restart: every call that waited for an approval nobody had
     /// tried to give still waits (or got its result in the meantime,
     /// which the log check sees).
-    pub(super) fn check_untouched(&self, pending: &HashSet<&str>) {
+    pub(in crate::drill) fn check_untouched(&self, pending: &HashSet<&str>) {
         let reconnected = self.approvals.reconnected(pending);
         self.shared.passed(reconnected.still_pending as u64);
         for call in reconnected.gone {
@@ -248,9 +291,9 @@ impl Worker {
         }
     }
 
-    pub(super) async fn approve(&mut self, call: &str) {
+    pub(in crate::drill) async fn approve(&mut self, call: &str) {
         match self
-            .client
+            .sender()
             .decide(
                 &self.id,
                 call,
