@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-use super::{ends_turn, of_kind, seqs, Daemon, Reply, Site, Wire, PATIENCE};
+use super::{ends_turn, of_kind, seqs, Daemon, Reply, Resume, Site, Wire, PATIENCE};
 use crate::harness::MockLlm;
 use keel_api::client::Frame;
 use keel_test_support::postgres::Postgres;
@@ -271,8 +271,11 @@ async fn a_node_killed_mid_turn_is_taken_over_and_the_turn_finishes_elsewhere() 
     let site = Site::new();
 
     let id = a.daemon.create(&site, json!({})).await;
-    // Followed through c, which forwards to a until a is gone.
+    // Followed through c, which forwards to a until a is gone: by keel's
+    // client (which reconnects itself), and on one plain connection that
+    // must stay open through the takeover (c goes on from the new owner).
     let stream = follow(&c.daemon, &id, 1);
+    let mut plain = c.daemon.events(&id, Resume::From(1)).await;
     b.daemon
         .send(
             &id,
@@ -307,6 +310,17 @@ async fn a_node_killed_mid_turn_is_taken_over_and_the_turn_finishes_elsewhere() 
     let seen = stream.await.unwrap();
     assert_gap_free(&seen);
     assert_eq!(seen.len(), log.len());
+    let mut on_one_connection = Vec::new();
+    while on_one_connection.len() < log.len() {
+        let frame = plain
+            .next()
+            .await
+            .expect("c keeps the connection open through the takeover");
+        if frame.is_canonical() {
+            on_one_connection.push(frame.seq());
+        }
+    }
+    assert_gap_free(&on_one_connection);
 
     // Taken by b or c; a's epoch moved on, and a fenced.
     let nodes = poll(&b.daemon, "/admin/nodes", "a fenced", |nodes| {

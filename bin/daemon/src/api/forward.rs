@@ -35,6 +35,8 @@ use super::error::ApiError;
 use super::AppState;
 use crate::cluster::Cluster;
 
+mod events;
+
 /// Set on a forwarded request: the node that forwarded it.
 pub const FORWARDED_BY: &str = "x-keel-forwarded-by";
 
@@ -145,6 +147,12 @@ pub async fn to_owner(State(state): State<AppState>, request: Request, next: Nex
     let Some(url) = url else {
         return unavailable(format!("node {node} has not said where it answers yet"));
     };
+    if request.method() == axum::http::Method::GET
+        && request.uri().path().ends_with("/events")
+        && request.uri().path().starts_with("/v1/")
+    {
+        return events::forward(cluster, id, root, node, url, request).await;
+    }
     forward(&cluster, &node, &url, request).await
 }
 
@@ -174,31 +182,26 @@ fn hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
-/// Carry `request` out on node `node` at `url`, streaming both bodies.
-async fn forward(cluster: &Cluster, node: &str, url: &str, request: Request) -> Response {
-    let (parts, body) = request.into_parts();
-    let target = format!(
-        "{url}{}",
-        parts.uri.path_and_query().map_or("/", |path| path.as_str())
-    );
-    let mut outgoing = cluster.http.request(parts.method.clone(), &target);
+/// The request to send to node `url` for `parts`, with `path_and_query`.
+fn outgoing(
+    cluster: &Cluster,
+    url: &str,
+    parts: &axum::http::request::Parts,
+    path_and_query: &str,
+) -> reqwest::RequestBuilder {
+    let mut outgoing = cluster
+        .http
+        .request(parts.method.clone(), format!("{url}{path_and_query}"));
     for (name, value) in &parts.headers {
         if !hop_by_hop(name) {
             outgoing = outgoing.header(name, value);
         }
     }
-    outgoing = outgoing
-        .header(FORWARDED_BY, cluster.name())
-        .body(reqwest::Body::wrap_stream(body.into_data_stream()));
-    let answer = match outgoing.send().await {
-        Ok(answer) => answer,
-        Err(error) => {
-            tracing::warn!(node, %error, "cannot forward a request to its conversation's node");
-            return unavailable(format!(
-                "the conversation's node {node} cannot be reached ({error}); if it is gone, another node takes over once its lease runs out"
-            ));
-        }
-    };
+    outgoing.header(FORWARDED_BY, cluster.name())
+}
+
+/// A node's answer, passed on as it comes.
+fn passed_on(node: &str, answer: reqwest::Response) -> Response {
     let mut response = Response::builder().status(answer.status());
     for (name, value) in answer.headers() {
         if !hop_by_hop(name) {
@@ -215,6 +218,31 @@ async fn forward(cluster: &Cluster, node: &str, url: &str, request: Request) -> 
             )
             .into_response()
         })
+}
+
+fn unreachable_node(node: &str, error: &reqwest::Error) -> Response {
+    tracing::warn!(node, %error, "cannot forward a request to its conversation's node");
+    unavailable(format!(
+        "the conversation's node {node} cannot be reached ({error}); if it is gone, another node takes over once its lease runs out"
+    ))
+}
+
+/// Carry `request` out on node `node` at `url`, streaming both bodies.
+async fn forward(cluster: &Cluster, node: &str, url: &str, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |path| path.as_str())
+        .to_owned();
+    let sent = outgoing(cluster, url, &parts, &path)
+        .body(reqwest::Body::wrap_stream(body.into_data_stream()))
+        .send()
+        .await;
+    match sent {
+        Ok(answer) => passed_on(node, answer),
+        Err(error) => unreachable_node(node, &error),
+    }
 }
 
 #[cfg(test)]
