@@ -6,6 +6,12 @@
 //! tools and wait for approvals, and must find no violation; its report
 //! must show the kills landed where the work was.
 //!
+//! The nodes drill, short: the real binary starts PostgreSQL and three
+//! nodes over it, SIGKILLs and pauses nodes while conversations work
+//! through them, and must find no violation and report how long a lost
+//! node's conversations took to answer again. Without PostgreSQL's server
+//! binaries it is not run (NOT RUN), unless `KEEL_REQUIRE_POSTGRES` is set.
+//!
 //! `keel drill faults`: the real binary starts its own
 //! daemon and fake provider, walks the fault matrix and exits 0 only if
 //! every case reached its expected end state. Its `--json` lines are
@@ -175,6 +181,49 @@ fn a_short_crash_drill_finds_nothing_lost_doubled_or_stuck() {
         by_state.contains_key("streaming") || by_state.contains_key("executing_tools"),
         "{report:#}"
     );
+}
+
+#[test]
+fn a_short_nodes_drill_finds_nothing_lost_interleaved_or_stale() {
+    // The drill starts a server of its own; this one only says whether
+    // the machine can (NOT RUN, or a failure under KEEL_REQUIRE_POSTGRES).
+    let Some(server) = keel_test_support::postgres::Postgres::start() else {
+        return;
+    };
+    drop(server);
+    let lines = keel_json_lines(&[
+        "drill",
+        "nodes",
+        "--kills",
+        "6",
+        "--conversations",
+        "4",
+        "--seed",
+        "5",
+        "--json",
+    ]);
+    let report = &lines[0];
+    assert_eq!(report["violations"], serde_json::json!([]), "{report:#}");
+    assert_eq!(report["kills"], 6);
+    assert_eq!(report["nodes"], 3);
+    assert_eq!(
+        report["sigkills"].as_u64().unwrap() + report["pauses"].as_u64().unwrap(),
+        6,
+        "{report:#}"
+    );
+    assert!(report["kept"].is_null(), "{report:#}");
+    for counted in ["turns", "tool_calls", "checks_passed", "restarts"] {
+        assert!(
+            report[counted].as_u64().unwrap() > 0,
+            "{counted}: {report:#}"
+        );
+    }
+    // The first fault always lands on a node that owns conversations.
+    let resume = &report["time_to_resume"];
+    assert!(resume["samples"].as_u64().unwrap() > 0, "{report:#}");
+    for figure in ["p50_ms", "p99_ms", "max_ms"] {
+        assert!(resume[figure].is_f64(), "{figure}: {report:#}");
+    }
 }
 
 #[test]
