@@ -107,8 +107,14 @@ pub fn open_postgres(url: &str) -> Result<PostgresLog> {
 /// `node`, one of several, under a new epoch that every commit checks
 /// (docs/postgres.md, "Fencing").
 pub fn open_postgres_node(url: &str, node: &str) -> Result<PostgresLog> {
-    Store::new(PostgresBackend::open_node(url, node)?, None)
+    Store::new(
+        PostgresBackend::open_node(url, node, DEFAULT_NODE_LEASE)?,
+        None,
+    )
 }
+
+/// The lease of a node opened without one.
+pub const DEFAULT_NODE_LEASE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// [`open_postgres_node`] for a daemon: `dir` (its token and its tools'
 /// process records) locked to this process, and the node's handle on the
@@ -117,9 +123,10 @@ pub fn open_postgres_node_with_dir(
     url: &str,
     dir: &Path,
     node: &str,
+    lease: std::time::Duration,
 ) -> Result<(PostgresLog, backend::postgres_nodes::Nodes)> {
     let lock = DirLock::acquire(dir)?;
-    let backend = PostgresBackend::open_node(url, node)?;
+    let backend = PostgresBackend::open_node(url, node, lease)?;
     let nodes = backend.nodes().ok_or(Error::Closed)?;
     Ok((Store::new(backend, Some(lock))?, nodes))
 }

@@ -262,7 +262,7 @@ fn open_store(config: &Config) -> anyhow::Result<Opened> {
     if let (Some(node), Some(url)) = (&config.node, &config.database_url) {
         let started = std::time::Instant::now();
         let (store, nodes) =
-            keel_actors::store::open_postgres_node_with_dir(url, data_dir, &node.name)
+            keel_actors::store::open_postgres_node_with_dir(url, data_dir, &node.name, node.lease)
                 .with_context(|| {
                     format!(
                 "opening the postgres store (KEEL_DATABASE_URL) as node {} with data dir {}",

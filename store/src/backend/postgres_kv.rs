@@ -128,8 +128,8 @@ struct Claim {
 enum Holding {
     /// Alone: the advisory lock.
     Alone,
-    /// As the node of this name, under a new epoch.
-    Node(String),
+    /// As the node of this name, under a new epoch, with this lease.
+    Node(String, Duration),
 }
 
 pub(super) fn backend_error(error: impl std::fmt::Display) -> Error {
@@ -198,11 +198,17 @@ impl PostgresBackend {
     /// its row in `keel_nodes` is given a new epoch, which every commit of
     /// this backend checks (a restart of the same node fences its earlier
     /// incarnation off too).
-    pub fn open_node(url: &str, node: &str) -> Result<PostgresBackend> {
+    ///
+    /// A transaction of a node left open longer than half its `lease` is
+    /// ended by the server (`idle_in_transaction_session_timeout`): a node
+    /// paused in the middle of a commit must not hold its row's lock, and
+    /// with it every other node's fencing of it, for as long as it stays
+    /// paused.
+    pub fn open_node(url: &str, node: &str, lease: Duration) -> Result<PostgresBackend> {
         if node.is_empty() || node.len() > 200 {
             return Err(backend_error("a node's name is 1 to 200 bytes"));
         }
-        PostgresBackend::open_with(url, Holding::Node(node.to_owned()))
+        PostgresBackend::open_with(url, Holding::Node(node.to_owned(), lease))
     }
 
     /// The epoch this backend writes under, for a node.
@@ -232,6 +238,13 @@ impl PostgresBackend {
         })?;
         config.connect_timeout(CONNECT_TIMEOUT);
         config.application_name("keel");
+        if let Holding::Node(_, lease) = &holding {
+            let idle = (*lease / 2).max(Duration::from_millis(100));
+            config.options(format!(
+                "-c idle_in_transaction_session_timeout={}",
+                idle.as_millis()
+            ));
+        }
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("keel-postgres")
@@ -294,7 +307,7 @@ fn connect(
         migrate(&mut client).await?;
         let claim = match holding {
             Holding::Alone => None,
-            Holding::Node(node) => {
+            Holding::Node(node, _) => {
                 let epoch: i64 = client
                     .query_one(
                         "INSERT INTO keel_nodes (node, epoch) VALUES ($1, 1) \

@@ -16,8 +16,9 @@ use crate::harness::MockLlm;
 use keel_api::client::Frame;
 use keel_test_support::postgres::Postgres;
 
-/// Short, so takeovers come within a test's patience.
-const LEASE_MS: &str = "1000";
+/// Long enough that a node stalled by a loaded machine is not taken for
+/// lost, short enough that a takeover comes well within a test's patience.
+const LEASE_MS: &str = "3000";
 const TOKEN: &str = "nodes-share-one-token";
 
 struct Node {
@@ -97,9 +98,17 @@ fn answered_by(reply: &Reply) -> String {
 /// Follows `id` on `daemon` with keel's own client from seq 1, collecting
 /// canonical events until one ends turn `turn`: the seqs, in the order
 /// they came.
-fn follow(daemon: &Daemon, id: &str, turn: u64) -> tokio::task::JoinHandle<Vec<u64>> {
+/// Returns once the stream is open (its first frame, a snapshot, read):
+/// the client gives up on a first connection that fails, and reconnects
+/// only once it had one.
+async fn follow(daemon: &Daemon, id: &str, turn: u64) -> tokio::task::JoinHandle<Vec<u64>> {
     let client = keel_api::client::Client::new(&daemon.url, Some(TOKEN.to_owned()));
     let mut events = client.events(id, Some(1)).with_patience(Some(PATIENCE));
+    let first = tokio::time::timeout(PATIENCE, events.next())
+        .await
+        .expect("the stream opens")
+        .expect("the stream opens");
+    assert!(matches!(first, Frame::Snapshot(_)), "{first:?}");
     tokio::spawn(async move {
         let mut seen = Vec::new();
         loop {
@@ -162,7 +171,7 @@ async fn any_node_answers_any_request_about_any_conversation() {
 
     // Created on a (which owns it), sent on b, streamed from c.
     let id = a.daemon.create(&site, json!({})).await;
-    let stream = follow(&c.daemon, &id, 1);
+    let stream = follow(&c.daemon, &id, 1).await;
     let reply = b
         .daemon
         .post(
@@ -274,7 +283,7 @@ async fn a_node_killed_mid_turn_is_taken_over_and_the_turn_finishes_elsewhere() 
     // Followed through c, which forwards to a until a is gone: by keel's
     // client (which reconnects itself), and on one plain connection that
     // must stay open through the takeover (c goes on from the new owner).
-    let stream = follow(&c.daemon, &id, 1);
+    let stream = follow(&c.daemon, &id, 1).await;
     let mut plain = c.daemon.events(&id, Resume::From(1)).await;
     b.daemon
         .send(
