@@ -112,6 +112,7 @@ impl Cluster {
     }
 
     fn step_down(&self, why: String) {
+        metrics::gauge!(crate::telemetry::NODE_LEASE_CURRENT).set(0.0);
         tracing::error!(node = self.name(), %why, "this node was fenced off: stepping down");
         self.fenced.send_if_modified(|fenced| {
             if fenced.is_none() {
@@ -132,6 +133,7 @@ impl Cluster {
                     .lease_until
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner) = sent + self.lease;
+                metrics::gauge!(crate::telemetry::NODE_LEASE_CURRENT).set(1.0);
             }
             Err(error @ keel_store::Error::Fenced { .. }) => self.step_down(error.to_string()),
             Err(error) => {
@@ -145,6 +147,8 @@ impl Cluster {
     pub async fn take_over(&self, runtime: &Runtime) -> Vec<ConversationId> {
         match self.nodes.fence_stale(self.lease).await {
             Ok(fenced) => {
+                metrics::counter!(crate::telemetry::NODE_FENCED_TOTAL)
+                    .increment(u64::try_from(fenced.len()).unwrap_or(u64::MAX));
                 for node in fenced {
                     tracing::warn!(node = %node, by = self.name(), "fenced a node not heard from within its lease");
                 }
@@ -176,6 +180,8 @@ impl Cluster {
         if roots.is_empty() {
             return roots;
         }
+        metrics::counter!(crate::telemetry::NODE_TAKEOVERS_TOTAL)
+            .increment(u64::try_from(roots.len()).unwrap_or(u64::MAX));
         tracing::warn!(
             node = self.name(),
             n = roots.len(),

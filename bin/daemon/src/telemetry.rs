@@ -214,6 +214,18 @@ pub const LIVE_CONVERSATIONS: &str = "keel_live_conversations";
 /// Read at scrape time from the store: 1 while it takes writes, else 0.
 pub const STORE_AVAILABLE: &str = "keel_store_available";
 
+/// Several nodes (docs/nodes.md): requests this node forwarded to the
+/// node owning their conversation, by `outcome` (`ok`: passed on whatever
+/// the owner answered; `unreachable`: the owner could not be reached).
+pub const NODE_FORWARDED_TOTAL: &str = "keel_node_forwarded_requests_total";
+/// Conversation trees this node took over from fenced nodes.
+pub const NODE_TAKEOVERS_TOTAL: &str = "keel_node_takeovers_total";
+/// Nodes this node fenced (not heard from within their lease).
+pub const NODE_FENCED_TOTAL: &str = "keel_node_fenced_total";
+/// 1 while this node's lease is current, by its last heartbeat; 0 once it
+/// lapsed or the node was fenced (and 0 for a daemon that is not a node).
+pub const NODE_LEASE_CURRENT: &str = "keel_node_lease_current";
+
 /// Every family the daemon's `/metrics` lists from its start.
 pub fn families() -> Vec<&'static str> {
     let mut all = names::ALL.to_vec();
@@ -222,8 +234,22 @@ pub fn families() -> Vec<&'static str> {
         EVENT_STREAMS_OPEN,
         LIVE_CONVERSATIONS,
         STORE_AVAILABLE,
+        NODE_FORWARDED_TOTAL,
+        NODE_TAKEOVERS_TOTAL,
+        NODE_FENCED_TOTAL,
+        NODE_LEASE_CURRENT,
     ]);
     all
+}
+
+/// The nodes' series, at zero, so a dashboard has them from the start.
+pub fn register_node_metrics() {
+    for outcome in ["ok", "unreachable"] {
+        metrics::counter!(NODE_FORWARDED_TOTAL, "outcome" => outcome).increment(0);
+    }
+    metrics::counter!(NODE_TAKEOVERS_TOTAL).increment(0);
+    metrics::counter!(NODE_FENCED_TOTAL).increment(0);
+    metrics::gauge!(NODE_LEASE_CURRENT).set(0.0);
 }
 
 /// Renders the installed Prometheus recorder's metrics.
@@ -305,6 +331,19 @@ fn install_prometheus() -> anyhow::Result<MetricsHandle> {
         "HTTP requests answered, by method, route template and status."
     );
     metrics::describe_gauge!(EVENT_STREAMS_OPEN, "Event streams (SSE) open now.");
+    metrics::describe_counter!(
+        NODE_FORWARDED_TOTAL,
+        "Requests forwarded to the node owning their conversation, by outcome."
+    );
+    metrics::describe_counter!(
+        NODE_TAKEOVERS_TOTAL,
+        "Conversation trees this node took over from fenced nodes."
+    );
+    metrics::describe_counter!(NODE_FENCED_TOTAL, "Nodes this node fenced.");
+    metrics::describe_gauge!(
+        NODE_LEASE_CURRENT,
+        "1 while this node's lease is current; 0 otherwise, and for a daemon that is not a node."
+    );
     // Without the exporter's listener nothing drains the histograms but a
     // render; drain them on a schedule so they stay small between scrapes,
     // or when nobody scrapes at all. A plain thread: this works with or

@@ -267,6 +267,24 @@ async fn any_node_answers_any_request_about_any_conversation() {
         writers.iter().all(|writer| writer["node"] == "a"),
         "{writers:#?}"
     );
+
+    // b forwarded (the send, the second resolve, and more); a forwarded
+    // nothing, and every node's lease is current.
+    let forwarded = |metrics: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|line| {
+                line.strip_prefix("keel_node_forwarded_requests_total{outcome=\"ok\"} ")
+            })
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no forwarded series:\n{metrics}"))
+    };
+    let of_a = a.daemon.get("/metrics").await.body;
+    let of_b = b.daemon.get("/metrics").await.body;
+    let (of_a, of_b) = (of_a.as_str().unwrap(), of_b.as_str().unwrap());
+    assert_eq!(forwarded(of_a), 0.0);
+    assert!(forwarded(of_b) >= 2.0, "{of_b}");
+    assert!(of_b.contains("keel_node_lease_current 1"), "{of_b}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

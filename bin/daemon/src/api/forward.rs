@@ -202,6 +202,7 @@ fn outgoing(
 
 /// A node's answer, passed on as it comes.
 fn passed_on(node: &str, answer: reqwest::Response) -> Response {
+    metrics::counter!(crate::telemetry::NODE_FORWARDED_TOTAL, "outcome" => "ok").increment(1);
     let mut response = Response::builder().status(answer.status());
     for (name, value) in answer.headers() {
         if !hop_by_hop(name) {
@@ -221,6 +222,8 @@ fn passed_on(node: &str, answer: reqwest::Response) -> Response {
 }
 
 fn unreachable_node(node: &str, error: &reqwest::Error) -> Response {
+    metrics::counter!(crate::telemetry::NODE_FORWARDED_TOTAL, "outcome" => "unreachable")
+        .increment(1);
     tracing::warn!(node, %error, "cannot forward a request to its conversation's node");
     unavailable(format!(
         "the conversation's node {node} cannot be reached ({error}); if it is gone, another node takes over once its lease runs out"

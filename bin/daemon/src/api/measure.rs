@@ -68,6 +68,7 @@ pub fn register(api: &OpenApi) {
         }
     }
     metrics::gauge!(EVENT_STREAMS_OPEN).increment(0.0);
+    crate::telemetry::register_node_metrics();
 }
 
 /// One open event stream, counted in `keel_event_streams_open` from its

@@ -66,6 +66,7 @@ pub(super) async fn forward(
     if answer.status() != StatusCode::OK {
         return passed_on(&node, answer);
     }
+    metrics::counter!(crate::telemetry::NODE_FORWARDED_TOTAL, "outcome" => "ok").increment(1);
     let last_seq = parts
         .headers
         .get("last-event-id")
