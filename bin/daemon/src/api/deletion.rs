@@ -45,6 +45,14 @@ pub async fn delete(
         .delete(&id, query.force)
         .await
         .map_err(|error| ApiError::from_runtime(id.as_str(), error))?;
+    if let Some(cluster) = &state.cluster {
+        // The tree's claim goes with it (a sub-agent has none of its own).
+        // If this fails the row stays, naming a conversation that no
+        // longer exists: harmless, as its id answers 404 everywhere.
+        if let Err(error) = cluster.nodes().release(id.as_str()).await {
+            tracing::warn!(conversation = %id, %error, "could not let go of a deleted conversation's claim");
+        }
+    }
     Ok(Json(DeletedConversation {
         deleted: deletion
             .conversations
