@@ -188,6 +188,14 @@ impl Runtime {
         Ok((runtime, report))
     }
 
+    /// This process may act for `length` more (a node's lease,
+    /// docs/nodes.md): the tool spawner kills every tool process it started
+    /// unless renewed by then, so a paused node's tools stop before another
+    /// node may take its conversations over.
+    pub async fn renew_tool_lease(&self, length: Duration) {
+        self.shared.spawner.renew_lease(length).await;
+    }
+
     /// The root of `id`'s tree: `id`, or its first ancestor with no parent
     /// (several nodes own conversations by tree, docs/nodes.md).
     pub async fn root_of(&self, id: &ConversationId) -> Result<ConversationId, Error> {

@@ -146,6 +146,32 @@ impl Spawner {
         }
     }
 
+    /// Tell the spawner process, if one runs, that this runtime may act
+    /// for `length` more: unless told again by then, it kills every
+    /// process group it started (a node's lease, docs/nodes.md; the
+    /// spawner is not paused when this process is). A spawner that is not
+    /// running is not started for this; one that is gone is left so.
+    pub async fn renew_lease(&self, length: Duration) {
+        let Some(slot) = &self.helper else {
+            return;
+        };
+        let helper = match slot.current.lock().await.as_ref() {
+            Some(helper) if !helper.is_dead() => helper.clone(),
+            _ => return,
+        };
+        let millis = u64::try_from(length.as_millis()).unwrap_or(u64::MAX);
+        let request = protocol::Request::Lease { millis }.encode();
+        let sent = helper
+            .socket
+            .async_io(Interest::WRITABLE, || {
+                protocol::send(helper.socket.as_fd(), &request, &[])
+            })
+            .await;
+        if let Err(error) = sent {
+            tracing::warn!(%error, "cannot renew the spawner's lease");
+        }
+    }
+
     /// Start `launch` leading a new process group, its stdin, stdout and
     /// stderr piped back. The command must do nothing before it reads a
     /// word from its stdin (bash's gate): a spawner that dies before it

@@ -11,6 +11,10 @@
 //! the raw wait status; the runtime closing its end is the release (it is
 //! done with the child's process group: the leader may be reaped).
 //!
+//! A `lease` request (no descriptors) carries a number of milliseconds:
+//! the runtime may act that much longer; unless another `lease` comes by
+//! then, the spawner kills every group it started and has not reaped.
+//!
 //! A `spawn-confined` request carries the child's confinement
 //! (`sandbox.rs`) between the cwd and the argv: the network (`off`, `all`,
 //! `ports` with a count and the ports, or `hosts` with a count and a host
@@ -52,6 +56,10 @@ pub(crate) enum Request {
         env: Vec<(OsString, OsString)>,
         confinement: Option<Confinement>,
     },
+    /// The runtime may act for `millis` more (a node's lease, docs/nodes.md):
+    /// unless renewed by then, the spawner kills every process group it
+    /// started that is not reaped yet. No descriptors come along.
+    Lease { millis: u64 },
 }
 
 /// A reply from the spawner.
@@ -110,6 +118,10 @@ impl Request {
                     field(&mut out, &entry);
                 }
             }
+            Request::Lease { millis } => {
+                field(&mut out, b"lease");
+                field(&mut out, millis.to_string().as_bytes());
+            }
         }
         out
     }
@@ -146,6 +158,9 @@ impl Request {
                     confinement,
                 })
             }
+            b"lease" => Some(Request::Lease {
+                millis: number(fields.next()?)?,
+            }),
             _ => None,
         }
     }
@@ -361,6 +376,13 @@ pub(crate) fn receive(socket: impl AsFd, buffer: &mut [u8]) -> io::Result<Option
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lease_round_trips() {
+        let lease = Request::Lease { millis: 2_700 };
+        assert_eq!(Request::decode(&lease.encode()), Some(lease));
+        assert_eq!(Request::decode(b"lease\0soon\0"), None);
+    }
 
     #[test]
     fn requests_round_trip_with_bytes_that_are_not_utf8() {

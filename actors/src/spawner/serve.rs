@@ -86,6 +86,48 @@ fn kill_unreaped() {
     }
 }
 
+/// Until when the runtime may act, as its last `lease` said; `None`
+/// until one comes, or once it lapsed and its groups were killed.
+static LEASE: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+
+fn lease() -> std::sync::MutexGuard<'static, Option<std::time::Instant>> {
+    LEASE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// How often the watchdog looks at the lease.
+const LEASE_CHECK: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// The runtime may act for `length` more. The first lease starts the
+/// watchdog: a thread that, once a lease lapses unrenewed (the runtime is
+/// paused, or cut off from what renews its lease), kills every group this
+/// spawner started and has not reaped, so another node can run the calls
+/// again without an old copy beside them (docs/nodes.md). The thread is
+/// not paused with the runtime: it is this process's.
+fn lease_for(length: std::time::Duration) {
+    let first = lease()
+        .replace(std::time::Instant::now() + length)
+        .is_none();
+    static WATCHDOG: std::sync::Once = std::sync::Once::new();
+    if first {
+        WATCHDOG.call_once(|| {
+            let _ = std::thread::Builder::new()
+                .name("keel-lease".to_owned())
+                .stack_size(WAITER_STACK)
+                .spawn(|| loop {
+                    std::thread::sleep(LEASE_CHECK);
+                    let mut until = lease();
+                    if until.is_some_and(|until| std::time::Instant::now() >= until) {
+                        *until = None;
+                        drop(until);
+                        kill_unreaped();
+                    }
+                });
+        });
+    }
+}
+
 /// Serve the runtime on `socket` until it closes.
 pub fn serve(socket: OwnedFd) -> io::Result<()> {
     protocol::send(socket.as_fd(), &Reply::Ready.encode(), &[])?;
@@ -98,15 +140,19 @@ pub fn serve(socket: OwnedFd) -> io::Result<()> {
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
             Err(error) => return Err(error),
         };
-        let Some(Request::Spawn {
-            cwd,
-            argv,
-            env,
-            confinement,
-        }) = Request::decode(&received.bytes)
-        else {
+        let (cwd, argv, env, confinement) = match Request::decode(&received.bytes) {
+            Some(Request::Spawn {
+                cwd,
+                argv,
+                env,
+                confinement,
+            }) => (cwd, argv, env, confinement),
+            Some(Request::Lease { millis }) => {
+                lease_for(std::time::Duration::from_millis(millis));
+                continue;
+            }
             // Not from a runtime of this build: nothing to do but ignore it.
-            continue;
+            None => continue,
         };
         let Ok([stdin, stdout, stderr, replies]) = <[OwnedFd; 4]>::try_from(received.fds) else {
             // Without its reply socket nobody hears of the child: start none.

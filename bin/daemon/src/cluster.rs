@@ -47,6 +47,9 @@ pub struct Cluster {
     lease_until: Mutex<Instant>,
     /// Set once this node finds itself fenced: why.
     fenced: watch::Sender<Option<String>>,
+    /// The runtime, once open: each renewal of the lease renews its tool
+    /// spawner's too.
+    runtime: OnceLock<Runtime>,
     /// Forwards requests to other nodes.
     pub http: reqwest::Client,
 }
@@ -71,6 +74,7 @@ impl Cluster {
             url: OnceLock::new(),
             lease_until: Mutex::new(started + config.lease),
             fenced: watch::Sender::new(None),
+            runtime: OnceLock::new(),
             http,
         });
         if let Some(url) = &config.url {
@@ -86,6 +90,12 @@ impl Cluster {
 
     pub fn nodes(&self) -> &Nodes {
         &self.nodes
+    }
+
+    /// The runtime is open: from now on its tool spawner's lease is
+    /// renewed with this node's.
+    pub fn set_runtime(&self, runtime: Runtime) {
+        let _ = self.runtime.set(runtime);
     }
 
     /// Where the others reach this node, unless `KEEL_NODE_URL` said.
@@ -129,11 +139,20 @@ impl Cluster {
         let sent = Instant::now();
         match self.nodes.heartbeat(self.url()).await {
             Ok(()) => {
+                let until = sent + self.lease;
                 *self
                     .lease_until
                     .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = sent + self.lease;
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = until;
                 metrics::gauge!(crate::telemetry::NODE_LEASE_CURRENT).set(1.0);
+                if let Some(runtime) = self.runtime.get() {
+                    // What is left of the lease, less the margin tools
+                    // already keep (`lease_current`).
+                    let left = until
+                        .saturating_duration_since(Instant::now())
+                        .saturating_sub(self.lease / MARGIN_DIVISOR);
+                    runtime.renew_tool_lease(left).await;
+                }
             }
             Err(error @ keel_store::Error::Fenced { .. }) => self.step_down(error.to_string()),
             Err(error) => {

@@ -380,6 +380,7 @@ pub async fn start(config: Config, metrics: Option<MetricsRender>) -> anyhow::Re
     };
     let addr = listener.local_addr().context("reading the bound address")?;
     if let Some(cluster) = &cluster {
+        cluster.set_runtime(runtime.clone());
         if cluster.url().is_empty() {
             let ip = match addr.ip() {
                 ip if ip.is_unspecified() => std::net::IpAddr::from([127, 0, 0, 1]),

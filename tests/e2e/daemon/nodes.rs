@@ -430,3 +430,39 @@ async fn a_paused_owner_that_comes_back_after_a_takeover_steps_down() {
         .collect();
     assert_eq!(names, ["a", "b"], "{writers:#?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_owners_tool_stops_with_its_lease_and_runs_once_elsewhere() {
+    let Some(server) = Postgres::start() else {
+        return;
+    };
+    let url = server.url();
+    let mock = MockLlm::start();
+    let [a, b] = ["a", "b"].map(|name| node(name, &url, &mock));
+    let site = Site::new();
+
+    // A call that runs longer than the lease, on a, when a is paused: its
+    // spawner (not paused) kills it once a's lease lapses unrenewed,
+    // before b may take the conversation over and run the call again.
+    let id = a.daemon.create(&site, json!({})).await;
+    a.daemon
+        .send(
+            &id,
+            "run: echo started >> runs.txt; sleep 6; echo finished >> runs.txt",
+        )
+        .await;
+    a.daemon.wait_state(&id, "executing_tools").await;
+    super::wait_file(&site.cwd().join("runs.txt")).await;
+    a.daemon.sigstop();
+
+    let log = turn_done(&b.daemon, &id, 1).await;
+    let recovered = of_kind(&log, "recovered");
+    assert_eq!(recovered.len(), 1, "{log:#?}");
+    assert_eq!(recovered[0]["action"], "redispatch", "{log:#?}");
+    // a's copy started and never finished; b's ran whole.
+    assert_eq!(
+        std::fs::read_to_string(site.cwd().join("runs.txt")).unwrap(),
+        "started\nstarted\nfinished\n"
+    );
+    a.daemon.sigcont();
+}

@@ -238,13 +238,51 @@ async fn forward(cluster: &Cluster, node: &str, url: &str, request: Request) -> 
         .path_and_query()
         .map_or("/", |path| path.as_str())
         .to_owned();
-    let sent = outgoing(cluster, url, &parts, &path)
-        .body(reqwest::Body::wrap_stream(body.into_data_stream()))
-        .send()
-        .await;
-    match sent {
+    let request = outgoing(cluster, url, &parts, &path)
+        .body(reqwest::Body::wrap_stream(body.into_data_stream()));
+    match send_while_live(cluster, node, request).await {
         Ok(answer) => passed_on(node, answer),
-        Err(error) => unreachable_node(node, &error),
+        Err(response) => response,
+    }
+}
+
+/// Send `request` to node `node` and wait for its answer's head for as
+/// long as that node stays live: a paused node accepts connections (the
+/// kernel does) but never answers, and a request must not wait on it
+/// forever. A long wait on a live node (LangGraph's `runs/wait`) is fine.
+async fn send_while_live(
+    cluster: &Cluster,
+    node: &str,
+    request: reqwest::RequestBuilder,
+) -> Result<reqwest::Response, Response> {
+    let sent = request.send();
+    tokio::pin!(sent);
+    let every = cluster.lease / 4;
+    let mut looks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tokio::select! {
+            answer = &mut sent => {
+                return answer.map_err(|error| unreachable_node(node, &error));
+            }
+            _ = looks.tick() => {
+                if !node_live(cluster, node).await {
+                    metrics::counter!(crate::telemetry::NODE_FORWARDED_TOTAL, "outcome" => "unreachable")
+                        .increment(1);
+                    return Err(unavailable(format!(
+                        "the conversation's node {node} stopped answering (not heard from within its lease); another node takes it over"
+                    )));
+                }
+            }
+        }
+    }
+}
+
+/// Whether node `node` is live by PostgreSQL (a failed look counts as
+/// live: PostgreSQL's trouble is not the node's).
+async fn node_live(cluster: &Cluster, node: &str) -> bool {
+    match cluster.nodes().live(cluster.lease).await {
+        Ok(live) => live.iter().any(|(name, _)| name == node),
+        Err(_) => true,
     }
 }
 

@@ -30,7 +30,7 @@ use tokio::sync::mpsc;
 
 use keel_actors::core::ConversationId;
 
-use super::{outgoing, passed_on, unreachable_node, ANSWERED_BY};
+use super::{node_live, outgoing, passed_on, send_while_live, ANSWERED_BY};
 use crate::cluster::Cluster;
 
 /// How long a relayed stream waits for an owner before it ends: a lost
@@ -59,10 +59,11 @@ pub(super) async fn forward(
         .to_owned();
     // The first connection's answer is the client's: a refusal (unknown
     // conversation, bad `from`) passes on as it is.
-    let answer = match outgoing(&cluster, &url, &parts, &path).send().await {
-        Ok(answer) => answer,
-        Err(error) => return unreachable_node(&node, &error),
-    };
+    let answer =
+        match send_while_live(&cluster, &node, outgoing(&cluster, &url, &parts, &path)).await {
+            Ok(answer) => answer,
+            Err(response) => return response,
+        };
     if answer.status() != StatusCode::OK {
         return passed_on(&node, answer);
     }
@@ -74,6 +75,7 @@ pub(super) async fn forward(
         .and_then(|value| value.trim().parse::<u64>().ok());
     let (frames, received) = mpsc::channel::<Bytes>(64);
     let relay = Relay {
+        node: node.clone(),
         cluster,
         id,
         root,
@@ -105,6 +107,8 @@ pub(super) async fn forward(
 }
 
 struct Relay {
+    /// The node whose stream is being passed on.
+    node: String,
     cluster: Arc<Cluster>,
     id: ConversationId,
     root: ConversationId,
@@ -132,8 +136,21 @@ impl Relay {
     async fn pass_on(&mut self, answer: reqwest::Response) -> bool {
         let mut stream = answer.bytes_stream();
         let mut pending = BytesMut::new();
-        while let Some(chunk) = stream.next().await {
-            let Ok(chunk) = chunk else {
+        // A paused node keeps its connections open and sends nothing: it
+        // is looked at now and then, and given up once it is not live.
+        let every = self.cluster.lease / 4;
+        let mut looks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        loop {
+            let chunk = tokio::select! {
+                chunk = stream.next() => chunk,
+                _ = looks.tick() => {
+                    if node_live(&self.cluster, &self.node).await {
+                        continue;
+                    }
+                    break;
+                }
+            };
+            let Some(Ok(chunk)) = chunk else {
                 break;
             };
             pending.extend_from_slice(&chunk);
@@ -153,7 +170,7 @@ impl Relay {
     /// The conversation's stream again, from its owner now, after the last
     /// canonical event passed on. `None` when it is refused, the client is
     /// gone, or no owner answers in time.
-    async fn reconnect(&self) -> Option<reqwest::Response> {
+    async fn reconnect(&mut self) -> Option<reqwest::Response> {
         let deadline = Instant::now() + patience(&self.cluster);
         let path = format!("/v1/conversations/{}/events", self.id);
         while Instant::now() < deadline {
@@ -176,6 +193,7 @@ impl Relay {
                 Some(url) if owner.node != self.cluster.name() => url,
                 _ => self.cluster.url().to_owned(),
             };
+            self.node = owner.node;
             let mut request = outgoing(&self.cluster, &url, &self.parts, &path);
             if let Some(seq) = self.last_seq {
                 request = request.header("last-event-id", seq.to_string());
