@@ -461,6 +461,16 @@ impl Daemon {
             }
         };
         tokio::join!(shutdown, http);
+        if let Some(cluster) = &self.cluster {
+            // Nothing more is written here: the others may take over now
+            // rather than a lease later (docs/nodes.md).
+            match cluster.nodes().leave().await {
+                Ok(()) => tracing::info!(node = cluster.name(), "left the nodes"),
+                Err(error) => {
+                    tracing::warn!(%error, "could not leave the nodes; the others take over once the lease runs out")
+                }
+            }
+        }
         tracing::info!("stopped");
     }
 

@@ -150,6 +150,26 @@ impl Nodes {
         .await
     }
 
+    /// Leave, at a graceful stop once nothing more is written: this
+    /// node's epoch moves on and it is marked fenced, so the others take
+    /// its trees over at their next look instead of a lease later.
+    pub async fn leave(&self) -> Result<()> {
+        let (pool, node, epoch) = (self.pool.clone(), self.node.clone(), self.epoch);
+        self.run(async move {
+            let client = pool.get().await.map_err(pool_error)?;
+            client
+                .execute(
+                    "UPDATE keel_nodes SET epoch = epoch + 1, fenced = true \
+                     WHERE node = $1 AND epoch = $2",
+                    &[&node, &epoch],
+                )
+                .await
+                .map_err(database_error)?;
+            Ok(())
+        })
+        .await
+    }
+
     /// Every node, by name.
     pub async fn list(&self, lease: Duration) -> Result<Vec<NodeRow>> {
         let pool = self.pool.clone();

@@ -285,6 +285,37 @@ async fn any_node_answers_any_request_about_any_conversation() {
     assert_eq!(forwarded(of_a), 0.0);
     assert!(forwarded(of_b) >= 2.0, "{of_b}");
     assert!(of_b.contains("keel_node_lease_current 1"), "{of_b}");
+
+    // a stops gracefully and leaves: its conversations are taken over by
+    // b and c at once, and go on there.
+    let mut a = a;
+    a.daemon.sigterm();
+    assert!(a.daemon.wait_exit().success(), "{}", a.daemon.output());
+    poll(
+        &b.daemon,
+        "/admin/nodes",
+        "a left, its trees taken",
+        |nodes| {
+            let nodes = nodes["nodes"].as_array().unwrap();
+            nodes[0]["fenced"] == true && nodes[0]["owns"] == 0
+        },
+    )
+    .await;
+    let reply = c
+        .daemon
+        .post(
+            &format!("/v1/conversations/{id}/messages"),
+            &json!({"text": "after a left"}),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::ACCEPTED, "{reply:?}");
+    assert!(
+        ["b", "c"].contains(&answered_by(&reply).as_str()),
+        "{reply:?}"
+    );
+    let log = turn_done(&b.daemon, &id, 3).await;
+    assert_eq!(log.last().unwrap()["type"], "turn_completed", "{log:#?}");
+    assert_eq!(seqs(&log), (1..=log.len() as u64).collect::<Vec<_>>());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
