@@ -36,13 +36,11 @@
 //! waits at most [`PROBE_TIMEOUT`] (one to a paused owner hangs), so a
 //! figure may be late by up to that much.
 //!
-//! A known limitation is kept out of the figures rather than counted: a
-//! tool running on a node that is SIGSTOPped keeps running in the node's
-//! spawner (which is not paused), so after the takeover its call may run
-//! twice. The drill therefore pauses a node only at a moment when no tool
-//! process of it runs, and looks again just after the SIGSTOP; a tool
-//! started in between turns the pause into a SIGKILL (whose tools die with
-//! the node), counted as `pauses_turned_kills`.
+//! Pauses land at any moment, tools running or not: a paused node's
+//! spawner (not paused with it) kills its tools once the node's lease
+//! lapses unrenewed (docs/nodes.md), and once the node's conversations
+//! answer elsewhere, with the node still paused, none of its tool
+//! processes may run any more.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
@@ -59,7 +57,7 @@ use super::approvals::Approvals;
 use super::crash::checks::{check_effects, check_log, settle};
 use super::crash::drill::{create, in_temp_dir, is_gated, queue_faults, with_children, Kept};
 use super::crash::worker::Worker;
-use super::crash::{described_survivors, Book, Shared, Violation, AIM_PATIENCE};
+use super::crash::{described_survivors, Book, Shared, Violation};
 use super::running::RUN_ENV;
 use keel_api::client::Client;
 use keel_test_support::{self as rig, stats::nearest_rank, ChildDaemon, Postgres, LIFE_ENV};
@@ -105,8 +103,6 @@ pub struct Report {
     pub sigkills: usize,
     /// Nodes SIGSTOPped past the lease, fenced, resumed and stepped down.
     pub pauses: usize,
-    /// Pauses that found a tool starting on the node, made SIGKILLs.
-    pub pauses_turned_kills: usize,
     /// Nodes that exited without being faulted (fenced under load, say):
     /// restarted, and not violations, but worth a look.
     pub unbidden_exits: usize,
@@ -210,13 +206,6 @@ fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
         ms(report.time_to_resume.max_ms),
         report.time_to_resume.samples
     )?;
-    if report.pauses_turned_kills > 0 {
-        writeln!(
-            out,
-            "  {} pauses found a tool starting on the node and were made SIGKILLs",
-            report.pauses_turned_kills
-        )?;
-    }
     if report.unbidden_exits > 0 {
         writeln!(
             out,
@@ -446,7 +435,7 @@ async fn drill_in(
     let pause_for = lease.mul_f64(PAUSE_LEASES);
     let progress_every = (options.kills / 20).max(1);
     let mut samples: Vec<Duration> = Vec::new();
-    let (mut sigkills, mut pauses, mut turned, mut unbidden, mut restarts) = (0, 0, 0, 0, 0);
+    let (mut sigkills, mut pauses, mut unbidden, mut restarts) = (0, 0, 0, 0);
     for kill in 1..=options.kills {
         queue_faults(&http, &mock_url, &mut rng).await?;
         tokio::time::sleep(Duration::from_millis(rng.u64(20..400))).await;
@@ -493,27 +482,14 @@ async fn drill_in(
             .collect();
         let life = nodes[target].daemon.life();
 
-        // The fault.
-        let mut pause = rng.bool();
+        // The fault, at whatever moment it lands: a paused node's tools
+        // must stop with its lease (its spawner's watchdog), checked below.
+        let pause = rng.bool();
         let restart_now = rng.bool();
-        let lost;
+        let lost = Instant::now();
         if pause {
-            // A moment when no tool of the node runs (the module's
-            // comment says why).
-            let aimed = Instant::now();
-            while !nodes[target].tools().is_empty() && aimed.elapsed() < AIM_PATIENCE {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            lost = Instant::now();
             nodes[target].daemon.signal(Signal::SIGSTOP)?;
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            if !nodes[target].tools().is_empty() {
-                nodes[target].daemon.kill()?;
-                pause = false;
-                turned += 1;
-            }
         } else {
-            lost = Instant::now();
             nodes[target].daemon.kill()?;
         }
         shared.book().kills = kill;
@@ -525,6 +501,24 @@ async fn drill_in(
         }
         let answered = answers(&http, &others, &token, &owned, lost).await;
         samples.extend(answered.values());
+        if pause && !owned.is_empty() && answered.len() == owned.len() {
+            // Taken over while the node is still paused: nothing of it may
+            // run any more, or a re-dispatched call runs beside its copy.
+            let running = nodes[target].tools();
+            if running.is_empty() {
+                shared.passed(1);
+            } else {
+                shared.violation(
+                    "a paused node's tools stop with its lease",
+                    None,
+                    None,
+                    format!(
+                        "{} is paused and its conversations answer elsewhere, but its tool processes {running:?} still run",
+                        nodes[target].name
+                    ),
+                );
+            }
+        }
         for id in owned.iter().filter(|id| !answered.contains_key(*id)) {
             shared.violation(
                 "a lost node's conversations answer again",
@@ -665,7 +659,6 @@ async fn drill_in(
         kills: options.kills,
         sigkills,
         pauses,
-        pauses_turned_kills: turned,
         unbidden_exits: unbidden,
         restarts,
         turns: book.turns,
