@@ -497,3 +497,56 @@ async fn a_paused_owners_tool_stops_with_its_lease_and_runs_once_elsewhere() {
     );
     a.daemon.sigcont();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_nobody_owns_goes_to_the_node_rendezvous_hashing_picks() {
+    let Some(server) = Postgres::start() else {
+        return;
+    };
+    let url = server.url();
+    let mock = MockLlm::start();
+    let site = Site::new();
+
+    // Written by a keel that was not a node: nobody owns them.
+    let alone = Daemon::start(
+        &site,
+        Wire::Anthropic,
+        &mock,
+        &[("KEEL_STORE", "postgres"), ("KEEL_DATABASE_URL", &url)],
+    );
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        ids.push(alone.create(&site, json!({})).await);
+    }
+    let mut alone = alone;
+    alone.sigterm();
+    assert!(alone.wait_exit().success(), "{}", alone.output());
+
+    let nodes = ["a", "b", "c"].map(|name| node(name, &url, &mock));
+    let names: Vec<String> = ["a", "b", "c"].map(str::to_owned).to_vec();
+    for (i, id) in ids.iter().enumerate() {
+        let chosen = keel_actors::store::rendezvous(id, &names).unwrap();
+        // Whichever node it is sent to, the chosen one runs it, and keeps
+        // it.
+        for (turn, entry) in [(1, &nodes[i % 3]), (2, &nodes[(i + 1) % 3])] {
+            let reply = entry
+                .daemon
+                .post(
+                    &format!("/v1/conversations/{id}/messages"),
+                    &json!({"text": "who runs this?"}),
+                )
+                .await;
+            assert_eq!(reply.status, StatusCode::ACCEPTED, "{reply:?}");
+            assert_eq!(answered_by(&reply), chosen, "{id}");
+            turn_done(&entry.daemon, id, turn).await;
+        }
+    }
+    let listed = nodes[0].daemon.get("/admin/nodes").await.body;
+    let owned: i64 = listed["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|node| node["owns"].as_i64().unwrap())
+        .sum();
+    assert_eq!(owned, 6, "{listed:#}");
+}
