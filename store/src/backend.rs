@@ -7,6 +7,7 @@
 //! nothing to give back.
 
 mod memory;
+mod postgres_error;
 mod postgres_kv;
 pub mod postgres_nodes;
 mod redb_kv;

@@ -45,10 +45,9 @@ use tokio::runtime::Runtime;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls};
 
+use super::postgres_error::{backend_error, database_error, pool_error, with_causes, NAME};
 use super::{Backend, Entry, Reclaim, Visit, Write};
 use crate::error::{Error, Result};
-
-const NAME: &str = "postgres";
 
 /// The schema, one step per version: step `i` takes the database from
 /// version `i` to `i + 1`. Steps are never edited once released; a change
@@ -130,40 +129,6 @@ enum Holding {
     Alone,
     /// As the node of this name, under a new epoch, with this lease.
     Node(String, Duration),
-}
-
-pub(super) fn backend_error(error: impl std::fmt::Display) -> Error {
-    Error::Backend {
-        backend: NAME,
-        reason: error.to_string(),
-    }
-}
-
-/// A driver error with what the server said, when it said something,
-/// else with its causes (a refused connection says why).
-pub(super) fn database_error(error: tokio_postgres::Error) -> Error {
-    match error.as_db_error() {
-        Some(db) => backend_error(format!("{} ({})", db.message(), db.code().code())),
-        None => backend_error(with_causes(&error)),
-    }
-}
-
-fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(inner) = cause {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
-        cause = inner.source();
-    }
-    text
-}
-
-pub(super) fn pool_error(error: deadpool_postgres::PoolError) -> Error {
-    match error {
-        deadpool_postgres::PoolError::Backend(error) => database_error(error),
-        other => backend_error(other),
-    }
 }
 
 /// Where the URL points, without its password: for messages.

@@ -23,7 +23,7 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use tokio::runtime::Handle;
 
-use super::postgres_kv::{backend_error, database_error, pool_error};
+use super::postgres_error::{backend_error, database_error, pool_error};
 use crate::error::{Error, Result};
 
 /// A node's handle on the shared tables. Cheap to clone; its calls run on
