@@ -224,27 +224,32 @@ impl Cluster {
     }
 
     /// Heartbeats every quarter lease until the daemon stops.
-    pub fn spawn_heartbeats(self: &Arc<Cluster>, mut stopping: watch::Receiver<bool>) {
-        let cluster = Arc::clone(self);
-        tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(cluster.lease / 4);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = ticks.tick() => {}
-                    _ = stopping.wait_for(|stopping| *stopping) => return,
-                }
-                cluster.heartbeat().await;
-            }
+    pub fn spawn_heartbeats(self: &Arc<Cluster>, stopping: watch::Receiver<bool>) {
+        self.every_quarter_lease(stopping, |cluster| async move {
+            cluster.heartbeat().await;
         });
     }
 
     /// Takeovers every quarter lease until the daemon stops.
-    pub fn spawn_takeovers(
+    pub fn spawn_takeovers(self: &Arc<Cluster>, runtime: Runtime, stopping: watch::Receiver<bool>) {
+        self.every_quarter_lease(stopping, move |cluster| {
+            let runtime = runtime.clone();
+            async move {
+                cluster.take_over(&runtime).await;
+            }
+        });
+    }
+
+    /// Run `work` at once and then every quarter lease (a late one waits
+    /// its turn, none is skipped into a burst) until the daemon stops.
+    fn every_quarter_lease<F, Work>(
         self: &Arc<Cluster>,
-        runtime: Runtime,
         mut stopping: watch::Receiver<bool>,
-    ) {
+        work: F,
+    ) where
+        F: Fn(Arc<Cluster>) -> Work + Send + 'static,
+        Work: std::future::Future<Output = ()> + Send,
+    {
         let cluster = Arc::clone(self);
         tokio::spawn(async move {
             let mut ticks = tokio::time::interval(cluster.lease / 4);
@@ -254,7 +259,7 @@ impl Cluster {
                     _ = ticks.tick() => {}
                     _ = stopping.wait_for(|stopping| *stopping) => return,
                 }
-                cluster.take_over(&runtime).await;
+                work(Arc::clone(&cluster)).await;
             }
         });
     }

@@ -99,6 +99,25 @@ impl Nodes {
         self.epoch
     }
 
+    /// Hold this node's row for `transaction` (`FOR SHARE`: a fencing of
+    /// it waits), refusing with `Error::Fenced` if its epoch moved on or it
+    /// was fenced: a fenced node claims and takes nothing.
+    async fn hold_epoch(&self, transaction: &deadpool_postgres::Transaction<'_>) -> Result<()> {
+        let held: Option<i64> = transaction
+            .query_opt(
+                "SELECT epoch FROM keel_nodes WHERE node = $1 AND NOT fenced FOR SHARE",
+                &[&self.node],
+            )
+            .await
+            .map_err(database_error)?
+            .map(|row| row.get(0));
+        if held == Some(self.epoch) {
+            Ok(())
+        } else {
+            Err(self.fenced(held))
+        }
+    }
+
     fn fenced(&self, now: Option<i64>) -> Error {
         Error::Fenced {
             node: self.node.clone(),
@@ -246,28 +265,13 @@ impl Nodes {
     /// it; either way, who owns it now. Refused with `Error::Fenced` if
     /// this node was fenced off: a fenced node claims nothing.
     pub async fn claim(&self, root: &str, lease: Duration) -> Result<Owner> {
-        let (pool, node, epoch, root) = (
-            self.pool.clone(),
-            self.node.clone(),
-            self.epoch,
-            root.to_owned(),
-        );
+        let (pool, node, root) = (self.pool.clone(), self.node.clone(), root.to_owned());
         let lease = seconds(lease);
         let this = self.clone();
         self.run(async move {
             let mut client = pool.get().await.map_err(pool_error)?;
             let transaction = client.transaction().await.map_err(database_error)?;
-            let held: Option<i64> = transaction
-                .query_opt(
-                    "SELECT epoch FROM keel_nodes WHERE node = $1 AND NOT fenced FOR SHARE",
-                    &[&node],
-                )
-                .await
-                .map_err(database_error)?
-                .map(|row| row.get(0));
-            if held != Some(epoch) {
-                return Err(this.fenced(held));
-            }
+            this.hold_epoch(&transaction).await?;
             transaction
                 .execute(
                     "INSERT INTO keel_owners (conversation, node) VALUES ($1, $2) \
@@ -384,23 +388,13 @@ impl Nodes {
     /// then finds these roots gone; this node's own epoch is held too (a
     /// fenced node takes nothing). The roots taken.
     pub async fn take_over(&self, lease: Duration) -> Result<Vec<String>> {
-        let (pool, node, epoch) = (self.pool.clone(), self.node.clone(), self.epoch);
+        let (pool, node) = (self.pool.clone(), self.node.clone());
         let lease = seconds(lease);
         let this = self.clone();
         self.run(async move {
             let mut client = pool.get().await.map_err(pool_error)?;
             let transaction = client.transaction().await.map_err(database_error)?;
-            let held: Option<i64> = transaction
-                .query_opt(
-                    "SELECT epoch FROM keel_nodes WHERE node = $1 AND NOT fenced FOR SHARE",
-                    &[&node],
-                )
-                .await
-                .map_err(database_error)?
-                .map(|row| row.get(0));
-            if held != Some(epoch) {
-                return Err(this.fenced(held));
-            }
+            this.hold_epoch(&transaction).await?;
             let dead: Vec<String> = transaction
                 .query(
                     "SELECT node FROM keel_nodes WHERE fenced ORDER BY node FOR SHARE",

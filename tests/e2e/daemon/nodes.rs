@@ -47,6 +47,38 @@ fn node(name: &str, url: &str, mock: &MockLlm) -> Node {
     }
 }
 
+/// PostgreSQL, the fake provider, a site to work in and nodes of these
+/// names; `None` (after saying NOT RUN) without PostgreSQL.
+struct Nodes<const N: usize> {
+    nodes: [Node; N],
+    site: Site,
+    mock: MockLlm,
+    server: Postgres,
+}
+
+fn nodes<const N: usize>(names: [&str; N]) -> Option<Nodes<N>> {
+    let server = Postgres::start()?;
+    let url = server.url();
+    let mock = MockLlm::start();
+    let nodes = names.map(|name| node(name, &url, &mock));
+    Some(Nodes {
+        nodes,
+        site: Site::new(),
+        mock,
+        server,
+    })
+}
+
+/// `POST …/messages` of `text` through `daemon`, whatever it answers.
+async fn send_through(daemon: &Daemon, id: &str, text: &str) -> Reply {
+    daemon
+        .post(
+            &format!("/v1/conversations/{id}/messages"),
+            &json!({"text": text}),
+        )
+        .await
+}
+
 /// `GET path` on `daemon` until it answers 200 and `done` holds of the
 /// body: a conversation whose node is being taken over answers 503
 /// meanwhile.
@@ -161,24 +193,20 @@ async fn assert_writers_in_turn(daemon: &Daemon, id: &str) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_node_answers_any_request_about_any_conversation() {
-    let Some(server) = Postgres::start() else {
+    let Some(Nodes {
+        nodes: [a, b, c],
+        site,
+        mock: _mock,
+        server: _server,
+    }) = nodes(["a", "b", "c"])
+    else {
         return;
     };
-    let url = server.url();
-    let mock = MockLlm::start();
-    let [a, b, c] = ["a", "b", "c"].map(|name| node(name, &url, &mock));
-    let site = Site::new();
 
     // Created on a (which owns it), sent on b, streamed from c.
     let id = a.daemon.create(&site, json!({})).await;
     let stream = follow(&c.daemon, &id, 1).await;
-    let reply = b
-        .daemon
-        .post(
-            &format!("/v1/conversations/{id}/messages"),
-            &json!({"text": "hello from b"}),
-        )
-        .await;
+    let reply = send_through(&b.daemon, &id, "hello from b").await;
     assert_eq!(reply.status, StatusCode::ACCEPTED, "{reply:?}");
     assert_eq!(answered_by(&reply), "a", "b forwarded the send to a");
     let log = turn_done(&c.daemon, &id, 1).await;
@@ -301,13 +329,7 @@ async fn any_node_answers_any_request_about_any_conversation() {
         },
     )
     .await;
-    let reply = c
-        .daemon
-        .post(
-            &format!("/v1/conversations/{id}/messages"),
-            &json!({"text": "after a left"}),
-        )
-        .await;
+    let reply = send_through(&c.daemon, &id, "after a left").await;
     assert_eq!(reply.status, StatusCode::ACCEPTED, "{reply:?}");
     assert!(
         ["b", "c"].contains(&answered_by(&reply).as_str()),
@@ -320,13 +342,15 @@ async fn any_node_answers_any_request_about_any_conversation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_killed_mid_turn_is_taken_over_and_the_turn_finishes_elsewhere() {
-    let Some(server) = Postgres::start() else {
+    let Some(Nodes {
+        nodes: [a, b, c],
+        site,
+        mock: _mock,
+        server: _server,
+    }) = nodes(["a", "b", "c"])
+    else {
         return;
     };
-    let url = server.url();
-    let mock = MockLlm::start();
-    let [a, b, c] = ["a", "b", "c"].map(|name| node(name, &url, &mock));
-    let site = Site::new();
 
     let id = a.daemon.create(&site, json!({})).await;
     // Followed through c, which forwards to a until a is gone: by keel's
@@ -400,13 +424,15 @@ async fn a_node_killed_mid_turn_is_taken_over_and_the_turn_finishes_elsewhere() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_owner_that_comes_back_after_a_takeover_steps_down() {
-    let Some(server) = Postgres::start() else {
+    let Some(Nodes {
+        nodes: [mut a, b],
+        site,
+        mock: _mock,
+        server: _server,
+    }) = nodes(["a", "b"])
+    else {
         return;
     };
-    let url = server.url();
-    let mock = MockLlm::start();
-    let [mut a, b] = ["a", "b"].map(|name| node(name, &url, &mock));
-    let site = Site::new();
 
     // A call waiting for a human on a, when a stops answering.
     let id = a
@@ -464,13 +490,15 @@ async fn a_paused_owner_that_comes_back_after_a_takeover_steps_down() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_owners_tool_stops_with_its_lease_and_runs_once_elsewhere() {
-    let Some(server) = Postgres::start() else {
+    let Some(Nodes {
+        nodes: [a, b],
+        site,
+        mock: _mock,
+        server: _server,
+    }) = nodes(["a", "b"])
+    else {
         return;
     };
-    let url = server.url();
-    let mock = MockLlm::start();
-    let [a, b] = ["a", "b"].map(|name| node(name, &url, &mock));
-    let site = Site::new();
 
     // A call that runs longer than the lease, on a, when a is paused: its
     // spawner (not paused) kills it once a's lease lapses unrenewed,
@@ -529,13 +557,7 @@ async fn a_conversation_nobody_owns_goes_to_the_node_rendezvous_hashing_picks() 
         // Whichever node it is sent to, the chosen one runs it, and keeps
         // it.
         for (turn, entry) in [(1, &nodes[i % 3]), (2, &nodes[(i + 1) % 3])] {
-            let reply = entry
-                .daemon
-                .post(
-                    &format!("/v1/conversations/{id}/messages"),
-                    &json!({"text": "who runs this?"}),
-                )
-                .await;
+            let reply = send_through(&entry.daemon, &id, "who runs this?").await;
             assert_eq!(reply.status, StatusCode::ACCEPTED, "{reply:?}");
             assert_eq!(answered_by(&reply), chosen, "{id}");
             turn_done(&entry.daemon, id, turn).await;
