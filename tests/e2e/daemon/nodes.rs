@@ -557,7 +557,7 @@ async fn a_conversation_nobody_owns_goes_to_the_node_rendezvous_hashing_picks() 
         // Whichever node it is sent to, the chosen one runs it, and keeps
         // it.
         for (turn, entry) in [(1, &nodes[i % 3]), (2, &nodes[(i + 1) % 3])] {
-            let reply = send_through(&entry.daemon, &id, "who runs this?").await;
+            let reply = send_through(&entry.daemon, id, "who runs this?").await;
             assert_eq!(reply.status, StatusCode::ACCEPTED, "{reply:?}");
             assert_eq!(answered_by(&reply), chosen, "{id}");
             turn_done(&entry.daemon, id, turn).await;
