@@ -220,6 +220,25 @@ async fn any_node_answers_any_request_about_any_conversation() {
         "{log:#?}"
     );
 
+    // AG-UI names its thread in the body: through c, the run is a's, and
+    // its events stream back through c to the end of the run.
+    let reply = c
+        .daemon
+        .post(
+            "/ag-ui",
+            &json!({
+                "threadId": id,
+                "runId": "r-through-c",
+                "messages": [{"id": "agui-1", "role": "user", "content": "hello over ag-ui"}],
+            }),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply:?}");
+    assert_eq!(answered_by(&reply), "a", "c forwarded the run to a");
+    let frames = reply.body.as_str().unwrap();
+    assert!(frames.contains("RUN_FINISHED"), "{frames}");
+    turn_done(&b.daemon, &id, 2).await;
+
     // An approval: asked on a, seen from b, resolved through c, and a
     // second answer through b refused, as on one node.
     let gated = a
@@ -268,7 +287,7 @@ async fn any_node_answers_any_request_about_any_conversation() {
     let reply = c.daemon.cancel(&id).await;
     assert_eq!(reply.status, StatusCode::ACCEPTED, "{reply:?}");
     assert_eq!(answered_by(&reply), "a");
-    let log = turn_done(&b.daemon, &id, 2).await;
+    let log = turn_done(&b.daemon, &id, 3).await;
     let ended = log.last().unwrap();
     assert_eq!(ended["type"], "turn_interrupted", "{log:#?}");
     assert_eq!(seqs(&log), (1..=log.len() as u64).collect::<Vec<_>>());
@@ -335,7 +354,7 @@ async fn any_node_answers_any_request_about_any_conversation() {
         ["b", "c"].contains(&answered_by(&reply).as_str()),
         "{reply:?}"
     );
-    let log = turn_done(&b.daemon, &id, 3).await;
+    let log = turn_done(&b.daemon, &id, 4).await;
     assert_eq!(log.last().unwrap()["type"], "turn_completed", "{log:#?}");
     assert_eq!(seqs(&log), (1..=log.len() as u64).collect::<Vec<_>>());
 }

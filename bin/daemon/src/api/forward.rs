@@ -76,9 +76,18 @@ pub async fn to_owner(State(state): State<AppState>, request: Request, next: Nex
         return next.run(request).await;
     };
     let here = |response: Response| with_node(response, cluster.name());
-    let Some(id) = conversation_of(request.uri().path())
-        .and_then(|id| ConversationId::new(id.to_owned()).ok())
-    else {
+    let (id, request) =
+        if request.method() == axum::http::Method::POST && request.uri().path() == "/ag-ui" {
+            match thread_of(request).await {
+                Ok(found) => found,
+                Err(refused) => return refused,
+            }
+        } else {
+            let id = conversation_of(request.uri().path())
+                .and_then(|id| ConversationId::new(id.to_owned()).ok());
+            (id, request)
+        };
+    let Some(id) = id else {
         return here(next.run(request).await);
     };
     if state.runtime.is_live(&id) {
@@ -154,6 +163,33 @@ pub async fn to_owner(State(state): State<AppState>, request: Request, next: Nex
         return events::forward(cluster, id, root, node, url, request).await;
     }
     forward(&cluster, &node, &url, request).await
+}
+
+/// AG-UI's `POST /ag-ui` names its thread (the conversation) in its body:
+/// the body read whole (within the messages' limit), its `threadId`, and
+/// the request again with the same body. A body that is not JSON or names
+/// no thread is left to the handler, which says what is wrong with it.
+async fn thread_of(request: Request) -> Result<(Option<ConversationId>, Request), Response> {
+    #[derive(serde::Deserialize)]
+    struct Thread {
+        #[serde(rename = "threadId")]
+        thread_id: String,
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, crate::config::MESSAGE_BODY_LIMIT)
+        .await
+        .map_err(|error| {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ErrorCode::PayloadTooLarge,
+                format!("the body could not be read whole: {error}"),
+            )
+            .into_response()
+        })?;
+    let id = serde_json::from_slice::<Thread>(&bytes)
+        .ok()
+        .and_then(|thread| ConversationId::new(thread.thread_id).ok());
+    Ok((id, Request::from_parts(parts, Body::from(bytes))))
 }
 
 fn with_node(mut response: Response, node: &str) -> Response {
