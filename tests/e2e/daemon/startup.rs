@@ -35,6 +35,8 @@ const ROUTES: &[(&str, &[&str])] = &[
     ("/admin/actors/{id}/kill", &["post"]),
     ("/admin/reclaim", &["post"]),
     ("/admin/mcp", &["get"]),
+    ("/admin/nodes", &["get"]),
+    ("/admin/conversations/{id}/writers", &["get"]),
     ("/metrics", &["get"]),
     ("/healthz", &["get"]),
     ("/openapi.json", &["get"]),
