@@ -79,6 +79,23 @@ fn seconds(lease: Duration) -> f64 {
 
 const LIVE: &str = "NOT n.fenced AND n.heartbeat_at >= now() - make_interval(secs => $2)";
 
+/// Who owns the tree `$1`, with where it answers and whether it is live
+/// within the lease `$2`; read by [`owner_of`].
+fn owner_query() -> String {
+    format!(
+        "SELECT o.node, n.addr, coalesce({LIVE}, false) FROM keel_owners o \
+         LEFT JOIN keel_nodes n ON n.node = o.node WHERE o.conversation = $1"
+    )
+}
+
+fn owner_of(row: &tokio_postgres::Row) -> Owner {
+    Owner {
+        node: row.get(0),
+        addr: row.get(1),
+        live: row.get(2),
+    }
+}
+
 impl Nodes {
     pub(super) fn new(runtime: Handle, pool: Pool, node: String, epoch: i64) -> Nodes {
         Nodes {
@@ -243,20 +260,10 @@ impl Nodes {
         self.run(async move {
             let client = pool.get().await.map_err(pool_error)?;
             let row = client
-                .query_opt(
-                    &format!(
-                        "SELECT o.node, n.addr, coalesce({LIVE}, false) FROM keel_owners o \
-                         LEFT JOIN keel_nodes n ON n.node = o.node WHERE o.conversation = $1"
-                    ),
-                    &[&root, &lease],
-                )
+                .query_opt(&owner_query(), &[&root, &lease])
                 .await
                 .map_err(database_error)?;
-            Ok(row.map(|row| Owner {
-                node: row.get(0),
-                addr: row.get(1),
-                live: row.get(2),
-            }))
+            Ok(row.as_ref().map(owner_of))
         })
         .await
     }
@@ -281,21 +288,11 @@ impl Nodes {
                 .await
                 .map_err(database_error)?;
             let row = transaction
-                .query_one(
-                    &format!(
-                        "SELECT o.node, n.addr, coalesce({LIVE}, false) FROM keel_owners o \
-                         LEFT JOIN keel_nodes n ON n.node = o.node WHERE o.conversation = $1"
-                    ),
-                    &[&root, &lease],
-                )
+                .query_one(&owner_query(), &[&root, &lease])
                 .await
                 .map_err(database_error)?;
             transaction.commit().await.map_err(database_error)?;
-            Ok(Owner {
-                node: row.get(0),
-                addr: row.get(1),
-                live: row.get(2),
-            })
+            Ok(owner_of(&row))
         })
         .await
     }

@@ -254,30 +254,49 @@ fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
             report.missed_aims
         )?;
     }
-    if report.violations.is_empty() {
+    print_violations(
+        out,
+        &report.violations,
+        "kill",
+        report.seed,
+        report
+            .kept
+            .as_deref()
+            .map(|kept| format!("the data dir, daemon logs and side effects are kept in {kept}")),
+    )
+}
+
+/// A drill's violations, one line each (`after` names its faults: a
+/// kill, a fault), how to reproduce them and where the evidence was kept;
+/// or that there were none.
+pub(super) fn print_violations(
+    out: &mut impl Write,
+    violations: &[Violation],
+    after: &str,
+    seed: u64,
+    kept: Option<String>,
+) -> anyhow::Result<()> {
+    if violations.is_empty() {
         writeln!(out, "  no violations")?;
-    } else {
-        writeln!(out, "  {} violations:", report.violations.len())?;
-        for violation in &report.violations {
-            writeln!(
-                out,
-                "  ! {} (after kill {}, conversation {}, seq {}): {}",
-                violation.check,
-                violation.after_kill,
-                violation.conversation.as_deref().unwrap_or("-"),
-                violation
-                    .seq
-                    .map_or_else(|| "-".to_owned(), |seq| seq.to_string()),
-                violation.detail
-            )?;
-        }
-        writeln!(out, "  reproduce with --seed {}", report.seed)?;
-        if let Some(kept) = &report.kept {
-            writeln!(
-                out,
-                "  the data dir, daemon logs and side effects are kept in {kept}"
-            )?;
-        }
+        return Ok(());
+    }
+    writeln!(out, "  {} violations:", violations.len())?;
+    for violation in violations {
+        writeln!(
+            out,
+            "  ! {} (after {after} {}, conversation {}, seq {}): {}",
+            violation.check,
+            violation.after_kill,
+            violation.conversation.as_deref().unwrap_or("-"),
+            violation
+                .seq
+                .map_or_else(|| "-".to_owned(), |seq| seq.to_string()),
+            violation.detail
+        )?;
+    }
+    writeln!(out, "  reproduce with --seed {seed}")?;
+    if let Some(kept) = kept {
+        writeln!(out, "  {kept}")?;
     }
     Ok(())
 }

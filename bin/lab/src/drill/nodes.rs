@@ -213,32 +213,16 @@ fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
             report.unbidden_exits
         )?;
     }
-    if report.violations.is_empty() {
-        writeln!(out, "  no violations")?;
-    } else {
-        writeln!(out, "  {} violations:", report.violations.len())?;
-        for violation in &report.violations {
-            writeln!(
-                out,
-                "  ! {} (after fault {}, conversation {}, seq {}): {}",
-                violation.check,
-                violation.after_kill,
-                violation.conversation.as_deref().unwrap_or("-"),
-                violation
-                    .seq
-                    .map_or_else(|| "-".to_owned(), |seq| seq.to_string()),
-                violation.detail
-            )?;
-        }
-        writeln!(out, "  reproduce with --seed {}", report.seed)?;
-        if let Some(kept) = &report.kept {
-            writeln!(
-                out,
-                "  the nodes' data dirs, logs and side effects are kept in {kept}"
-            )?;
-        }
-    }
-    Ok(())
+    super::crash::print_violations(
+        out,
+        &report.violations,
+        "fault",
+        report.seed,
+        report
+            .kept
+            .as_deref()
+            .map(|kept| format!("the nodes' data dirs, logs and side effects are kept in {kept}")),
+    )
 }
 
 /// One node: its daemon, a client of it, and the mark its processes (and
