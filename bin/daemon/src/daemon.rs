@@ -424,9 +424,16 @@ pub async fn start(config: Config, metrics: Option<MetricsRender>) -> anyhow::Re
         ));
     }
     let mut until_stop = stopping;
-    let server = axum::serve(net::no_delay(listener), router).with_graceful_shutdown(async move {
-        let _ = until_stop.wait_for(|stopping| *stopping).await;
-    });
+    // Served as a make-service that hands each connection the router as
+    // it is (an `Arc` clone): `axum::serve` given the `Router` itself
+    // rebuilds its whole route table for every connection (axum 0.8's
+    // `with_state(())` per connection), which was a sixth of the daemon's
+    // CPU for clients that open a connection per request
+    // (docs/benchmarks.md, "A connection costs a route table").
+    let server = axum::serve(net::no_delay(listener), router.into_make_service())
+        .with_graceful_shutdown(async move {
+            let _ = until_stop.wait_for(|stopping| *stopping).await;
+        });
     let server = tokio::spawn(async move { server.await });
     Ok(Daemon {
         addr,

@@ -121,7 +121,7 @@ async fn serve(options: Options, entries: Vec<Entry>, settings: Settings) -> any
     // Not a graceful shutdown: a hanging request would hold it up forever,
     // and a fake provider has nothing to save.
     tokio::select! {
-        served = axum::serve(keel_daemon::net::no_delay(listener), app(mock)) => served.context("serving"),
+        served = axum::serve(keel_daemon::net::no_delay(listener), app(mock).into_make_service()) => served.context("serving"),
         () = keel_daemon::daemon::stop_signal() => Ok(()),
     }
 }
@@ -137,7 +137,12 @@ pub async fn start_in_process(settings: Settings) -> anyhow::Result<String> {
     let mock = Mock::default();
     *mock.settings() = settings;
     tokio::spawn(async move {
-        if let Err(error) = axum::serve(keel_daemon::net::no_delay(listener), app(mock)).await {
+        if let Err(error) = axum::serve(
+            keel_daemon::net::no_delay(listener),
+            app(mock).into_make_service(),
+        )
+        .await
+        {
             tracing::error!(error = %error, "the built-in fake provider stopped");
         }
     });
