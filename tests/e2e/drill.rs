@@ -293,6 +293,12 @@ fn keel_bench_quick_reports_every_figure() {
             for figure in ["turns_per_second", "cpu_ms_per_turn", "latency_p50_ms"] {
                 assert!(run[figure].as_f64().unwrap() > 0.0, "{figure}: {run:#}");
             }
+            // The spawner's CPU is read too (a few turns may take less
+            // than one clock tick of it, so only its presence is sure).
+            assert!(
+                run["spawner_cpu_ms_per_turn"].as_f64().is_some(),
+                "the spawner's CPU: {run:#}"
+            );
         }
     }
     assert!(report["rss_per_idle_conversation_bytes"].as_f64().unwrap() > 0.0);

@@ -261,14 +261,14 @@ fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
     if !report.turns.is_empty() {
         writeln!(
             out,
-            "| turns | conversations at once | turns | turns/s | keel CPU per turn | latency p50 | p99 |"
+            "| turns | conversations at once | turns | turns/s | keel CPU per turn | of it the spawner's | latency p50 | p99 |"
         )?;
-        writeln!(out, "| --- | --- | --- | --- | --- | --- | --- |")?;
+        writeln!(out, "| --- | --- | --- | --- | --- | --- | --- | --- |")?;
     }
     for turns in &report.turns {
         writeln!(
             out,
-            "| {}{} | {} | {} | {:.0} | {} | {:.1} ms | {:.1} ms |",
+            "| {}{} | {} | {} | {:.0} | {} | {} | {:.1} ms | {:.1} ms |",
             turns.kind,
             match turns.other_streams_open {
                 0 => String::new(),
@@ -278,7 +278,10 @@ fn print_report(out: &mut impl Write, report: &Report) -> anyhow::Result<()> {
             turns.turns,
             turns.turns_per_second,
             turns
-                .cpu_ms_per_turn
+                .total_cpu_ms_per_turn()
+                .map_or(not_measured.clone(), |cpu| format!("{cpu:.2} ms")),
+            turns
+                .spawner_cpu_ms_per_turn
                 .map_or(not_measured.clone(), |cpu| format!("{cpu:.2} ms")),
             turns.latency_p50_ms,
             turns.latency_p99_ms
@@ -466,6 +469,18 @@ impl Target {
     }
 }
 
+/// A run's CPU for its progress line: keel's per turn (the daemon and
+/// its spawner), and the spawner's part of it.
+fn cpu_note(run: &Turns) -> String {
+    match (run.total_cpu_ms_per_turn(), run.spawner_cpu_ms_per_turn) {
+        (None, _) => String::new(),
+        (Some(total), None) => format!(", {total:.2} ms CPU per turn"),
+        (Some(total), Some(spawner)) => {
+            format!(", {total:.2} ms CPU per turn ({spawner:.2} ms of it the spawner's)")
+        }
+    }
+}
+
 async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow::Result<Report> {
     let temp = tempfile::Builder::new()
         .prefix("keel-bench-")
@@ -518,9 +533,7 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
         for &(conversations, each) in runs {
             let (run, ids) =
                 turn_run(&client, target.pid(), &cwd, kind, conversations, each).await?;
-            let cpu = run
-                .cpu_ms_per_turn
-                .map_or(String::new(), |cpu| format!(", {cpu:.2} ms CPU per turn"));
+            let cpu = cpu_note(&run);
             progress(format!(
                 "{kind} turns, {conversations} at once: {:.0}/s{cpu}, p50 {:.1} ms, p99 {:.1} ms",
                 run.turns_per_second, run.latency_p50_ms, run.latency_p99_ms
@@ -539,9 +552,7 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
             for &(conversations, each) in &sizes.shaped {
                 let run =
                     shaped_run(&client, target.pid(), &cwd, provider, conversations, each).await?;
-                let cpu = run
-                    .cpu_ms_per_turn
-                    .map_or(String::new(), |cpu| format!(", {cpu:.2} ms CPU per turn"));
+                let cpu = cpu_note(&run);
                 progress(format!(
                     "client-shaped tool turns, {conversations} at once: {:.0}/s{cpu}, p50 {:.1} ms, p99 {:.1} ms",
                     run.turns_per_second, run.latency_p50_ms, run.latency_p99_ms
@@ -550,9 +561,7 @@ async fn bench(sizes: &Sizes, options: &Options, out: &mut impl Write) -> anyhow
             }
             for &(streams, each) in &sizes.crowded {
                 let run = crowded_run(&client, target.pid(), &cwd, streams, each).await?;
-                let cpu = run
-                    .cpu_ms_per_turn
-                    .map_or(String::new(), |cpu| format!(", {cpu:.2} ms CPU per turn"));
+                let cpu = cpu_note(&run);
                 progress(format!(
                     "tool turns with {streams} other streams open: {:.0}/s{cpu}, p50 {:.1} ms, p99 {:.1} ms",
                     run.turns_per_second, run.latency_p50_ms, run.latency_p99_ms

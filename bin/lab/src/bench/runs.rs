@@ -38,8 +38,21 @@ pub struct Turns {
     /// keel's CPU (user + system) per turn, in milliseconds; `None` when
     /// the daemon's process is unknown (`--addr` of another machine's).
     pub cpu_ms_per_turn: Option<f64>,
+    /// The CPU of the daemon's process spawner (docs/tools.md) per turn,
+    /// which starts each tool: keel's too, but a process of its own, so
+    /// not in `cpu_ms_per_turn`. `None` when the daemon's process is
+    /// unknown or it has no spawner.
+    pub spawner_cpu_ms_per_turn: Option<f64>,
     pub latency_p50_ms: f64,
     pub latency_p99_ms: f64,
+}
+
+impl Turns {
+    /// keel's CPU per turn: the daemon's and its spawner's.
+    pub fn total_cpu_ms_per_turn(&self) -> Option<f64> {
+        self.cpu_ms_per_turn
+            .map(|daemon| daemon + self.spawner_cpu_ms_per_turn.unwrap_or(0.0))
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -471,13 +484,19 @@ pub(super) struct Measuring {
     pub(super) pid: Option<u32>,
     pub(super) started: Instant,
     pub(super) cpu_before: Option<Duration>,
+    /// The daemon's spawner and its CPU time when the run began.
+    pub(super) spawner_before: Option<(u32, Duration)>,
 }
 
 impl Measuring {
     pub(super) fn start(pid: Option<u32>) -> anyhow::Result<Measuring> {
+        let spawner_before = pid
+            .and_then(super::sandbox::spawner_of)
+            .and_then(|spawner| Some((spawner, rig::cpu_time(spawner)?)));
         Ok(Measuring {
             pid,
             cpu_before: cpu_time(pid)?,
+            spawner_before,
             started: Instant::now(),
         })
     }
@@ -492,6 +511,9 @@ impl Measuring {
     ) -> anyhow::Result<Turns> {
         let wall = self.started.elapsed();
         let cpu_after = cpu_time(self.pid)?;
+        let spawner_after = self
+            .spawner_before
+            .and_then(|(spawner, before)| Some((before, rig::cpu_time(spawner)?)));
         let count = latencies.len();
         let measured = latency(latencies);
         Ok(Turns {
@@ -503,6 +525,8 @@ impl Measuring {
             cpu_ms_per_turn: self
                 .cpu_before
                 .zip(cpu_after)
+                .map(|(before, after)| ms(after.saturating_sub(before)) / count as f64),
+            spawner_cpu_ms_per_turn: spawner_after
                 .map(|(before, after)| ms(after.saturating_sub(before)) / count as f64),
             latency_p50_ms: measured.p50_ms,
             latency_p99_ms: measured.p99_ms,

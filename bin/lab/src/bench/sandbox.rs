@@ -40,7 +40,7 @@ pub struct SandboxCost {
 
 /// The process spawner of the daemon `pid`: its child whose command line
 /// is `… spawner`.
-fn spawner_of(pid: u32) -> Option<u32> {
+pub(super) fn spawner_of(pid: u32) -> Option<u32> {
     rig::pids().find(|child| {
         let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
         let ppid = stat
