@@ -73,6 +73,10 @@ pub struct Config {
     /// `KEEL_MAX_MESSAGE_BYTES`: the most bytes a message's text may have
     /// (its images are bounded on their own).
     pub max_message_bytes: usize,
+    /// `KEEL_WORKER_THREADS`: how many threads run the daemon's async
+    /// work; `None`, tokio's default (one per core, or
+    /// `TOKIO_WORKER_THREADS`). docs/daemon.md, "Threads".
+    pub worker_threads: Option<usize>,
     /// `KEEL_STORE_STOPPED_EXIT_MS`: how long a daemon whose store stopped
     /// taking writes goes on answering 503 (so health checks and clients
     /// see why) before it exits for its supervisor to restart it.
@@ -122,6 +126,9 @@ pub const MESSAGE_BODY_LIMIT: usize = 64 * 1024 * 1024;
 /// whole; a message is a prompt, not a file transfer.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 1024 * 1024;
 
+/// The most async worker threads `KEEL_WORKER_THREADS` may ask for.
+pub const MAX_WORKER_THREADS: usize = 1024;
+
 /// The default of `KEEL_SHUTDOWN_GRACE_MS`.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Long enough for a health check or two to see the 503 and its reason,
@@ -146,6 +153,7 @@ struct File {
     shutdown_grace_ms: Option<u64>,
     live_interval_ms: Option<u64>,
     max_message_bytes: Option<u64>,
+    worker_threads: Option<u64>,
     store_stopped_exit_ms: Option<u64>,
     retention_days: Option<f64>,
     #[serde(default)]
@@ -242,6 +250,10 @@ impl File {
             (
                 "KEEL_MAX_MESSAGE_BYTES",
                 self.max_message_bytes.map(|bytes| bytes.to_string()),
+            ),
+            (
+                "KEEL_WORKER_THREADS",
+                self.worker_threads.map(|threads| threads.to_string()),
             ),
             (
                 "KEEL_STORE_STOPPED_EXIT_MS",
@@ -407,6 +419,22 @@ impl Config {
                     )
                 })?,
         };
+        let worker_threads = match lookup("KEEL_WORKER_THREADS") {
+            None => None,
+            Some(raw) => Some(
+                raw.parse::<usize>()
+                    .ok()
+                    .filter(|threads| (1..=MAX_WORKER_THREADS).contains(threads))
+                    .ok_or_else(|| {
+                        invalid(
+                            "KEEL_WORKER_THREADS",
+                            format!(
+                                "{raw:?} is not a number of threads from 1 to {MAX_WORKER_THREADS}"
+                            ),
+                        )
+                    })?,
+            ),
+        };
         let store_stopped_exit =
             millis(&lookup, "KEEL_STORE_STOPPED_EXIT_MS")?.unwrap_or(DEFAULT_STORE_STOPPED_EXIT);
         let retention = retention(&lookup)?;
@@ -446,6 +474,7 @@ impl Config {
             shutdown_grace,
             live_interval,
             max_message_bytes,
+            worker_threads,
             store_stopped_exit,
             retention,
             mcp_servers,
@@ -1014,6 +1043,19 @@ mod tests {
         assert_eq!(config.max_message_bytes, 2048);
         let config = load(&[], Some("max_message_bytes = 4096\n")).unwrap();
         assert_eq!(config.max_message_bytes, 4096);
+    }
+
+    #[test]
+    fn the_worker_threads_are_tokios_unless_set_and_a_bad_count_is_refused() {
+        assert_eq!(load(&[], None).unwrap().worker_threads, None);
+        let config = load(&[("KEEL_WORKER_THREADS", "1")], None).unwrap();
+        assert_eq!(config.worker_threads, Some(1));
+        let config = load(&[], Some("worker_threads = 3\n")).unwrap();
+        assert_eq!(config.worker_threads, Some(3));
+        for bad in ["0", "-1", "two", "100000"] {
+            let error = load(&[("KEEL_WORKER_THREADS", bad)], None).unwrap_err();
+            assert_eq!(error.setting, "KEEL_WORKER_THREADS", "{bad}: {error}");
+        }
     }
 
     #[test]

@@ -76,11 +76,14 @@ pub fn run(options: Options) -> anyhow::Result<()> {
         _ => LogFormat::Plain,
     };
     let _telemetry = telemetry::init_tracing(format)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder
         .enable_all()
-        .global_queue_interval(GLOBAL_QUEUE_INTERVAL)
-        .build()
-        .context("starting the async runtime")?;
+        .global_queue_interval(GLOBAL_QUEUE_INTERVAL);
+    if let Some(threads) = config.worker_threads {
+        builder.worker_threads(threads);
+    }
+    let runtime = builder.build().context("starting the async runtime")?;
     runtime.block_on(serve(config, options.fake_provider))
 }
 
