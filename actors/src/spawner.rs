@@ -34,6 +34,7 @@
 //! with an error result (their exit status is lost; their groups are killed
 //! by their `ProcessGroup`s), never a stuck turn.
 
+mod pool;
 mod protocol;
 mod serve;
 

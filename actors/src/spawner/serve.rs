@@ -7,9 +7,11 @@
 //! own), so the kernel's copy of its descriptor table at each spawn is small
 //! whatever the runtime has open: that is the point of it.
 //!
-//! A confined child is started on a thread of its own (confining takes
-//! several times a plain spawn's work), so that the loop goes on to the
-//! next request meanwhile; that thread then waits for the child.
+//! A confined child is started on a thread of the pool (`pool.rs`;
+//! confining takes several times a plain spawn's work), so that the loop
+//! goes on to the next request meanwhile; that thread then waits for the
+//! child. A plain child is started by the loop itself and waited for on a
+//! thread of the pool.
 //!
 //! One thread per running child waits for its exit with
 //! `waitid(WEXITED | WNOWAIT)`, which leaves it a zombie: the pid (and so
@@ -41,6 +43,7 @@ use std::process::{Child, Command, Stdio};
 
 use rustix::process::{Pid, WaitId, WaitIdOptions};
 
+use super::pool::Pool;
 use super::protocol::{self, Reply, Request, MAX_MESSAGE};
 use crate::sandbox::{self, Confinement, SandboxError};
 
@@ -96,6 +99,9 @@ fn lease() -> std::sync::MutexGuard<'static, Option<std::time::Instant>> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The watchdog's stack: it sleeps, reads a clock and kills groups.
+const WATCHDOG_STACK: usize = 64 * 1024;
+
 /// How often the watchdog looks at the lease.
 const LEASE_CHECK: std::time::Duration = std::time::Duration::from_millis(20);
 
@@ -114,7 +120,7 @@ fn lease_for(length: std::time::Duration) {
         WATCHDOG.call_once(|| {
             let _ = std::thread::Builder::new()
                 .name("keel-lease".to_owned())
-                .stack_size(WAITER_STACK)
+                .stack_size(WATCHDOG_STACK)
                 .spawn(|| loop {
                     std::thread::sleep(LEASE_CHECK);
                     let mut until = lease();
@@ -132,6 +138,7 @@ fn lease_for(length: std::time::Duration) {
 pub fn serve(socket: OwnedFd) -> io::Result<()> {
     protocol::send(socket.as_fd(), &Reply::Ready.encode(), &[])?;
     let mut buffer = vec![0_u8; MAX_MESSAGE];
+    let pool = Pool::default();
     loop {
         let received = match protocol::receive(socket.as_fd(), &mut buffer) {
             Ok(Some(received)) => received,
@@ -162,12 +169,12 @@ pub fn serve(socket: OwnedFd) -> io::Result<()> {
             None => {
                 let started = spawn(&cwd, &argv, env, [stdin, stdout, stderr], None);
                 if let Some(child) = answer(started, &replies) {
-                    watch(child, replies);
+                    watch(&pool, child, replies);
                 }
             }
             // A confined start takes a thread that confines itself and
             // ends (`sandbox.rs`), several times the work of a plain
-            // spawn: it is done on a thread of its own, which then waits
+            // spawn: it is done on a thread of the pool, which then waits
             // for the child, so that this loop takes the next request
             // meanwhile.
             Some(confinement) => {
@@ -191,11 +198,7 @@ pub fn serve(socket: OwnedFd) -> io::Result<()> {
                         wait_then_release(child, replies);
                     }
                 };
-                let thread = std::thread::Builder::new()
-                    .name("keel-confined".to_owned())
-                    .stack_size(CONFINED_CALL_STACK)
-                    .spawn(call);
-                if thread.is_err() {
+                if pool.run(Box::new(call)).is_err() {
                     // Nothing was started (the closure, and the child's
                     // descriptors, are gone): say so on the copy.
                     let _ = protocol::send(
@@ -208,10 +211,6 @@ pub fn serve(socket: OwnedFd) -> io::Result<()> {
         }
     }
 }
-
-/// A confined call's thread's stack: it lists directories and builds the
-/// confinement's rules (`sandbox.rs`) before it waits.
-const CONFINED_CALL_STACK: usize = 256 * 1024;
 
 /// `EAGAIN`: no thread to start a confined child with.
 const EAGAIN: i32 = 11;
@@ -286,16 +285,10 @@ fn spawn(
     }
 }
 
-/// A waiting thread's stack: it waits and copies a few bytes.
-const WAITER_STACK: usize = 64 * 1024;
-
-/// Wait for `child` on a thread of its own ([`wait_then_release`]).
-fn watch(child: Child, replies: OwnedFd) {
+/// Wait for `child` on a thread of the pool ([`wait_then_release`]).
+fn watch(pool: &Pool, child: Child, replies: OwnedFd) {
     let pid = Pid::from_child(&child);
-    let waiter = std::thread::Builder::new()
-        .name(format!("wait-{}", child.id()))
-        .stack_size(WAITER_STACK);
-    let spawned = waiter.spawn(move || wait_then_release(child, replies));
+    let spawned = pool.run(Box::new(move || wait_then_release(child, replies)));
     if spawned.is_err() {
         // No thread to wait with (the machine is out of threads): the child
         // is still behind its gate, so kill it rather than leave it
