@@ -23,7 +23,7 @@ pub use fake_provider::FakeProvider;
 pub use postgres::Postgres;
 pub use procs::{
     cpu_time, is_running, listener_pid, load_average, pids, port_of, processes_in,
-    processes_with_env, rss_bytes,
+    processes_with_env, rss_bytes, spawner_of,
 };
 pub use sse::{find, FrameScanner, Scanned, ScannedKind};
 pub use tally::{TallyFollower, TurnTally};

@@ -1,5 +1,5 @@
 //! What `/proc` says of this machine's processes: who listens on a port,
-//! CPU time and resident memory, which processes carry a marker in their
+//! a keel daemon's tool spawner, CPU time and resident memory, which processes carry a marker in their
 //! environment or work in a directory, whether one still runs; and the
 //! machine's load average. The drills, `keel bench`, the benches, the
 //! end-to-end tests and `postgres` read processes through these alone.
@@ -61,6 +61,24 @@ pub fn cpu_time(pid: u32) -> Option<Duration> {
     Some(Duration::from_secs_f64(
         (utime + stime) as f64 / ticks as f64,
     ))
+}
+
+/// The tool spawner of the keel daemon `pid` (docs/tools.md): its child
+/// whose command line has the argument `spawner`.
+pub fn spawner_of(pid: u32) -> Option<u32> {
+    pids().find(|child| {
+        let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rfind(')')
+            .and_then(|end| stat.get(end + 1..))
+            .and_then(|rest| rest.split_whitespace().nth(1))
+            .and_then(|ppid| ppid.parse::<u32>().ok());
+        let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+        ppid == Some(pid)
+            && cmdline
+                .split(|byte| *byte == 0)
+                .any(|arg| arg == b"spawner")
+    })
 }
 
 /// Resident memory of process `pid` in bytes (VmRSS), from `/proc`.

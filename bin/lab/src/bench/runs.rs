@@ -491,7 +491,7 @@ pub(super) struct Measuring {
 impl Measuring {
     pub(super) fn start(pid: Option<u32>) -> anyhow::Result<Measuring> {
         let spawner_before = pid
-            .and_then(super::sandbox::spawner_of)
+            .and_then(rig::spawner_of)
             .and_then(|spawner| Some((spawner, rig::cpu_time(spawner)?)));
         Ok(Measuring {
             pid,

@@ -38,24 +38,6 @@ pub struct SandboxCost {
     pub unconfined_p50_ms: f64,
 }
 
-/// The process spawner of the daemon `pid`: its child whose command line
-/// is `… spawner`.
-pub(super) fn spawner_of(pid: u32) -> Option<u32> {
-    rig::pids().find(|child| {
-        let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
-        let ppid = stat
-            .rfind(')')
-            .and_then(|end| stat.get(end + 1..))
-            .and_then(|rest| rest.split_whitespace().nth(1))
-            .and_then(|ppid| ppid.parse::<u32>().ok());
-        let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
-        ppid == Some(pid)
-            && cmdline
-                .split(|byte| *byte == 0)
-                .any(|arg| arg == b"spawner")
-    })
-}
-
 /// The CPU time of the daemon and of its spawner.
 fn cpu(pid: u32, spawner: u32) -> anyhow::Result<(Duration, Duration)> {
     let daemon = rig::cpu_time(pid).ok_or_else(|| anyhow!("cannot read the daemon's CPU time"))?;
@@ -103,7 +85,7 @@ pub(super) async fn run(
         }
         anyhow::Ok([confined, unconfined])
     };
-    let spawner = spawner_of(pid)
+    let spawner = rig::spawner_of(pid)
         .ok_or_else(|| anyhow!("the daemon (pid {pid}) has no process spawner to measure"))?;
     // [confined, unconfined]: (daemon, spawner) CPU, and p50s.
     let mut spent = [(Duration::ZERO, Duration::ZERO); 2];
