@@ -19,23 +19,9 @@ per measurement. Standard library only:
 import argparse
 import http.client
 import json
-import os
-import subprocess
 import time
 
-
-def pid_listening(port):
-    out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True).stdout
-    for part in out.split("pid=")[1:]:
-        return int(part.split(",")[0])
-    raise SystemExit(f"no process listens on port {port}")
-
-
-def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
+from proc_stat import cpu_seconds, pid_listening
 
 
 class Node:
