@@ -222,6 +222,35 @@ pub fn spawn_confined(
     )
 }
 
+/// Whether [`spawn_confining_this_thread`] can start a process confined
+/// as `confinement` says: every confinement but a network list of hosts,
+/// whose way out is served from a thread that is not confined
+/// ([`spawn_confined`] does that).
+pub fn confines_in_place(confinement: &Confinement) -> bool {
+    !matches!(confinement.network, NetworkAccess::Hosts(_))
+}
+
+/// Confine the calling thread as `confinement` says, then start `command`
+/// from it: [`spawn_confined`] without a thread of its own, for a caller
+/// that is itself a thread started for this one call and ending with it
+/// (the spawner's, which then waits for the child). The thread stays
+/// confined, and so does everything it starts afterwards; waiting for the
+/// child and talking on descriptors it already holds are unaffected.
+/// Nothing is started unless every restriction is enforced; a
+/// confinement [`confines_in_place`] refuses is an error.
+pub fn spawn_confining_this_thread(
+    mut command: Command,
+    confinement: &Confinement,
+) -> Result<Child, SandboxError> {
+    if !confines_in_place(confinement) {
+        return Err(SandboxError::Unsupported {
+            what: "a network list of hosts is served from a thread that is not confined".to_owned(),
+        });
+    }
+    Restrictions::prepare(confinement, Layers::Process)?.apply()?;
+    command.spawn().map_err(SandboxError::Spawn)
+}
+
 /// Run `spawn` (which starts a process) on a short-lived thread confined
 /// as `confinement` says, and give what it returned: for callers that
 /// start processes other than with `std::process::Command`. `pid` tells

@@ -38,7 +38,8 @@ mod pool;
 mod protocol;
 mod serve;
 
-use std::ffi::OsString;
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt as _;
@@ -247,15 +248,48 @@ impl ChildExit {
 /// given a bare name with an environment of its own, it must fork instead
 /// (the child's `PATH` is not the parent's), copying the spawning
 /// process's page tables at every spawn.
+///
+/// A name found is remembered for [`FOUND_FRESH`]: every call of a tool
+/// starts the same program (`bash`) on the same `PATH`, and the search is
+/// a `statx` per directory before it.
 fn on_path(program: &OsString, env: &[(OsString, OsString)]) -> OsString {
     use std::os::unix::ffi::OsStrExt as _;
-    use std::os::unix::fs::PermissionsExt as _;
     if program.as_bytes().contains(&b'/') {
         return program.clone();
     }
     let Some((_, path)) = env.iter().rev().find(|(name, _)| name == "PATH") else {
         return program.clone();
     };
+    let key = (program.clone(), path.clone());
+    let mut found = FOUND
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((at, resolved)) = found.get(&key) {
+        if at.elapsed() < FOUND_FRESH {
+            return resolved.clone();
+        }
+    }
+    let resolved = search(program, path);
+    if found.len() >= 64 {
+        found.clear();
+    }
+    found.insert(key, (std::time::Instant::now(), resolved.clone()));
+    resolved
+}
+
+/// Names found on a `PATH` lately ([`on_path`]): by name and `PATH`, when
+/// and where.
+type Found = HashMap<(OsString, OsString), (std::time::Instant, OsString)>;
+static FOUND: std::sync::LazyLock<std::sync::Mutex<Found>> =
+    std::sync::LazyLock::new(|| std::sync::Mutex::new(HashMap::new()));
+
+/// How long a name found on a `PATH` is taken as found there.
+const FOUND_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `program` in the first directory of `path` holding an executable file
+/// of that name; as it is if none.
+fn search(program: &OsString, path: &OsStr) -> OsString {
+    use std::os::unix::fs::PermissionsExt as _;
     std::env::split_paths(path)
         .filter(|dir| !dir.as_os_str().is_empty())
         .map(|dir| dir.join(program))

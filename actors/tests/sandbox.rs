@@ -10,7 +10,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use keel_actors::core::config::NetworkAccess;
-use keel_actors::sandbox::{probe, spawn_confined, Confinement, SandboxError};
+use keel_actors::sandbox::{
+    probe, spawn_confined, spawn_confining_this_thread, Confinement, SandboxError,
+};
 
 /// `script` under `sh` in `cwd`, confined: its exit code and what it
 /// printed on stderr.
@@ -213,6 +215,60 @@ fn the_caller_stays_free() {
     run(&place.work, &workspace_write(&place), "true");
     std::fs::write(place.outside.join("after"), "free").unwrap();
     assert!(TcpListener::bind("127.0.0.1:0").is_ok());
+}
+
+/// Confining the calling thread itself (the spawner's thread for one
+/// call): the command is held as a command from `spawn_confined` is, the
+/// thread that started it is confined too (and may still wait for it),
+/// and a network list of hosts, whose way out needs a thread that is not
+/// confined, is refused with nothing started.
+#[test]
+fn a_thread_confines_itself_for_its_own_call() {
+    confining();
+    let place = place();
+    let confinement = workspace_write(&place);
+    let victim = place.outside.join("victim");
+    let script = format!("echo ok > inside; echo x > {}", victim.display());
+    let (work, outside) = (place.work.clone(), place.outside.clone());
+    let (code, thread_could_write) = std::thread::spawn(move || {
+        let mut command = Command::new("/bin/sh");
+        command
+            .args(["-c", &script])
+            .current_dir(&work)
+            .stderr(Stdio::null());
+        let mut child = spawn_confining_this_thread(command, &confinement).unwrap();
+        let status = child.wait().unwrap();
+        (
+            status.code(),
+            std::fs::write(outside.join("from-the-thread"), "x").is_ok(),
+        )
+    })
+    .join()
+    .unwrap();
+    assert_ne!(code, Some(0), "the write outside was refused");
+    assert_eq!(
+        std::fs::read_to_string(place.work.join("inside")).unwrap(),
+        "ok\n"
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "intact");
+    assert!(!thread_could_write, "the thread is confined with its call");
+    std::fs::write(place.outside.join("after"), "free").unwrap();
+
+    let hosts = Confinement {
+        network: NetworkAccess::Hosts(Vec::new()),
+        ..workspace_write(&place)
+    };
+    let marker = place.work.join("ran");
+    let script = format!("touch {}", marker.display());
+    let refused = std::thread::spawn(move || {
+        let mut command = Command::new("/bin/sh");
+        command.args(["-c", &script]);
+        spawn_confining_this_thread(command, &hosts).map(|_| ())
+    })
+    .join()
+    .unwrap();
+    assert!(matches!(refused, Err(SandboxError::Unsupported { .. })));
+    assert!(!marker.exists(), "nothing was started");
 }
 
 /// With the network on, every port but the blocked one (the daemon's

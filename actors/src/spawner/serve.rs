@@ -7,11 +7,14 @@
 //! own), so the kernel's copy of its descriptor table at each spawn is small
 //! whatever the runtime has open: that is the point of it.
 //!
-//! A confined child is started on a thread of the pool (`pool.rs`;
-//! confining takes several times a plain spawn's work), so that the loop
-//! goes on to the next request meanwhile; that thread then waits for the
-//! child. A plain child is started by the loop itself and waited for on a
-//! thread of the pool.
+//! A confined child is started on a thread of its own, which confines
+//! itself first (confining takes several times a plain spawn's work, so
+//! the loop goes on to the next request meanwhile), then waits for the
+//! child and ends: a confined thread cannot serve another call. One whose
+//! network is a list of hosts is started from a thread of the pool
+//! (`pool.rs`) by a short-lived confining thread instead, as its way out
+//! is served from a thread that is not confined. A plain child is started
+//! by the loop itself and waited for on a thread of the pool.
 //!
 //! One thread per running child waits for its exit with
 //! `waitid(WEXITED | WNOWAIT)`, which leaves it a zombie: the pid (and so
@@ -167,16 +170,48 @@ pub fn serve(socket: OwnedFd) -> io::Result<()> {
         };
         match confinement {
             None => {
-                let started = spawn(&cwd, &argv, env, [stdin, stdout, stderr], None);
+                let started = spawn(&cwd, &argv, env, [stdin, stdout, stderr], Confine::Not);
                 if let Some(child) = answer(started, &replies) {
                     watch(&pool, child, replies);
                 }
             }
-            // A confined start takes a thread that confines itself and
-            // ends (`sandbox.rs`), several times the work of a plain
-            // spawn: it is done on a thread of the pool, which then waits
-            // for the child, so that this loop takes the next request
-            // meanwhile.
+            // Most confined calls get a thread of their own, which
+            // confines itself, starts the child, waits for it and ends
+            // (a confined thread cannot serve another call), so that this
+            // loop takes the next request meanwhile.
+            Some(confinement) if sandbox::confines_in_place(&confinement) => {
+                let replies = std::sync::Arc::new(replies);
+                let ours = replies.clone();
+                let call = move || {
+                    let started = spawn(
+                        &cwd,
+                        &argv,
+                        env,
+                        [stdin, stdout, stderr],
+                        Confine::ThisThread(&confinement),
+                    );
+                    if let Some(child) = answer(started, &replies) {
+                        wait_then_release(child, replies);
+                    }
+                };
+                let started = std::thread::Builder::new()
+                    .name("keel-confined".to_owned())
+                    .stack_size(CONFINED_STACK)
+                    .spawn(call);
+                if started.is_err() {
+                    // Nothing was started (the closure, and the child's
+                    // descriptors, are gone): say so on our copy.
+                    let _ = protocol::send(
+                        ours.as_fd(),
+                        &Reply::Failed { errno: EAGAIN }.encode(),
+                        &[],
+                    );
+                }
+            }
+            // A network list of hosts: its way out is served from a thread
+            // that is not confined, so the confining is done on a
+            // short-lived thread of its own (`sandbox.rs`), from a thread of
+            // the pool, which then waits for the child.
             Some(confinement) => {
                 let Ok(spare) = replies.try_clone() else {
                     let _ = protocol::send(
@@ -192,7 +227,7 @@ pub fn serve(socket: OwnedFd) -> io::Result<()> {
                         &argv,
                         env,
                         [stdin, stdout, stderr],
-                        Some(&confinement),
+                        Confine::OnThreadOfItsOwn(&confinement),
                     );
                     if let Some(child) = answer(started, &replies) {
                         wait_then_release(child, replies);
@@ -215,9 +250,23 @@ pub fn serve(socket: OwnedFd) -> io::Result<()> {
 /// `EAGAIN`: no thread to start a confined child with.
 const EAGAIN: i32 = 11;
 
+/// The stack of a thread that confines itself for one call: it lists
+/// directories and builds the confinement's rules (`sandbox.rs`), then
+/// waits.
+const CONFINED_STACK: usize = 256 * 1024;
+
+/// Whether, and how, a child is confined.
+enum Confine<'a> {
+    Not,
+    /// By the calling thread itself, which serves nothing else afterwards.
+    ThisThread(&'a Confinement),
+    /// By a short-lived thread of its own.
+    OnThreadOfItsOwn(&'a Confinement),
+}
+
 /// Tell the runtime how a start went, on the child's reply socket: the
 /// child if it started.
-fn answer(started: Result<Child, SandboxError>, replies: &OwnedFd) -> Option<Child> {
+fn answer(started: Result<Child, SandboxError>, replies: &impl AsFd) -> Option<Child> {
     match started {
         Ok(child) => {
             unreaped().push(child.id());
@@ -261,7 +310,7 @@ fn spawn(
     argv: &[OsString],
     env: Vec<(OsString, OsString)>,
     [stdin, stdout, stderr]: [OwnedFd; 3],
-    confinement: Option<&Confinement>,
+    confine: Confine<'_>,
 ) -> Result<Child, SandboxError> {
     let program = argv.first().ok_or_else(|| {
         SandboxError::Spawn(io::Error::from_raw_os_error(
@@ -279,9 +328,12 @@ fn spawn(
         .stdout(Stdio::from(stdout))
         .stderr(Stdio::from(stderr))
         .process_group(0);
-    match confinement {
-        Some(confinement) => sandbox::spawn_confined(command, confinement),
-        None => command.spawn().map_err(SandboxError::Spawn),
+    match confine {
+        Confine::Not => command.spawn().map_err(SandboxError::Spawn),
+        Confine::ThisThread(confinement) => {
+            sandbox::spawn_confining_this_thread(command, confinement)
+        }
+        Confine::OnThreadOfItsOwn(confinement) => sandbox::spawn_confined(command, confinement),
     }
 }
 
@@ -304,7 +356,7 @@ fn watch(pool: &Pool, child: Child, replies: OwnedFd) {
 
 /// Report `child`'s exit on `replies`, then reap it once the runtime
 /// closed its end (the release).
-fn wait_then_release(child: Child, replies: OwnedFd) {
+fn wait_then_release(child: Child, replies: impl AsFd) {
     let status = exit_status(Pid::from_child(&child));
     let _ = protocol::send(replies.as_fd(), &Reply::Exited { status }.encode(), &[]);
     // The runtime sends nothing on this socket: the read returns when

@@ -74,8 +74,8 @@ pub struct Config {
     /// (its images are bounded on their own).
     pub max_message_bytes: usize,
     /// `KEEL_WORKER_THREADS`: how many threads run the daemon's async
-    /// work; `None`, tokio's default (one per core, or
-    /// `TOKIO_WORKER_THREADS`). docs/daemon.md, "Threads".
+    /// work; `None`, one per core but one (or `TOKIO_WORKER_THREADS`
+    /// if that is set). docs/daemon.md, `KEEL_WORKER_THREADS`.
     pub worker_threads: Option<usize>,
     /// `KEEL_STORE_STOPPED_EXIT_MS`: how long a daemon whose store stopped
     /// taking writes goes on answering 503 (so health checks and clients

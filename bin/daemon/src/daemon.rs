@@ -80,11 +80,29 @@ pub fn run(options: Options) -> anyhow::Result<()> {
     builder
         .enable_all()
         .global_queue_interval(GLOBAL_QUEUE_INTERVAL);
-    if let Some(threads) = config.worker_threads {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let tokio_set = std::env::var_os("TOKIO_WORKER_THREADS").is_some();
+    if let Some(threads) = worker_threads(config.worker_threads, cores, tokio_set) {
         builder.worker_threads(threads);
     }
     let runtime = builder.build().context("starting the async runtime")?;
     runtime.block_on(serve(config, options.fake_provider))
+}
+
+/// How many threads run the daemon's async work (docs/daemon.md, `KEEL_WORKER_THREADS`):
+/// `KEEL_WORKER_THREADS` if set; else tokio's own count if
+/// `TOKIO_WORKER_THREADS` is set (`None`: the builder is left to read it);
+/// else one per core but one, and at least one. The spare core is for what
+/// runs beside the workers on every turn (the store's committer, its reads,
+/// the tool spawner, the tools): on a small machine a worker for every core
+/// wakes its idle peers for nothing and costs CPU on each turn
+/// (docs/benchmarks.md, "One async worker fewer than cores").
+fn worker_threads(configured: Option<usize>, cores: usize, tokio_set: bool) -> Option<usize> {
+    match configured {
+        Some(threads) => Some(threads),
+        None if tokio_set => None,
+        None => Some(cores.saturating_sub(1).max(1)),
+    }
 }
 
 /// With [`EXIT_WITH_PARENT_ENV`] set: be sent SIGKILL when the thread that
@@ -598,5 +616,23 @@ fn log_sandbox(runtime: &Runtime, config: &Config) {
             "tool sandbox: this kernel cannot confine tools (Landlock ABI 6 and seccomp needed), \
              so tool calls fail with an error saying so; KEEL_SANDBOX=full-access runs them unconfined"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::worker_threads;
+
+    #[test]
+    fn the_workers_leave_a_core_spare_unless_a_count_is_set() {
+        // Not set: one per core but one, and never none.
+        assert_eq!(worker_threads(None, 1, false), Some(1));
+        assert_eq!(worker_threads(None, 2, false), Some(1));
+        assert_eq!(worker_threads(None, 8, false), Some(7));
+        // KEEL_WORKER_THREADS wins over everything.
+        assert_eq!(worker_threads(Some(3), 2, false), Some(3));
+        assert_eq!(worker_threads(Some(2), 8, true), Some(2));
+        // TOKIO_WORKER_THREADS alone: tokio's builder reads it.
+        assert_eq!(worker_threads(None, 8, true), None);
     }
 }
