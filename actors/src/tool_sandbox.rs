@@ -87,6 +87,7 @@ impl ToolSandbox {
         let tmp_root = tmp_root(settings.data_dir.as_deref());
         // What calls that ended with a crash left there.
         let _ = std::fs::remove_dir_all(&tmp_root);
+        sweep_orphans(&std::env::temp_dir());
         let api_port = AtomicU32::new(settings.api_port.map_or(0, u32::from));
         ToolSandbox {
             settings,
@@ -144,6 +145,14 @@ impl ToolSandbox {
             )
         };
         create_private_dir(&self.tmp_root).map_err(cannot)?;
+        if let Some(data_dir) = &self.settings.data_dir {
+            // For a sweep by a later runtime, should this one not clear it
+            // ([`sweep_orphans`]).
+            let _ = std::fs::write(
+                self.tmp_root.join(DATA_DIR_MARK),
+                data_dir.as_os_str().as_encoded_bytes(),
+            );
+        }
         Ok(tempfile::Builder::new()
             .prefix("call-")
             .tempdir_in(&self.tmp_root)
@@ -154,6 +163,75 @@ impl ToolSandbox {
     /// What is hidden from every tool: the data directory.
     fn hidden(&self) -> Vec<PathBuf> {
         self.settings.data_dir.iter().cloned().collect()
+    }
+}
+
+/// A runtime's directory of temporary directories goes with it: its
+/// spares (emptied when their calls ended; every call has ended, as each
+/// holds the sandbox), then the directory itself if nothing else is there.
+/// Something else is there only when another runtime opened on the same
+/// data directory meanwhile (an in-process restart), whose calls keep it.
+impl Drop for ToolSandbox {
+    fn drop(&mut self) {
+        let spares = std::mem::take(
+            &mut *self
+                .spare_tmp
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for spare in spares {
+            let _ = std::fs::remove_dir_all(spare);
+        }
+        remove_if_only_marked(&self.tmp_root);
+    }
+}
+
+/// The file in a runtime's directory of temporary directories that names
+/// its data directory.
+const DATA_DIR_MARK: &str = ".data-dir";
+
+/// Remove `root` if it holds nothing but its [`DATA_DIR_MARK`].
+fn remove_if_only_marked(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    let only_marked = entries
+        .flatten()
+        .all(|entry| entry.file_name() == DATA_DIR_MARK);
+    if only_marked {
+        let _ = std::fs::remove_file(root.join(DATA_DIR_MARK));
+        let _ = std::fs::remove_dir(root);
+    }
+}
+
+/// Remove the directories of temporary directories in `temp_dir` whose
+/// data directory is gone: a runtime that never closed (killed, or a test
+/// over a temporary data directory) left them, and none will open on that
+/// data directory again to clear them. Each is named after its data
+/// directory's hash; the data directory itself is in its
+/// [`DATA_DIR_MARK`]. One without a mark is left alone.
+fn sweep_orphans(temp_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(temp_dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if !entry
+            .file_name()
+            .as_encoded_bytes()
+            .starts_with(b"keel-tools-")
+        {
+            continue;
+        }
+        let root = entry.path();
+        let Ok(named) = std::fs::read(root.join(DATA_DIR_MARK)) else {
+            continue;
+        };
+        let Ok(named) = String::from_utf8(named) else {
+            continue;
+        };
+        if !Path::new(&named).exists() {
+            let _ = std::fs::remove_dir_all(&root);
+        }
     }
 }
 
@@ -430,5 +508,55 @@ mod tests {
         assert_eq!(tmpdir(&second), dir, "kept for the next call");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "and emptied");
         drop((second, beside));
+    }
+
+    /// A runtime's temporary directories go when it does, and so do those
+    /// of runtimes whose data directory is gone; another runtime's, whose
+    /// data directory is there, stay.
+    #[test]
+    fn temporary_directories_do_not_outlive_their_runtime() {
+        let settings = |data: &Path| SandboxSettings {
+            data_dir: Some(data.to_owned()),
+            protections: Some(Protections {
+                landlock_abi: Some(7),
+                seccomp: true,
+            }),
+            ..SandboxSettings::default()
+        };
+        let work = tempfile::tempdir().unwrap();
+        let data = tempfile::tempdir().unwrap();
+        let runtime = Arc::new(ToolSandbox::new(settings(data.path())));
+        let root = runtime.tmp_root.clone();
+        let call = CallSandbox {
+            policy: runtime.policy_of(None),
+            runtime,
+        };
+        let prepared = call.prepare(work.path(), &[]).unwrap();
+        assert!(root.is_dir());
+        drop((prepared, call));
+        assert!(!root.exists(), "removed with its runtime");
+
+        // Two runtimes left theirs (killed); one's data directory is gone.
+        let kept_data = tempfile::tempdir().unwrap();
+        let gone_data = tempfile::tempdir().unwrap();
+        let mut left = Vec::new();
+        for data in [kept_data.path(), gone_data.path()] {
+            let runtime = Arc::new(ToolSandbox::new(settings(data)));
+            let call = CallSandbox {
+                policy: runtime.policy_of(None),
+                runtime,
+            };
+            let prepared = call.prepare(work.path(), &[]).unwrap();
+            left.push(call.runtime.tmp_root.clone());
+            // As a kill leaves it: nothing dropped.
+            std::mem::forget((prepared, call));
+        }
+        let gone = gone_data.path().to_owned();
+        drop(gone_data);
+        assert!(!gone.exists());
+        sweep_orphans(&std::env::temp_dir());
+        assert!(left[0].is_dir(), "its data directory is there");
+        assert!(!left[1].exists(), "its data directory is gone");
+        let _ = std::fs::remove_dir_all(&left[0]);
     }
 }
