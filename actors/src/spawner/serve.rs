@@ -177,67 +177,40 @@ pub fn serve(socket: OwnedFd) -> io::Result<()> {
             }
             // Most confined calls get a thread of their own, which
             // confines itself, starts the child, waits for it and ends
-            // (a confined thread cannot serve another call), so that this
-            // loop takes the next request meanwhile.
-            Some(confinement) if sandbox::confines_in_place(&confinement) => {
+            // (a confined thread cannot serve another call). A network
+            // list of hosts is served from a thread that is not confined,
+            // so such a call confines a short-lived thread of its own
+            // (`sandbox.rs`) from a thread of the pool, which then waits.
+            // Either way this loop takes the next request meanwhile.
+            Some(confinement) => {
+                let in_place = sandbox::confines_in_place(&confinement);
                 let replies = std::sync::Arc::new(replies);
                 let ours = replies.clone();
                 let call = move || {
-                    let started = spawn(
-                        &cwd,
-                        &argv,
-                        env,
-                        [stdin, stdout, stderr],
-                        Confine::ThisThread(&confinement),
-                    );
+                    let confine = if in_place {
+                        Confine::ThisThread(&confinement)
+                    } else {
+                        Confine::OnThreadOfItsOwn(&confinement)
+                    };
+                    let started = spawn(&cwd, &argv, env, [stdin, stdout, stderr], confine);
                     if let Some(child) = answer(started, &replies) {
                         wait_then_release(child, replies);
                     }
                 };
-                let started = std::thread::Builder::new()
-                    .name("keel-confined".to_owned())
-                    .stack_size(CONFINED_STACK)
-                    .spawn(call);
+                let started = if in_place {
+                    std::thread::Builder::new()
+                        .name("keel-confined".to_owned())
+                        .stack_size(CONFINED_STACK)
+                        .spawn(call)
+                        .map(|_| ())
+                } else {
+                    pool.run(Box::new(call))
+                };
                 if started.is_err() {
                     // Nothing was started (the closure, and the child's
                     // descriptors, are gone): say so on our copy.
                     let _ = protocol::send(
                         ours.as_fd(),
-                        &Reply::Failed { errno: EAGAIN }.encode(),
-                        &[],
-                    );
-                }
-            }
-            // A network list of hosts: its way out is served from a thread
-            // that is not confined, so the confining is done on a
-            // short-lived thread of its own (`sandbox.rs`), from a thread of
-            // the pool, which then waits for the child.
-            Some(confinement) => {
-                let Ok(spare) = replies.try_clone() else {
-                    let _ = protocol::send(
-                        replies.as_fd(),
-                        &Reply::Failed { errno: EAGAIN }.encode(),
-                        &[],
-                    );
-                    continue;
-                };
-                let call = move || {
-                    let started = spawn(
-                        &cwd,
-                        &argv,
-                        env,
-                        [stdin, stdout, stderr],
-                        Confine::OnThreadOfItsOwn(&confinement),
-                    );
-                    if let Some(child) = answer(started, &replies) {
-                        wait_then_release(child, replies);
-                    }
-                };
-                if pool.run(Box::new(call)).is_err() {
-                    // Nothing was started (the closure, and the child's
-                    // descriptors, are gone): say so on the copy.
-                    let _ = protocol::send(
-                        spare.as_fd(),
                         &Reply::Failed { errno: EAGAIN }.encode(),
                         &[],
                     );
