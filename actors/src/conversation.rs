@@ -218,7 +218,7 @@ impl ConversationHandle {
     /// `None` (reading nothing from the store) if no actor serves it.
     pub async fn follow_live(&self, from: Option<Seq>) -> Result<Option<Subscription>, Error> {
         let Some(subscription) = self
-            .call_live(|reply| ConversationMsg::Subscribe { reply })
+            .call_live(|reply| ConversationMsg::Subscribe { from, reply })
             .await
         else {
             return Ok(None);
@@ -238,7 +238,7 @@ impl ConversationHandle {
 
     /// A consistent view of the conversation, then every update after it.
     pub async fn subscribe(&self) -> Result<Subscription, Error> {
-        self.call(|reply| ConversationMsg::Subscribe { reply })
+        self.call(|reply| ConversationMsg::Subscribe { from: None, reply })
             .await
     }
 
@@ -247,7 +247,12 @@ impl ConversationHandle {
     /// client that saw everything before `from` misses nothing and sees
     /// nothing twice.
     pub async fn subscribe_from(&self, from: Seq) -> Result<Subscription, Error> {
-        let subscription = self.subscribe().await?;
+        let subscription = self
+            .call(|reply| ConversationMsg::Subscribe {
+                from: Some(from),
+                reply,
+            })
+            .await?;
         Ok(subscription.starting_at(from).await?)
     }
 

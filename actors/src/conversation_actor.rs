@@ -271,7 +271,7 @@ impl Actor for ConversationActor {
                 };
                 let _ = reply.send(answer);
             }
-            ConversationMsg::Subscribe { reply } => {
+            ConversationMsg::Subscribe { from, reply } => {
                 let view = view(state)?;
                 let receiver = state.publisher.subscribe();
                 let store = state.shared.store.clone();
@@ -279,7 +279,11 @@ impl Actor for ConversationActor {
                 let on_drop = Box::new(move || {
                     let _ = mailbox.cast(ConversationMsg::Unsubscribed);
                 });
-                let _ = reply.send(Subscription::new(view, receiver, store, on_drop));
+                let mut subscription = Subscription::new(view, receiver, store, on_drop);
+                if let Some(from) = from {
+                    subscription.starting_in_memory(from, &state.recent);
+                }
+                let _ = reply.send(subscription);
             }
             ConversationMsg::Inspect { reply } => {
                 let mut inspection = inspect(state)?;

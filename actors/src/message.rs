@@ -98,7 +98,10 @@ pub(crate) enum ConversationMsg {
         to_seq: Seq,
         reply: RpcReplyPort<Result<(), crate::Error>>,
     },
+    /// A subscription; with `from`, its canonical events start there when
+    /// the actor still holds them (`Subscription::starting_in_memory`).
     Subscribe {
+        from: Option<Seq>,
         reply: RpcReplyPort<Subscription>,
     },
     Inspect {

@@ -274,6 +274,8 @@ pub struct Subscription {
     /// Tells the actor this subscription is dropped, so it can free its
     /// channel (the actor gives it; this module knows no actor).
     on_drop: Option<OnDrop>,
+    /// The seq the actor started the canonical events at from its memory.
+    from_memory: Option<Seq>,
 }
 
 /// What a subscription does as it is dropped.
@@ -307,19 +309,56 @@ impl Subscription {
             split: VecDeque::new(),
             unread: VecDeque::new(),
             on_drop: Some(on_drop),
+            from_memory: None,
         }
+    }
+
+    /// Start the canonical events at `from` with `recent`, the latest
+    /// events the actor appended (oldest first, the last one the view's
+    /// `last_seq`), when they hold every event from `from` on: a follower
+    /// that joins a turn it just started (from its message's seq) is
+    /// served from memory, not from the log. `false`, changing nothing,
+    /// when they do not; [`Subscription::starting_at`] then reads the log.
+    pub(crate) fn starting_in_memory(&mut self, from: Seq, recent: &VecDeque<Arc<Event>>) -> bool {
+        let from = from.max(1);
+        let (Some(first), Some(last)) = (recent.front(), recent.back()) else {
+            return false;
+        };
+        if from > self.view.last_seq || last.seq != self.view.last_seq || first.seq > from {
+            return false;
+        }
+        let skip = (from - first.seq) as usize;
+        let updates: Vec<Update> = recent
+            .iter()
+            .skip(skip)
+            .map(|event| Update::Event {
+                event: event.clone(),
+            })
+            .collect();
+        let published = Arc::new(Wave::of(updates));
+        if !published.follows(from) {
+            return false;
+        }
+        self.next_seq = from;
+        self.backlog.push_back(published);
+        self.from_memory = Some(from);
+        true
     }
 
     /// Start the canonical events at `from` instead of after the view: the
     /// events from `from` through the view's `last_seq` are read from the
     /// log and come first (a client resuming from the last seq it saw), a
     /// page of [`CATCH_UP_PAGE`] at a time. The first page is read here, so
-    /// a log that cannot be read fails the call.
+    /// a log that cannot be read fails the call. Nothing is read when the
+    /// actor already gave them ([`Subscription::starting_in_memory`]).
     pub(crate) async fn starting_at(
         mut self,
         from: Seq,
     ) -> Result<Subscription, keel_store::Error> {
         let from = from.max(1);
+        if self.from_memory == Some(from) {
+            return Ok(self);
+        }
         if from <= self.view.last_seq {
             self.next_seq = from;
             self.owed = Some(Owed {
@@ -910,6 +949,47 @@ mod tests {
             Received::Update(published) => published,
             other => panic!("expected an update, got {other:?}"),
         }
+    }
+
+    /// A follower that joins a turn from its message on gets the turn's
+    /// events from the actor's memory: the store here holds nothing, so
+    /// anything read from it would be missing. Memory that does not reach
+    /// back to `from`, or that does not end at the view, is not used.
+    #[tokio::test]
+    async fn a_follower_of_the_turn_in_progress_is_served_from_memory() {
+        let store: Arc<dyn EventLog> = Arc::new(keel_store::open_memory().unwrap());
+        let id = ConversationId::new("c-memory".to_owned()).unwrap();
+        let recent: VecDeque<Arc<Event>> = (3..=5).map(|seq| Arc::new(event(seq))).collect();
+        let subscription = |last_seq: Seq| {
+            let (_, receiver) = broadcast::channel(CHANNEL_CAPACITY);
+            Subscription::new(
+                view(&id, last_seq),
+                receiver,
+                store.clone(),
+                Box::new(|| {}),
+            )
+        };
+
+        // Older than memory reaches, past the view, or memory behind it.
+        assert!(!subscription(5).starting_in_memory(2, &recent));
+        assert!(!subscription(5).starting_in_memory(6, &recent));
+        assert!(!subscription(6).starting_in_memory(4, &recent));
+        assert!(!subscription(5).starting_in_memory(4, &VecDeque::new()));
+
+        let (sender, receiver) = broadcast::channel(CHANNEL_CAPACITY);
+        let mut following = Subscription::new(view(&id, 5), receiver, store, Box::new(|| {}));
+        assert!(following.starting_in_memory(4, &recent));
+        let mut following = following.starting_at(4).await.unwrap();
+        let first = next(&mut following).await;
+        assert_eq!(
+            seqs(&first),
+            vec![Some(4), Some(5)],
+            "one wave, from memory"
+        );
+        assert_eq!(following.next_seq(), 6);
+        // Then the live tail, without a gap.
+        sender.send(Arc::new(Wave::of(vec![canonical(6)]))).unwrap();
+        assert_eq!(seqs(&next(&mut following).await), vec![Some(6)]);
     }
 
     #[tokio::test]

@@ -399,7 +399,7 @@ async fn attach(
     };
     let mut subscription: Subscription = match actor
         .call(
-            |reply| ConversationMsg::Subscribe { reply },
+            |reply| ConversationMsg::Subscribe { from: None, reply },
             Some(CALL_TIMEOUT),
         )
         .await

@@ -157,11 +157,9 @@ async fn append(
     state: &mut ConversationState,
     events: Vec<Event>,
 ) -> Result<(), ActorProcessingErr> {
-    let published: Vec<Event> = if state.publisher.subscribers() > 0 {
-        events.clone()
-    } else {
-        Vec::new()
-    };
+    // Kept for followers of the turn (`ConversationState::recent`), and
+    // published to its subscribers: one copy, shared.
+    let kept: Vec<Arc<Event>> = events.iter().cloned().map(Arc::new).collect();
     let endings = turn_endings(state, &events);
     let started = Instant::now();
     if let Err(error) = state.shared.store.append(&state.id, events).await {
@@ -181,11 +179,14 @@ async fn append(
             }
         }
     }
-    for event in published {
-        state.publisher.publish(Update::Event {
-            event: Arc::new(event),
-        });
+    if state.publisher.subscribers() > 0 {
+        for event in &kept {
+            state.publisher.publish(Update::Event {
+                event: event.clone(),
+            });
+        }
     }
+    state.remember(&kept);
     Ok(())
 }
 

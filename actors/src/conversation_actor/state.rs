@@ -2,13 +2,14 @@
 //! carries out (`effects.rs`) both do with it: the actor owns it, effects
 //! are handed it, and neither calls the other back through it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ractor::{ActorCell, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 
+use keel_core::event::Event;
 use keel_core::ids::{ConversationId, Seq, ToolCallId};
 use keel_core::state::{Conversation, StateName};
 use keel_core::time::Timestamp;
@@ -86,9 +87,18 @@ pub(crate) struct ConversationState {
     /// requests and tools run in it. Kept in step by
     /// [`ConversationState::sync_turn_span`].
     pub(crate) turn_span: Option<TurnSpan>,
+    /// The events appended since the turn in progress started (at most
+    /// [`RECENT_EVENTS`], the newest), oldest first; empty between turns.
+    /// A follower that joins the turn from its message on is served from
+    /// here instead of the log (docs/requirements.md, "A follower of a
+    /// turn in progress is served from memory").
+    pub(crate) recent: VecDeque<Arc<Event>>,
     /// Last, so that it drops after `shared`.
     pub(crate) _alive: Alive,
 }
+
+/// How many of a turn's latest events its actor keeps for followers.
+pub(crate) const RECENT_EVENTS: usize = 32;
 
 impl ConversationState {
     pub(super) fn new(
@@ -126,6 +136,7 @@ impl ConversationState {
             checkpoint_seq,
             turn_span: None,
             span,
+            recent: VecDeque::new(),
             _alive: shared.alive(),
             shared,
         };
@@ -208,7 +219,22 @@ impl ConversationState {
                     span,
                 });
             }
-            (None, _) => self.turn_span = None,
+            (None, _) => {
+                self.turn_span = None;
+                // Between turns a follower reads the log: an idle
+                // conversation holds no copy of its events.
+                self.recent = VecDeque::new();
+            }
+        }
+    }
+
+    /// Keep `events`, just made durable, for followers of the turn.
+    pub(crate) fn remember(&mut self, events: &[Arc<Event>]) {
+        for event in events {
+            if self.recent.len() == RECENT_EVENTS {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(event.clone());
         }
     }
 

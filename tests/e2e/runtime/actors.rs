@@ -18,11 +18,25 @@ use tokio::sync::watch as gate;
 
 use super::*;
 
-/// A store whose appends wait while its gate is shut.
+/// A store whose appends wait while its gate is shut, and that counts
+/// the reads of events.
 struct GatedAppends {
     inner: Arc<dyn EventLog>,
     open: gate::Sender<bool>,
     waiting: AtomicUsize,
+    reads: AtomicUsize,
+}
+
+impl GatedAppends {
+    fn over(inner: Arc<dyn EventLog>) -> GatedAppends {
+        let (open, _) = gate::channel(true);
+        GatedAppends {
+            inner,
+            open,
+            waiting: AtomicUsize::new(0),
+            reads: AtomicUsize::new(0),
+        }
+    }
 }
 
 #[async_trait]
@@ -51,6 +65,7 @@ impl EventLog for GatedAppends {
         from: Seq,
         limit: usize,
     ) -> keel_actors::store::Result<Vec<Event>> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
         self.inner.read(conversation, from, limit).await
     }
 
@@ -167,12 +182,7 @@ async fn listed_until(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_actor_list_counts_the_mailbox_and_shows_a_stuck_actor() {
     let rig = Rig::new();
-    let (open, _) = gate::channel(true);
-    let store = Arc::new(GatedAppends {
-        inner: rig.store(BackendKind::Memory),
-        open,
-        waiting: AtomicUsize::new(0),
-    });
+    let store = Arc::new(GatedAppends::over(rig.store(BackendKind::Memory)));
     let runtime = rig.runtime(store.clone()).await;
     let conversation = runtime.create(rig.cwd(), config()).await.unwrap();
 
@@ -240,5 +250,69 @@ async fn runtime_actor_list_counts_the_mailbox_and_shows_a_stuck_actor() {
     })
     .await;
     assert!(drained.memory_bytes.is_some(), "{drained:?}");
+    runtime.shutdown().await;
+}
+
+/// A client that sends and then follows from its message's seq, while the
+/// turn it started runs, is served the turn's events from the actor's
+/// memory: the store reads nothing. Between turns the actor holds no copy,
+/// and the same follow reads the log. Either way it gets exactly the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_of_the_turn_in_progress_reads_nothing_from_the_store() {
+    let rig = Rig::new();
+    let store = Arc::new(GatedAppends::over(rig.store(BackendKind::Memory)));
+    let runtime = rig.runtime(store.clone()).await;
+    let mut config = config();
+    config.tools.insert("bash".to_owned(), ToolPolicy::Approve);
+    let conversation = runtime.create(rig.cwd(), config).await.unwrap();
+    let mut watching = watch(&conversation).await;
+    let sent = conversation
+        .send("run: echo followed", Vec::new())
+        .await
+        .unwrap();
+    watching.reach(StateName::AwaitingInput).await;
+    let last = conversation.inspect().await.unwrap().last_seq;
+
+    let log = store.inner.read_all(conversation.id()).await.unwrap();
+    let reads = store.reads.load(Ordering::SeqCst);
+    let mut following = conversation.subscribe_from(sent.seq).await.unwrap();
+    let mut heard = Vec::new();
+    while heard.last().is_none_or(|seq| *seq < last) {
+        match tokio::time::timeout(PATIENCE, following.next()).await {
+            Ok(Received::Update(Update::Event { event })) => heard.push(event.seq),
+            Ok(Received::Update(_)) => {}
+            other => panic!("following the turn got {other:?}"),
+        }
+    }
+    let expected: Vec<Seq> = log
+        .iter()
+        .map(|event| event.seq)
+        .filter(|seq| *seq >= sent.seq)
+        .collect();
+    assert_eq!(heard, expected);
+    assert_eq!(
+        store.reads.load(Ordering::SeqCst),
+        reads,
+        "read from memory"
+    );
+    drop(following);
+
+    // Denied, the turn ends: the same follow now reads the log.
+    let call = conversation.inspect().await.unwrap().pending[0]
+        .call
+        .id
+        .clone();
+    conversation.resolve(call, Decision::Deny).await.unwrap();
+    watching.reach(StateName::Idle).await;
+    let reads = store.reads.load(Ordering::SeqCst);
+    let mut following = conversation.subscribe_from(sent.seq).await.unwrap();
+    assert!(
+        store.reads.load(Ordering::SeqCst) > reads,
+        "read from the log"
+    );
+    match tokio::time::timeout(PATIENCE, following.next()).await {
+        Ok(Received::Update(Update::Event { event })) => assert_eq!(event.seq, sent.seq),
+        other => panic!("following the finished turn got {other:?}"),
+    }
     runtime.shutdown().await;
 }
