@@ -24,7 +24,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::Instrument;
 
 use keel_core::message::{ContentBlock, ImageRef, Message, StopReason};
-use keel_core::wire::{ImageData, PromptRequest, ToolSpec};
+use keel_core::wire::{ImageData, PromptRequest, ToolSpec, ToolSpecs};
 use keel_core::ProviderKind;
 use keel_core::{AssistantResponse, Generation, LlmFailure, ModelRef};
 
@@ -40,7 +40,7 @@ pub(crate) struct StreamRequest {
     pub(crate) model: ModelRef,
     pub(crate) system: Option<String>,
     pub(crate) messages: Vec<Message>,
-    pub(crate) tools: Arc<[ToolSpec]>,
+    pub(crate) tools: Arc<ToolSpecs>,
     /// MCP servers whose tools join `tools`, listed by the worker (a server
     /// may have to start first, which must not hold up the actor), and
     /// tools a `deny` policy keeps from the model.
@@ -140,7 +140,7 @@ async fn run(args: StreamArgs) -> Result<AssistantResponse, LlmFailure> {
         );
         tools.retain(|spec| !request.denied.contains(&spec.name));
         tools.sort_by(|left, right| left.name.cmp(&right.name));
-        request.tools = tools.into();
+        request.tools = Arc::new(tools.into());
     }
     let provider = request.model.provider;
     let images = load_images(&shared, provider, &mut request.messages, |hash, reason| {

@@ -37,7 +37,7 @@ use std::sync::Arc;
 
 use keel_core::builtin;
 use keel_core::message::ToolCall;
-use keel_core::wire::ToolSpec;
+use keel_core::wire::{ToolSpec, ToolSpecs};
 use tokio::sync::mpsc;
 
 pub use bash::Bash;
@@ -225,8 +225,8 @@ pub struct ToolRegistry {
 /// The specs offered to a user's conversation and to a sub-agent.
 #[derive(Clone)]
 struct Offered {
-    user: Arc<[ToolSpec]>,
-    sub_agent: Arc<[ToolSpec]>,
+    user: Arc<ToolSpecs>,
+    sub_agent: Arc<ToolSpecs>,
 }
 
 impl Default for ToolRegistry {
@@ -240,8 +240,8 @@ impl Default for ToolRegistry {
 impl Offered {
     fn of(tools: &BTreeMap<String, Arc<dyn Tool>>) -> Offered {
         Offered {
-            user: offered_specs(tools, false).into(),
-            sub_agent: offered_specs(tools, true).into(),
+            user: Arc::new(offered_specs(tools, false).into()),
+            sub_agent: Arc::new(offered_specs(tools, true).into()),
         }
     }
 }
@@ -320,7 +320,7 @@ impl ToolRegistry {
 
     /// [`specs`](Self::specs), shared rather than copied: what each LLM
     /// request carries.
-    pub(crate) fn offered(&self, sub_agent: bool) -> Arc<[ToolSpec]> {
+    pub(crate) fn offered(&self, sub_agent: bool) -> Arc<ToolSpecs> {
         if sub_agent {
             self.offered.sub_agent.clone()
         } else {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use keel_actors::provider::{Endpoint, ProviderClient, ProviderConfig, Timeouts};
 use keel_core::message::{AssistantBlock, ContentBlock, Message, Role, StopReason};
-use keel_core::wire::{ImageData, PromptRequest};
+use keel_core::wire::{ImageData, PromptRequest, ToolSpecs};
 use keel_core::{AssistantResponse, LlmFailure, ProviderKind, StreamDelta};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -250,7 +250,7 @@ async fn ask(
         model: "claude-test-1",
         system: Some("Be brief."),
         messages: &messages,
-        tools: &[],
+        tools: &ToolSpecs::default(),
         max_tokens: 256,
         images: &images,
     };
@@ -547,7 +547,7 @@ async fn dropping_the_stream_future_closes_the_connection_at_once() {
             model: "claude-test-1",
             system: None,
             messages: &messages,
-            tools: &[],
+            tools: &ToolSpecs::default(),
             max_tokens: 256,
             images: &images,
         };

@@ -9,8 +9,11 @@ pub mod classify;
 pub mod openai;
 
 use std::collections::BTreeMap;
+use std::ops::Deref;
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 use crate::input::{AssistantResponse, LlmFailure};
 use crate::live::StreamDelta;
@@ -23,6 +26,86 @@ pub struct ToolSpec {
     pub description: String,
     /// JSON Schema of the tool's input object.
     pub input_schema: serde_json::Value,
+}
+
+/// The tools offered to a model, with their `tools` array as each wire
+/// writes it, encoded the first time a request needs it and kept: the
+/// same list goes with every request of every conversation, and writing
+/// its descriptions and schemas again each time was most of what a short
+/// history's request cost to encode (docs/benchmarks.md, "A turn's own
+/// events from memory; tools encoded once").
+#[derive(Debug, Default)]
+pub struct ToolSpecs {
+    specs: Vec<ToolSpec>,
+    anthropic: OnceLock<Box<RawValue>>,
+    openai: OnceLock<Box<RawValue>>,
+}
+
+/// Which wire a [`ToolSpecs`] keeps an encoding for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ToolsWire {
+    Anthropic,
+    OpenAi,
+}
+
+impl ToolSpecs {
+    pub fn new(specs: Vec<ToolSpec>) -> ToolSpecs {
+        ToolSpecs {
+            specs,
+            anthropic: OnceLock::new(),
+            openai: OnceLock::new(),
+        }
+    }
+
+    /// The `tools` array for `wire`, from `encode` the first time; `None`
+    /// when there are no tools (the field is then left out).
+    pub(crate) fn encoded(
+        &self,
+        wire: ToolsWire,
+        encode: impl FnOnce(&[ToolSpec]) -> serde_json::Result<Box<RawValue>>,
+    ) -> Result<Option<&RawValue>, EncodeError> {
+        if self.specs.is_empty() {
+            return Ok(None);
+        }
+        let slot = match wire {
+            ToolsWire::Anthropic => &self.anthropic,
+            ToolsWire::OpenAi => &self.openai,
+        };
+        if let Some(encoded) = slot.get() {
+            return Ok(Some(encoded));
+        }
+        let encoded = encode(&self.specs).map_err(|error| EncodeError::Json {
+            reason: error.to_string(),
+        })?;
+        Ok(Some(slot.get_or_init(|| encoded)))
+    }
+}
+
+impl Deref for ToolSpecs {
+    type Target = [ToolSpec];
+
+    fn deref(&self) -> &[ToolSpec] {
+        &self.specs
+    }
+}
+
+impl From<Vec<ToolSpec>> for ToolSpecs {
+    fn from(specs: Vec<ToolSpec>) -> ToolSpecs {
+        ToolSpecs::new(specs)
+    }
+}
+
+/// A copy encodes again when asked: the copy is usually about to change.
+impl Clone for ToolSpecs {
+    fn clone(&self) -> ToolSpecs {
+        ToolSpecs::new(self.specs.clone())
+    }
+}
+
+impl PartialEq for ToolSpecs {
+    fn eq(&self, other: &ToolSpecs) -> bool {
+        self.specs == other.specs
+    }
 }
 
 /// An image's bytes, already validated and sized for the provider, base64.
@@ -38,7 +121,7 @@ pub struct PromptRequest<'a> {
     pub model: &'a str,
     pub system: Option<&'a str>,
     pub messages: &'a [Message],
-    pub tools: &'a [ToolSpec],
+    pub tools: &'a ToolSpecs,
     pub max_tokens: u32,
     /// The bytes of every image the messages reference, by content hash.
     pub images: &'a BTreeMap<String, ImageData>,
@@ -93,6 +176,41 @@ pub trait StreamDecoder: Send {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each wire's array is encoded once, whatever the number of requests;
+    /// a copy (about to change) and an empty list keep nothing.
+    #[test]
+    fn tools_are_encoded_once_per_wire() {
+        let specs: ToolSpecs = vec![ToolSpec {
+            name: "now".to_owned(),
+            description: "The time.".to_owned(),
+            input_schema: serde_json::json!({"type": "object"}),
+        }]
+        .into();
+        let mut encodings = 0;
+        let mut encode = |wire| {
+            specs
+                .encoded(wire, |specs| {
+                    encodings += 1;
+                    serde_json::value::to_raw_value(&specs[0].name)
+                })
+                .unwrap()
+                .map(|raw| raw.get().to_owned())
+        };
+        assert_eq!(encode(ToolsWire::Anthropic).as_deref(), Some("\"now\""));
+        assert_eq!(encode(ToolsWire::Anthropic).as_deref(), Some("\"now\""));
+        assert_eq!(encode(ToolsWire::OpenAi).as_deref(), Some("\"now\""));
+        assert_eq!(encodings, 2, "once for each wire");
+
+        let copy = specs.clone();
+        assert_eq!(copy, specs);
+        assert!(copy.anthropic.get().is_none() && copy.openai.get().is_none());
+        let empty = ToolSpecs::default();
+        let none = empty
+            .encoded(ToolsWire::OpenAi, |_| panic!("nothing to encode"))
+            .unwrap();
+        assert!(none.is_none());
+    }
 
     #[test]
     fn encode_errors_say_what_is_wrong() {

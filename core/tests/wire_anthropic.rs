@@ -15,7 +15,9 @@ use std::path::PathBuf;
 
 use keel_core::message::{ContentBlock, ImageRef, Message, Role, ToolCall, ToolResult};
 use keel_core::wire::anthropic::{encode_request, encode_request_bytes, Decoder};
-use keel_core::wire::{EncodeError, ImageData, PromptRequest, SseEvent, StreamDecoder, ToolSpec};
+use keel_core::wire::{
+    EncodeError, ImageData, PromptRequest, SseEvent, StreamDecoder, ToolSpec, ToolSpecs,
+};
 use keel_core::{AssistantResponse, LlmFailure, StreamDelta, ToolCallId};
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -321,7 +323,7 @@ fn text(text: &str) -> ContentBlock {
 
 fn request<'a>(
     messages: &'a [Message],
-    tools: &'a [ToolSpec],
+    tools: &'a ToolSpecs,
     images: &'a BTreeMap<String, ImageData>,
     system: Option<&'a str>,
 ) -> PromptRequest<'a> {
@@ -352,9 +354,9 @@ fn encode_a_text_conversation() {
         },
     ];
     let images = BTreeMap::new();
-    let body = encode_request(&request(&messages, &[], &images, None)).unwrap();
+    let body = encode_request(&request(&messages, &ToolSpecs::default(), &images, None)).unwrap();
     let sent: Value = serde_json::from_slice(
-        &encode_request_bytes(&request(&messages, &[], &images, None)).unwrap(),
+        &encode_request_bytes(&request(&messages, &ToolSpecs::default(), &images, None)).unwrap(),
     )
     .unwrap();
     assert_eq!(sent, body, "the bytes sent are the body");
@@ -415,9 +417,9 @@ fn encode_images_as_base64_sources() {
             base64: "/9j/4AAQSkZJRg==".to_owned(),
         },
     );
-    let body = encode_request(&request(&messages, &[], &images, None)).unwrap();
+    let body = encode_request(&request(&messages, &ToolSpecs::default(), &images, None)).unwrap();
     let sent: Value = serde_json::from_slice(
-        &encode_request_bytes(&request(&messages, &[], &images, None)).unwrap(),
+        &encode_request_bytes(&request(&messages, &ToolSpecs::default(), &images, None)).unwrap(),
     )
     .unwrap();
     assert_eq!(sent, body, "the bytes sent are the body");
@@ -436,7 +438,7 @@ fn encode_images_as_base64_sources() {
 
     images.remove("bb22");
     assert_eq!(
-        encode_request(&request(&messages, &[], &images, None)),
+        encode_request(&request(&messages, &ToolSpecs::default(), &images, None)),
         Err(EncodeError::MissingImage {
             hash: "bb22".to_owned()
         })
@@ -486,9 +488,9 @@ fn encode_tool_use_and_tool_results() {
         },
     ];
     let images = BTreeMap::new();
-    let body = encode_request(&request(&messages, &[], &images, None)).unwrap();
+    let body = encode_request(&request(&messages, &ToolSpecs::default(), &images, None)).unwrap();
     let sent: Value = serde_json::from_slice(
-        &encode_request_bytes(&request(&messages, &[], &images, None)).unwrap(),
+        &encode_request_bytes(&request(&messages, &ToolSpecs::default(), &images, None)).unwrap(),
     )
     .unwrap();
     assert_eq!(sent, body, "the bytes sent are the body");
@@ -539,9 +541,9 @@ fn a_tool_results_images_go_inside_the_result_after_its_text() {
             base64: "iVBORw0KGgo=".to_owned(),
         },
     );
-    let body = encode_request(&request(&messages, &[], &images, None)).unwrap();
+    let body = encode_request(&request(&messages, &ToolSpecs::default(), &images, None)).unwrap();
     let sent: Value = serde_json::from_slice(
-        &encode_request_bytes(&request(&messages, &[], &images, None)).unwrap(),
+        &encode_request_bytes(&request(&messages, &ToolSpecs::default(), &images, None)).unwrap(),
     )
     .unwrap();
     assert_eq!(sent, body, "the bytes sent are the body");
@@ -563,7 +565,7 @@ fn a_tool_results_images_go_inside_the_result_after_its_text() {
 
     images.clear();
     assert_eq!(
-        encode_request(&request(&messages, &[], &images, None)),
+        encode_request(&request(&messages, &ToolSpecs::default(), &images, None)),
         Err(EncodeError::MissingImage {
             hash: "aa11".to_owned()
         })
@@ -576,7 +578,7 @@ fn encode_system_and_tools() {
         role: Role::User,
         content: vec![text("List the files")],
     }];
-    let tools = [
+    let tools: ToolSpecs = vec![
         ToolSpec {
             name: "list_files".to_owned(),
             description: "List the files of a directory.".to_owned(),
@@ -591,7 +593,8 @@ fn encode_system_and_tools() {
             description: "The current time.".to_owned(),
             input_schema: json!({"type": "object", "properties": {}}),
         },
-    ];
+    ]
+    .into();
     let images = BTreeMap::new();
     let body = encode_request(&request(
         &messages,
@@ -627,7 +630,20 @@ fn encode_system_and_tools() {
             ],
             "stream": true,
         })
+    ); // The tools are encoded once and kept: a second request with the same
+       // list writes the same bytes, which say what the first one said.
+    let prompt = request(
+        &messages,
+        &tools,
+        &images,
+        Some("You are a careful assistant."),
     );
+    let first = encode_request_bytes(&prompt).unwrap();
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&first).unwrap(),
+        body
+    );
+    assert_eq!(encode_request_bytes(&prompt).unwrap(), first);
 }
 
 #[test]
@@ -650,9 +666,9 @@ fn a_decoded_response_encodes_back_as_the_next_request_expects() {
         },
     ];
     let images = BTreeMap::new();
-    let body = encode_request(&request(&messages, &[], &images, None)).unwrap();
+    let body = encode_request(&request(&messages, &ToolSpecs::default(), &images, None)).unwrap();
     let sent: Value = serde_json::from_slice(
-        &encode_request_bytes(&request(&messages, &[], &images, None)).unwrap(),
+        &encode_request_bytes(&request(&messages, &ToolSpecs::default(), &images, None)).unwrap(),
     )
     .unwrap();
     assert_eq!(sent, body, "the bytes sent are the body");

@@ -15,7 +15,9 @@ use keel_core::message::{
     AssistantBlock, ContentBlock, ImageRef, Message, Role, StopReason, ToolCall, ToolResult, Usage,
 };
 use keel_core::wire::openai::{encode_request, encode_request_bytes, Decoder};
-use keel_core::wire::{EncodeError, ImageData, PromptRequest, SseEvent, StreamDecoder, ToolSpec};
+use keel_core::wire::{
+    EncodeError, ImageData, PromptRequest, SseEvent, StreamDecoder, ToolSpec, ToolSpecs,
+};
 use keel_core::{AssistantResponse, LlmFailure, ProviderKind, StreamDelta};
 use serde_json::{json, Value};
 
@@ -535,7 +537,7 @@ fn request<'a>(
     model: &'a str,
     system: Option<&'a str>,
     messages: &'a [Message],
-    tools: &'a [ToolSpec],
+    tools: &'a ToolSpecs,
     images: &'a BTreeMap<String, ImageData>,
 ) -> PromptRequest<'a> {
     PromptRequest {
@@ -551,7 +553,7 @@ fn request<'a>(
 #[test]
 fn a_text_prompt_with_system_and_tools_encodes_to_a_streaming_body() {
     let messages = [user(vec![text_block("What's the weather in Paris?")])];
-    let tools = [ToolSpec {
+    let tools: ToolSpecs = vec![ToolSpec {
         name: "get_weather".into(),
         description: "Current weather for a city.".into(),
         input_schema: json!({
@@ -559,7 +561,8 @@ fn a_text_prompt_with_system_and_tools_encodes_to_a_streaming_body() {
             "properties": { "city": { "type": "string" } },
             "required": ["city"],
         }),
-    }];
+    }]
+    .into();
     let images = BTreeMap::new();
     let body = encode_request(&request(
         "gpt-4o",
@@ -593,16 +596,38 @@ fn a_text_prompt_with_system_and_tools_encodes_to_a_streaming_body() {
                 },
             }],
         })
+    ); // The tools are encoded once and kept: a second request with the same
+       // list writes the same bytes, which say what the first one said.
+    let prompt = request("gpt-4o", Some("You are terse."), &messages, &tools, &images);
+    let first = encode_request_bytes(&prompt).unwrap();
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&first).unwrap(),
+        body
     );
+    assert_eq!(encode_request_bytes(&prompt).unwrap(), first);
 }
 
 #[test]
 fn no_system_and_no_tools_leave_both_out() {
     let messages = [user(vec![text_block("hi"), text_block("again")])];
     let images = BTreeMap::new();
-    let body = encode_request(&request("llama3.1:8b", None, &messages, &[], &images)).unwrap();
+    let body = encode_request(&request(
+        "llama3.1:8b",
+        None,
+        &messages,
+        &ToolSpecs::default(),
+        &images,
+    ))
+    .unwrap();
     let sent: Value = serde_json::from_slice(
-        &encode_request_bytes(&request("llama3.1:8b", None, &messages, &[], &images)).unwrap(),
+        &encode_request_bytes(&request(
+            "llama3.1:8b",
+            None,
+            &messages,
+            &ToolSpecs::default(),
+            &images,
+        ))
+        .unwrap(),
     )
     .unwrap();
     assert_eq!(sent, body, "the bytes sent are the body");
@@ -621,7 +646,14 @@ fn empty_text_blocks_are_left_out_of_a_user_message() {
         user(vec![text_block("")]),
     ];
     let images = images();
-    let body = encode_request(&request("gpt-4o", None, &messages, &[], &images)).unwrap();
+    let body = encode_request(&request(
+        "gpt-4o",
+        None,
+        &messages,
+        &ToolSpecs::default(),
+        &images,
+    ))
+    .unwrap();
     assert_eq!(
         body["messages"],
         json!([
@@ -661,9 +693,23 @@ fn a_tool_results_images_follow_the_tool_messages_in_a_user_message() {
         user(vec![with_image, result_block("call_2", "hi", false)]),
     ];
     let images = images();
-    let body = encode_request(&request("gpt-4o", None, &messages, &[], &images)).unwrap();
+    let body = encode_request(&request(
+        "gpt-4o",
+        None,
+        &messages,
+        &ToolSpecs::default(),
+        &images,
+    ))
+    .unwrap();
     let sent: Value = serde_json::from_slice(
-        &encode_request_bytes(&request("gpt-4o", None, &messages, &[], &images)).unwrap(),
+        &encode_request_bytes(&request(
+            "gpt-4o",
+            None,
+            &messages,
+            &ToolSpecs::default(),
+            &images,
+        ))
+        .unwrap(),
     )
     .unwrap();
     assert_eq!(sent, body, "the bytes sent are the body");
@@ -685,7 +731,13 @@ fn a_tool_results_images_follow_the_tool_messages_in_a_user_message() {
 
     let none = BTreeMap::new();
     assert_eq!(
-        encode_request(&request("gpt-4o", None, &messages, &[], &none)),
+        encode_request(&request(
+            "gpt-4o",
+            None,
+            &messages,
+            &ToolSpecs::default(),
+            &none
+        )),
         Err(EncodeError::MissingImage {
             hash: PNG_HASH.to_owned()
         })
@@ -701,7 +753,14 @@ fn empty_text_blocks_are_left_out_of_an_assistant_message() {
         assistant(vec![text_block(""), text_block("ok"), text_block("")]),
     ];
     let images = BTreeMap::new();
-    let body = encode_request(&request("gpt-4o", None, &messages, &[], &images)).unwrap();
+    let body = encode_request(&request(
+        "gpt-4o",
+        None,
+        &messages,
+        &ToolSpecs::default(),
+        &images,
+    ))
+    .unwrap();
     assert_eq!(body["messages"][1]["content"], Value::Null, "{body:#}");
     assert_eq!(body["messages"][3]["content"], "ok", "{body:#}");
 }
@@ -713,9 +772,23 @@ fn images_become_data_url_parts() {
         image_block(PNG_HASH),
     ])];
     let images = images();
-    let body = encode_request(&request("gpt-4o", None, &messages, &[], &images)).unwrap();
+    let body = encode_request(&request(
+        "gpt-4o",
+        None,
+        &messages,
+        &ToolSpecs::default(),
+        &images,
+    ))
+    .unwrap();
     let sent: Value = serde_json::from_slice(
-        &encode_request_bytes(&request("gpt-4o", None, &messages, &[], &images)).unwrap(),
+        &encode_request_bytes(&request(
+            "gpt-4o",
+            None,
+            &messages,
+            &ToolSpecs::default(),
+            &images,
+        ))
+        .unwrap(),
     )
     .unwrap();
     assert_eq!(sent, body, "the bytes sent are the body");
@@ -736,7 +809,13 @@ fn an_image_without_its_bytes_is_an_error() {
     let messages = [user(vec![image_block("deadbeef")])];
     let images = images();
     assert_eq!(
-        encode_request(&request("gpt-4o", None, &messages, &[], &images)),
+        encode_request(&request(
+            "gpt-4o",
+            None,
+            &messages,
+            &ToolSpecs::default(),
+            &images
+        )),
         Err(EncodeError::MissingImage {
             hash: "deadbeef".into()
         })
@@ -768,9 +847,23 @@ fn tool_calls_and_results_keep_the_order_the_api_requires() {
         assistant(vec![text_block("Done.")]),
     ];
     let images = images();
-    let body = encode_request(&request("gpt-4o", None, &messages, &[], &images)).unwrap();
+    let body = encode_request(&request(
+        "gpt-4o",
+        None,
+        &messages,
+        &ToolSpecs::default(),
+        &images,
+    ))
+    .unwrap();
     let sent: Value = serde_json::from_slice(
-        &encode_request_bytes(&request("gpt-4o", None, &messages, &[], &images)).unwrap(),
+        &encode_request_bytes(&request(
+            "gpt-4o",
+            None,
+            &messages,
+            &ToolSpecs::default(),
+            &images,
+        ))
+        .unwrap(),
     )
     .unwrap();
     assert_eq!(sent, body, "the bytes sent are the body");
@@ -815,9 +908,23 @@ fn tool_calls_and_results_keep_the_order_the_api_requires() {
 fn openai_reasoning_models_get_max_completion_tokens() {
     let messages = [user(vec![text_block("hi")])];
     let images = BTreeMap::new();
-    let body = encode_request(&request("o3-mini", None, &messages, &[], &images)).unwrap();
+    let body = encode_request(&request(
+        "o3-mini",
+        None,
+        &messages,
+        &ToolSpecs::default(),
+        &images,
+    ))
+    .unwrap();
     let sent: Value = serde_json::from_slice(
-        &encode_request_bytes(&request("o3-mini", None, &messages, &[], &images)).unwrap(),
+        &encode_request_bytes(&request(
+            "o3-mini",
+            None,
+            &messages,
+            &ToolSpecs::default(),
+            &images,
+        ))
+        .unwrap(),
     )
     .unwrap();
     assert_eq!(sent, body, "the bytes sent are the body");
@@ -840,9 +947,23 @@ fn a_decoded_response_encodes_back_as_history() {
         ),
     ];
     let images = BTreeMap::new();
-    let body = encode_request(&request("gpt-4o-mini", None, &messages, &[], &images)).unwrap();
+    let body = encode_request(&request(
+        "gpt-4o-mini",
+        None,
+        &messages,
+        &ToolSpecs::default(),
+        &images,
+    ))
+    .unwrap();
     let sent: Value = serde_json::from_slice(
-        &encode_request_bytes(&request("gpt-4o-mini", None, &messages, &[], &images)).unwrap(),
+        &encode_request_bytes(&request(
+            "gpt-4o-mini",
+            None,
+            &messages,
+            &ToolSpecs::default(),
+            &images,
+        ))
+        .unwrap(),
     )
     .unwrap();
     assert_eq!(sent, body, "the bytes sent are the body");

@@ -17,7 +17,7 @@ use keel_actors::provider::{ProviderClient, Timeouts};
 use keel_core::message::{AssistantBlock, ContentBlock, Message, Role, StopReason};
 use keel_core::retry::RetryPolicy;
 use keel_core::state::Phase;
-use keel_core::wire::PromptRequest;
+use keel_core::wire::{PromptRequest, ToolSpecs};
 use keel_core::{
     AssistantResponse, Conversation, ConversationConfig, ConversationId, Effect, Event, EventKind,
     Input, LiveEvent, LlmFailure, ModelRef, NewConversation, ProviderKind, StreamDelta, Timer,
@@ -131,7 +131,7 @@ async fn ask(
         model: model(kind),
         system: Some("You are a test fixture."),
         messages: &messages,
-        tools: &[],
+        tools: &ToolSpecs::default(),
         max_tokens: 256,
         images: &images,
     };
@@ -579,7 +579,7 @@ async fn dropping_the_stream_future_closes_the_connection() {
             model: model(kind),
             system: None,
             messages: &messages,
-            tools: &[],
+            tools: &ToolSpecs::default(),
             max_tokens: 256,
             images: &images,
         };
@@ -614,7 +614,7 @@ async fn aborting_the_streaming_task_closes_the_connection() {
                 model: model(kind),
                 system: None,
                 messages: &messages,
-                tools: &[],
+                tools: &ToolSpecs::default(),
                 max_tokens: 256,
                 images: &images,
             };
@@ -741,7 +741,7 @@ impl Shell {
                     model: &model.model,
                     system: working.config.system.as_deref(),
                     messages: &working.messages,
-                    tools: &[],
+                    tools: &ToolSpecs::default(),
                     max_tokens: working.config.max_tokens,
                     images: &images,
                 };

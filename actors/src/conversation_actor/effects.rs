@@ -336,7 +336,7 @@ pub(crate) async fn save_checkpoint(state: &mut ConversationState) {
 fn offered_tools(
     state: &ConversationState,
     working: &keel_core::WorkingSet,
-) -> Arc<[keel_core::wire::ToolSpec]> {
+) -> Arc<keel_core::wire::ToolSpecs> {
     let offered = state.shared.tools.offered(working.is_sub_agent());
     let client = &working.config.client_tools;
     if client.is_empty() || working.is_sub_agent() {
@@ -355,7 +355,7 @@ fn offered_tools(
     // Sorted like the registry's, so the prompt's prefix stays the same
     // from request to request.
     tools.sort_by(|left, right| left.name.cmp(&right.name));
-    tools.into()
+    Arc::new(tools.into())
 }
 
 async fn start_stream(
@@ -383,7 +383,7 @@ async fn start_stream(
                 model,
                 system: Some(compaction::SUMMARY_SYSTEM.to_owned()),
                 messages: compaction::summary_request(&working.messages[..replaced]),
-                tools: Arc::from(Vec::new()),
+                tools: Arc::default(),
                 mcp_servers: Vec::new(),
                 denied: Vec::new(),
                 conversation: state.id.clone(),

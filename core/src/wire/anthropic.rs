@@ -13,9 +13,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use super::{classify, EncodeError, ImageData, PromptRequest, SseEvent, StreamDecoder};
+use super::{classify, EncodeError, ImageData, PromptRequest, SseEvent, StreamDecoder, ToolsWire};
 use crate::config::ProviderKind;
 use crate::ids::ToolCallId;
 use crate::input::{AssistantResponse, LlmFailure};
@@ -54,8 +55,8 @@ struct Body<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     system: Option<&'a str>,
     messages: Vec<WireMessage<'a>>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    tools: Vec<WireTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a RawValue>,
     stream: bool,
 }
 
@@ -122,15 +123,17 @@ impl<'a> Body<'a> {
                 messages.push(encoded);
             }
         }
-        let tools = request
-            .tools
-            .iter()
-            .map(|tool| WireTool {
-                name: &tool.name,
-                description: &tool.description,
-                input_schema: &tool.input_schema,
-            })
-            .collect();
+        let tools = request.tools.encoded(ToolsWire::Anthropic, |specs| {
+            let tools: Vec<WireTool> = specs
+                .iter()
+                .map(|tool| WireTool {
+                    name: &tool.name,
+                    description: &tool.description,
+                    input_schema: &tool.input_schema,
+                })
+                .collect();
+            serde_json::value::to_raw_value(&tools)
+        })?;
         Ok(Body {
             model: request.model,
             max_tokens: request.max_tokens,
@@ -679,7 +682,7 @@ fn retryable(message: String) -> LlmFailure {
 mod tests {
     use super::*;
     use crate::message::{ImageRef, ToolResult};
-    use crate::wire::ToolSpec;
+    use crate::wire::{ToolSpec, ToolSpecs};
     use serde_json::json;
 
     fn feed_all(decoder: &mut Decoder, events: &[(&str, &str)]) -> Vec<StreamDelta> {
@@ -1122,7 +1125,7 @@ mod tests {
             model: "m",
             system: Some(""),
             messages: &messages,
-            tools: &[],
+            tools: &ToolSpecs::default(),
             max_tokens: 10,
             images: &images,
         };
@@ -1165,11 +1168,12 @@ mod tests {
                 result("b"),
             ],
         }];
-        let tools = [ToolSpec {
+        let tools: ToolSpecs = vec![ToolSpec {
             name: "t".to_owned(),
             description: "d".to_owned(),
             input_schema: json!({"type": "object"}),
-        }];
+        }]
+        .into();
         let request = PromptRequest {
             model: "m",
             system: None,
@@ -1211,7 +1215,7 @@ mod tests {
             model: "m",
             system: None,
             messages: &messages,
-            tools: &[],
+            tools: &ToolSpecs::default(),
             max_tokens: 10,
             images: &images,
         };

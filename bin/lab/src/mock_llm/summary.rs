@@ -153,7 +153,7 @@ mod tests {
     use keel_core::compaction::{self, SUMMARY_MARKER, SUMMARY_SYSTEM};
     use keel_core::ids::ToolCallId;
     use keel_core::message::{ContentBlock, Message, Role, ToolCall, ToolResult};
-    use keel_core::wire::{self, PromptRequest};
+    use keel_core::wire::{self, PromptRequest, ToolSpecs};
     use serde_json::json;
 
     use super::*;
@@ -211,7 +211,7 @@ mod tests {
             model: "mock",
             system: Some(SUMMARY_SYSTEM),
             messages: &messages,
-            tools: &[],
+            tools: &ToolSpecs::default(),
             max_tokens: 1_000,
             images: &images,
         };

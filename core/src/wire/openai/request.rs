@@ -12,10 +12,11 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::message::{ContentBlock, ImageRef, Message, Role, ToolResult};
-use crate::wire::{EncodeError, ImageData, PromptRequest};
+use crate::wire::{EncodeError, ImageData, PromptRequest, ToolsWire};
 
 /// Texts of one message, when a server wants a single string, are joined by
 /// a blank line so merged messages do not run into each other.
@@ -59,8 +60,8 @@ struct Body<'a> {
     stream: bool,
     stream_options: StreamOptions,
     messages: Vec<WireMessage<'a>>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    tools: Vec<WireTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a RawValue>,
 }
 
 #[derive(Serialize)]
@@ -151,18 +152,20 @@ impl<'a> Body<'a> {
             }
         }
         let completion = max_tokens_field(request.model) == "max_completion_tokens";
-        let tools = request
-            .tools
-            .iter()
-            .map(|tool| WireTool {
-                kind: "function",
-                function: WireToolFunction {
-                    name: &tool.name,
-                    description: &tool.description,
-                    parameters: &tool.input_schema,
-                },
-            })
-            .collect();
+        let tools = request.tools.encoded(ToolsWire::OpenAi, |specs| {
+            let tools: Vec<WireTool> = specs
+                .iter()
+                .map(|tool| WireTool {
+                    kind: "function",
+                    function: WireToolFunction {
+                        name: &tool.name,
+                        description: &tool.description,
+                        parameters: &tool.input_schema,
+                    },
+                })
+                .collect();
+            serde_json::value::to_raw_value(&tools)
+        })?;
         Ok(Body {
             model: request.model,
             max_tokens: (!completion).then_some(request.max_tokens),
