@@ -768,7 +768,7 @@ fn working_set_bytes(working: &keel_core::WorkingSet) -> u64 {
     const PER_BLOCK: u64 = 64;
     const PER_MESSAGE: u64 = 48;
     let mut bytes = std::mem::size_of::<keel_core::WorkingSet>() as u64;
-    for message in &working.messages {
+    for message in working.messages.iter() {
         bytes += PER_MESSAGE;
         for block in &message.content {
             bytes += PER_BLOCK
@@ -809,7 +809,7 @@ fn inspect(state: &ConversationState) -> Result<Inspection, ActorProcessingErr> 
         context_tokens: keel_core::compaction::prompt_tokens(working),
         last_compaction: working.last_compaction,
         forked_from: working.forked_from.clone(),
-        messages: working.messages.clone(),
+        messages: working.messages.to_vec(),
         pending: working.pending.clone(),
         child_pending: state.child_pending.clone(),
         queued: working.queued.len(),

@@ -282,7 +282,7 @@ impl Inspection {
             context_tokens,
             last_compaction: working.last_compaction,
             forked_from: working.forked_from,
-            messages: working.messages,
+            messages: Arc::unwrap_or_clone(working.messages),
             pending: working.pending,
             child_pending: Vec::new(),
             subscribers: 0,

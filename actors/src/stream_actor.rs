@@ -39,7 +39,10 @@ use crate::shared::{Alive, Shared};
 pub(crate) struct StreamRequest {
     pub(crate) model: ModelRef,
     pub(crate) system: Option<String>,
-    pub(crate) messages: Vec<Message>,
+    /// The conversation's history, shared with it: the worker lets go of
+    /// it before it reports, so the conversation's next change to its
+    /// history copies nothing.
+    pub(crate) messages: Arc<Vec<Message>>,
     pub(crate) tools: Arc<ToolSpecs>,
     /// MCP servers whose tools join `tools`, listed by the worker (a server
     /// may have to start first, which must not hold up the actor), and
@@ -230,7 +233,7 @@ fn finish_reason(reason: StopReason) -> &'static str {
 async fn load_images(
     shared: &Shared,
     provider: ProviderKind,
-    messages: &mut [Message],
+    messages: &mut Arc<Vec<Message>>,
     mut omitted: impl FnMut(String, String),
 ) -> Result<BTreeMap<String, ImageData>, LlmFailure> {
     let refs: Vec<ImageRef> = messages
@@ -262,7 +265,10 @@ async fn load_images(
             }
         }
     }
-    replace_images(messages, &notes);
+    // Only a request that leaves an image out has a history of its own.
+    if !notes.is_empty() {
+        replace_images(Arc::make_mut(messages).as_mut_slice(), &notes);
+    }
     Ok(images)
 }
 

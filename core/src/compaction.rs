@@ -225,7 +225,7 @@ pub fn turn_starts(messages: &[Message]) -> Vec<usize> {
 
 /// The prompt's estimated tokens once `plan` is carried out with `summary`.
 pub fn tokens_after(working: &WorkingSet, plan: &Plan, summary: Option<&str>) -> u64 {
-    let mut messages = working.messages.clone();
+    let mut messages = working.messages.to_vec();
     let mut seqs = working.message_seqs.clone();
     crate::reducer::compact(&mut messages, &mut seqs, plan.replaced_messages, summary);
     system_tokens(&working.config) + messages_tokens(&messages)

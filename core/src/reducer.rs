@@ -15,6 +15,7 @@
 
 use std::borrow::{Borrow, Cow};
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -53,8 +54,11 @@ pub struct WorkingSet {
     /// Set for a fork: where its history came from.
     #[serde(default)]
     pub forked_from: Option<ForkOrigin>,
-    /// The prompt as the LLM will see it. Interrupted partial text never enters.
-    pub messages: Vec<Message>,
+    /// The prompt as the LLM will see it. Interrupted partial text never
+    /// enters. Shared: a request in flight holds the history it was made
+    /// from without a copy, and a change copies it only while one does
+    /// (`Arc::make_mut`).
+    pub messages: Arc<Vec<Message>>,
     /// For each of `messages`, the seq of the event that started it: where
     /// in the log a compaction cuts (`compaction.rs`).
     #[serde(default)]
@@ -217,7 +221,7 @@ impl WorkingSet {
             parent_conversation: parent_conversation.clone(),
             user_initiated: *user_initiated,
             forked_from: forked_from.clone(),
-            messages: Vec::new(),
+            messages: Arc::default(),
             message_seqs: Vec::new(),
             last_seq: 1,
             last_activity: event.at,
@@ -333,7 +337,7 @@ impl WorkingSet {
     /// Every `tool_use` in the prompt has its result: the prompt may be sent.
     pub fn tool_uses_paired(&self) -> bool {
         let mut open: Vec<&ToolCallId> = Vec::new();
-        for message in &self.messages {
+        for message in self.messages.iter() {
             for block in &message.content {
                 match block {
                     ContentBlock::ToolUse { call } => open.push(&call.id),
@@ -434,7 +438,7 @@ impl WorkingSet {
                         .map(AssistantBlock::into_content)
                         .collect(),
                 };
-                self.messages.push(Message {
+                Arc::make_mut(&mut self.messages).push(Message {
                     role: Role::Assistant,
                     content,
                 });
@@ -529,7 +533,7 @@ impl WorkingSet {
                     summarised: summary.is_some(),
                 });
                 compact(
-                    &mut self.messages,
+                    Arc::make_mut(&mut self.messages),
                     &mut self.message_seqs,
                     replaced_messages as usize,
                     summary.as_deref(),
@@ -544,7 +548,7 @@ impl WorkingSet {
                 // Rewinding is refused mid-turn, and a turn waiting on a
                 // human is ended first: nothing of a turn is left to clear
                 // but what a damaged log might hold.
-                self.messages = messages.into_owned();
+                self.messages = Arc::new(messages.into_owned());
                 self.message_seqs = message_seqs.into_owned();
                 self.current_turn = None;
                 self.open_calls.clear();
@@ -570,8 +574,7 @@ impl WorkingSet {
         {
             call.input = input.clone();
         }
-        let block = self
-            .messages
+        let block = Arc::make_mut(&mut self.messages)
             .iter_mut()
             .rev()
             .filter(|message| message.role == Role::Assistant)
@@ -611,10 +614,11 @@ impl WorkingSet {
     /// Append to the last user message, or start one (from the event at
     /// `seq`): roles must alternate.
     fn push_user_block(&mut self, seq: Seq, block: ContentBlock) {
-        match self.messages.last_mut() {
+        let messages = Arc::make_mut(&mut self.messages);
+        match messages.last_mut() {
             Some(message) if message.role == Role::User => message.content.push(block),
             _ => {
-                self.messages.push(Message {
+                messages.push(Message {
                     role: Role::User,
                     content: vec![block],
                 });

@@ -969,7 +969,7 @@ async fn runtime_eviction_and_revival_keep_history() {
     assert_eq!(live.len(), before.len() + 2, "{live:?}");
     assert_eq!(
         live,
-        WorkingSet::replay(&log(&runtime, &conversation).await)
+        *WorkingSet::replay(&log(&runtime, &conversation).await)
             .unwrap()
             .messages
     );
@@ -1558,7 +1558,7 @@ async fn runtime_a_hibernating_conversation_wakes_for_its_approval() {
         .unwrap()
         .expect("hibernating saved a checkpoint");
     assert_eq!(checkpoint.last_seq, before.last_seq);
-    assert_eq!(checkpoint.messages, before.messages);
+    assert_eq!(*checkpoint.messages, before.messages);
 
     let mut subscription = watch(&conversation).await;
     let call = before.pending[0].call.id.clone();
@@ -1607,7 +1607,7 @@ async fn runtime_with_short_idle_zero_holds_no_history_at_rest() {
     assert_eq!(second.messages.len(), first.messages.len() + 2);
     assert_eq!(
         second.messages,
-        WorkingSet::replay(&log(&runtime, &conversation).await)
+        *WorkingSet::replay(&log(&runtime, &conversation).await)
             .unwrap()
             .messages
     );

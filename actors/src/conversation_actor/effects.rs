@@ -382,7 +382,7 @@ async fn start_stream(
             StreamRequest {
                 model,
                 system: Some(compaction::SUMMARY_SYSTEM.to_owned()),
-                messages: compaction::summary_request(&working.messages[..replaced]),
+                messages: Arc::new(compaction::summary_request(&working.messages[..replaced])),
                 tools: Arc::default(),
                 mcp_servers: Vec::new(),
                 denied: Vec::new(),

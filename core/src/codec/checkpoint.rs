@@ -14,6 +14,8 @@
 //! each one first, which made a checkpoint slower to decode than the log it
 //! replaces.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::codec::DecodeError;
@@ -148,7 +150,8 @@ pub fn decode(bytes: &[u8]) -> Result<WorkingSet, DecodeError> {
                 .map(ContentBlock::from)
                 .collect(),
         })
-        .collect();
+        .collect::<Vec<Message>>()
+        .into();
     Ok(working)
 }
 
@@ -192,7 +195,7 @@ fn without_messages(working: &WorkingSet) -> WorkingSet {
         parent_conversation: parent_conversation.clone(),
         user_initiated: *user_initiated,
         forked_from: forked_from.clone(),
-        messages: Vec::new(),
+        messages: Arc::default(),
         message_seqs: message_seqs.clone(),
         last_seq: *last_seq,
         last_activity: *last_activity,

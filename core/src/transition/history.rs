@@ -2,6 +2,8 @@
 //! compact it now (docs/compaction.md) and rewind it to a turn boundary
 //! (docs/history.md). Both are refused while a turn runs.
 
+use std::sync::Arc;
+
 use super::{turn, Ctx};
 use crate::compaction;
 use crate::event::{EventKind, InterruptReason};
@@ -79,7 +81,7 @@ pub(super) fn rewind(ctx: &mut Ctx, to_seq: Seq, at: Result<Box<WorkingSet>, His
     }
     ctx.emit(EventKind::Rewound {
         to_seq,
-        messages: at.messages,
+        messages: Arc::unwrap_or_clone(at.messages),
         message_seqs: at.message_seqs,
     });
     ctx.set_phase(Phase::Idle);
