@@ -33,7 +33,7 @@ pub struct ToolSpec {
 /// same list goes with every request of every conversation, and writing
 /// its descriptions and schemas again each time was most of what a short
 /// history's request cost to encode (docs/benchmarks.md, "A turn's own
-/// events from memory; tools encoded once").
+/// events from memory; tools encoded once; the history shared").
 #[derive(Debug, Default)]
 pub struct ToolSpecs {
     specs: Vec<ToolSpec>,
