@@ -613,6 +613,9 @@ async fn idle_check(
     myself: &ActorRef<ConversationMsg>,
     state: &mut ConversationState,
 ) -> Result<(), ActorProcessingErr> {
+    // A turn's events outlive it until here: a follower opened just after
+    // the turn ended (a busy daemon) still gets them from memory.
+    state.forget_recent();
     let idle = state.last_touched.elapsed();
     let settings = state.shared.settings;
     // A hibernating conversation was in a clean state when it hibernated and
@@ -696,6 +699,7 @@ fn hibernate(state: &mut ConversationState) {
     state.timers.shrink_to_fit();
     state.conversation = None;
     state.sync_turn_span();
+    state.forget_recent();
     state.hibernated = true;
     tracing::debug!(parent: &state.span, "hibernated");
 }

@@ -87,11 +87,12 @@ pub(crate) struct ConversationState {
     /// requests and tools run in it. Kept in step by
     /// [`ConversationState::sync_turn_span`].
     pub(crate) turn_span: Option<TurnSpan>,
-    /// The events appended since the turn in progress started (at most
-    /// [`RECENT_EVENTS`], the newest), oldest first; empty between turns.
-    /// A follower that joins the turn from its message on is served from
-    /// here instead of the log (docs/requirements.md, "A follower of a
-    /// turn in progress is served from memory").
+    /// The latest events appended (at most [`RECENT_EVENTS`]), oldest
+    /// first: kept through a turn and after it until the next idle check
+    /// finds no turn running, or the conversation hibernates. A follower
+    /// that joins the turn from its message on is served from here
+    /// instead of the log (docs/requirements.md, "A follower of a turn in
+    /// progress is served from memory").
     pub(crate) recent: VecDeque<Arc<Event>>,
     /// Last, so that it drops after `shared`.
     pub(crate) _alive: Alive,
@@ -219,12 +220,19 @@ impl ConversationState {
                     span,
                 });
             }
-            (None, _) => {
-                self.turn_span = None;
-                // Between turns a follower reads the log: an idle
-                // conversation holds no copy of its events.
-                self.recent = VecDeque::new();
-            }
+            (None, _) => self.turn_span = None,
+        }
+    }
+
+    /// Let go of the latest events unless a turn is running (a
+    /// hibernating conversation runs none).
+    pub(crate) fn forget_recent(&mut self) {
+        let mid_turn = self
+            .conversation
+            .as_ref()
+            .is_some_and(|conversation| conversation.working.current_turn.is_some());
+        if !mid_turn {
+            self.recent = VecDeque::new();
         }
     }
 

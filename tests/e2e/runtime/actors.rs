@@ -253,10 +253,25 @@ async fn runtime_actor_list_counts_the_mailbox_and_shows_a_stuck_actor() {
     runtime.shutdown().await;
 }
 
+/// Every canonical event from `from` through `last` that `conversation`'s
+/// subscription yields, in order.
+async fn heard_from(conversation: &ConversationHandle, from: Seq, last: Seq) -> Vec<Seq> {
+    let mut following = conversation.subscribe_from(from).await.unwrap();
+    let mut heard = Vec::new();
+    while heard.last().is_none_or(|seq| *seq < last) {
+        match tokio::time::timeout(PATIENCE, following.next()).await {
+            Ok(Received::Update(Update::Event { event })) => heard.push(event.seq),
+            Ok(Received::Update(_)) => {}
+            other => panic!("following from {from} got {other:?}"),
+        }
+    }
+    heard
+}
+
 /// A client that sends and then follows from its message's seq, while the
-/// turn it started runs, is served the turn's events from the actor's
-/// memory: the store reads nothing. Between turns the actor holds no copy,
-/// and the same follow reads the log. Either way it gets exactly the log.
+/// turn it started runs or just after it ended (a busy daemon answers the
+/// follow late), is served the turn's events from the actor's memory: the
+/// store reads nothing, and it gets exactly the log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_of_the_turn_in_progress_reads_nothing_from_the_store() {
     let rig = Rig::new();
@@ -271,48 +286,105 @@ async fn a_follower_of_the_turn_in_progress_reads_nothing_from_the_store() {
         .await
         .unwrap();
     watching.reach(StateName::AwaitingInput).await;
-    let last = conversation.inspect().await.unwrap().last_seq;
+    let expected = |log: &[Event]| -> Vec<Seq> {
+        log.iter()
+            .map(|event| event.seq)
+            .filter(|seq| *seq >= sent.seq)
+            .collect()
+    };
 
     let log = store.inner.read_all(conversation.id()).await.unwrap();
     let reads = store.reads.load(Ordering::SeqCst);
-    let mut following = conversation.subscribe_from(sent.seq).await.unwrap();
-    let mut heard = Vec::new();
-    while heard.last().is_none_or(|seq| *seq < last) {
-        match tokio::time::timeout(PATIENCE, following.next()).await {
-            Ok(Received::Update(Update::Event { event })) => heard.push(event.seq),
-            Ok(Received::Update(_)) => {}
-            other => panic!("following the turn got {other:?}"),
-        }
-    }
-    let expected: Vec<Seq> = log
-        .iter()
-        .map(|event| event.seq)
-        .filter(|seq| *seq >= sent.seq)
-        .collect();
-    assert_eq!(heard, expected);
+    let last = conversation.inspect().await.unwrap().last_seq;
+    assert_eq!(
+        heard_from(&conversation, sent.seq, last).await,
+        expected(&log)
+    );
     assert_eq!(
         store.reads.load(Ordering::SeqCst),
         reads,
-        "read from memory"
+        "mid-turn: from memory"
     );
-    drop(following);
 
-    // Denied, the turn ends: the same follow now reads the log.
+    // Denied, the turn ends; a follow just after is still served from memory.
     let call = conversation.inspect().await.unwrap().pending[0]
         .call
         .id
         .clone();
     conversation.resolve(call, Decision::Deny).await.unwrap();
     watching.reach(StateName::Idle).await;
+    let log = store.inner.read_all(conversation.id()).await.unwrap();
     let reads = store.reads.load(Ordering::SeqCst);
-    let mut following = conversation.subscribe_from(sent.seq).await.unwrap();
-    assert!(
-        store.reads.load(Ordering::SeqCst) > reads,
-        "read from the log"
+    let last = conversation.inspect().await.unwrap().last_seq;
+    assert_eq!(
+        heard_from(&conversation, sent.seq, last).await,
+        expected(&log)
     );
-    match tokio::time::timeout(PATIENCE, following.next()).await {
-        Ok(Received::Update(Update::Event { event })) => assert_eq!(event.seq, sent.seq),
-        other => panic!("following the finished turn got {other:?}"),
-    }
+    assert_eq!(
+        store.reads.load(Ordering::SeqCst),
+        reads,
+        "just after: from memory"
+    );
+    runtime.shutdown().await;
+}
+
+/// Once an idle check finds no turn running, the actor lets go of the
+/// turn's events and a follow reads them from the log; while a turn runs
+/// (here one waiting on an approval), idle checks keep them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_check_between_turns_lets_go_of_the_turns_events() {
+    let rig = Rig::new();
+    let store = Arc::new(GatedAppends::over(rig.store(BackendKind::Memory)));
+    let runtime = rig
+        .open(RuntimeConfig {
+            settings: Settings {
+                idle_check: Duration::from_millis(5),
+                ..Settings::default()
+            },
+            ..rig.runtime_config(store.clone())
+        })
+        .await;
+    let mut config = config();
+    config.tools.insert("bash".to_owned(), ToolPolicy::Approve);
+    let conversation = runtime.create(rig.cwd(), config).await.unwrap();
+    let mut watching = watch(&conversation).await;
+    let sent = conversation
+        .send("run: echo kept", Vec::new())
+        .await
+        .unwrap();
+    watching.reach(StateName::AwaitingInput).await;
+    // Many idle checks pass while the turn waits on its approval.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let reads = store.reads.load(Ordering::SeqCst);
+    let last = conversation.inspect().await.unwrap().last_seq;
+    heard_from(&conversation, sent.seq, last).await;
+    assert_eq!(store.reads.load(Ordering::SeqCst), reads, "kept mid-turn");
+
+    let call = conversation.inspect().await.unwrap().pending[0]
+        .call
+        .id
+        .clone();
+    conversation.resolve(call, Decision::Deny).await.unwrap();
+    watching.reach(StateName::Idle).await;
+    let last = conversation.inspect().await.unwrap().last_seq;
+    let log = store.inner.read_all(conversation.id()).await.unwrap();
+    let expected: Vec<Seq> = log
+        .iter()
+        .map(|event| event.seq)
+        .filter(|seq| *seq >= sent.seq)
+        .collect();
+    let read_from_log = tokio::time::timeout(PATIENCE, async {
+        loop {
+            let reads = store.reads.load(Ordering::SeqCst);
+            let heard = heard_from(&conversation, sent.seq, last).await;
+            assert_eq!(heard, expected);
+            if store.reads.load(Ordering::SeqCst) > reads {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(read_from_log.is_ok(), "an idle check let go of the events");
     runtime.shutdown().await;
 }
