@@ -274,8 +274,6 @@ pub struct Subscription {
     /// Tells the actor this subscription is dropped, so it can free its
     /// channel (the actor gives it; this module knows no actor).
     on_drop: Option<OnDrop>,
-    /// The seq the actor started the canonical events at from its memory.
-    from_memory: Option<Seq>,
 }
 
 /// What a subscription does as it is dropped.
@@ -309,7 +307,6 @@ impl Subscription {
             split: VecDeque::new(),
             unread: VecDeque::new(),
             on_drop: Some(on_drop),
-            from_memory: None,
         }
     }
 
@@ -341,7 +338,6 @@ impl Subscription {
         }
         self.next_seq = from;
         self.backlog.push_back(published);
-        self.from_memory = Some(from);
         true
     }
 
@@ -350,16 +346,13 @@ impl Subscription {
     /// log and come first (a client resuming from the last seq it saw), a
     /// page of [`CATCH_UP_PAGE`] at a time. The first page is read here, so
     /// a log that cannot be read fails the call. Nothing is read when the
-    /// actor already gave them ([`Subscription::starting_in_memory`]).
+    /// events start there already ([`Subscription::starting_in_memory`]).
     pub(crate) async fn starting_at(
         mut self,
         from: Seq,
     ) -> Result<Subscription, keel_store::Error> {
         let from = from.max(1);
-        if self.from_memory == Some(from) {
-            return Ok(self);
-        }
-        if from <= self.view.last_seq {
+        if from < self.next_seq {
             self.next_seq = from;
             self.owed = Some(Owed {
                 until: Some(self.view.last_seq + 1),

@@ -268,6 +268,52 @@ async fn heard_from(conversation: &ConversationHandle, from: Seq, last: Seq) -> 
     heard
 }
 
+/// Follow `conversation` from `from` to its log's end, check that exactly
+/// the log came, and say how many reads of events the store made for it.
+async fn follow_counting_reads(
+    store: &GatedAppends,
+    conversation: &ConversationHandle,
+    from: Seq,
+) -> usize {
+    let log = store.inner.read_all(conversation.id()).await.unwrap();
+    let expected: Vec<Seq> = log
+        .iter()
+        .map(|event| event.seq)
+        .filter(|seq| *seq >= from)
+        .collect();
+    let last = conversation.inspect().await.unwrap().last_seq;
+    let reads = store.reads.load(Ordering::SeqCst);
+    assert_eq!(heard_from(conversation, from, last).await, expected);
+    store.reads.load(Ordering::SeqCst) - reads
+}
+
+/// A conversation whose `bash` waits for an approval, started on
+/// `runtime` with `text`: it, a watch of it, and the message's id, once the
+/// turn waits.
+async fn waiting_on_approval(
+    rig: &Rig,
+    runtime: &Runtime,
+    text: &str,
+) -> (ConversationHandle, Watch, keel_actors::core::ids::EventId) {
+    let mut config = config();
+    config.tools.insert("bash".to_owned(), ToolPolicy::Approve);
+    let conversation = runtime.create(rig.cwd(), config).await.unwrap();
+    let mut watching = watch(&conversation).await;
+    let sent = conversation.send(text, Vec::new()).await.unwrap();
+    watching.reach(StateName::AwaitingInput).await;
+    (conversation, watching, sent)
+}
+
+/// Deny the call the turn waits on, and wait for the turn to end.
+async fn deny_and_rest(conversation: &ConversationHandle, watching: &mut Watch) {
+    let call = conversation.inspect().await.unwrap().pending[0]
+        .call
+        .id
+        .clone();
+    conversation.resolve(call, Decision::Deny).await.unwrap();
+    watching.reach(StateName::Idle).await;
+}
+
 /// A client that sends and then follows from its message's seq, while the
 /// turn it started runs or just after it ended (a busy daemon answers the
 /// follow late), is served the turn's events from the actor's memory: the
@@ -277,52 +323,19 @@ async fn a_follower_of_the_turn_in_progress_reads_nothing_from_the_store() {
     let rig = Rig::new();
     let store = Arc::new(GatedAppends::over(rig.store(BackendKind::Memory)));
     let runtime = rig.runtime(store.clone()).await;
-    let mut config = config();
-    config.tools.insert("bash".to_owned(), ToolPolicy::Approve);
-    let conversation = runtime.create(rig.cwd(), config).await.unwrap();
-    let mut watching = watch(&conversation).await;
-    let sent = conversation
-        .send("run: echo followed", Vec::new())
-        .await
-        .unwrap();
-    watching.reach(StateName::AwaitingInput).await;
-    let expected = |log: &[Event]| -> Vec<Seq> {
-        log.iter()
-            .map(|event| event.seq)
-            .filter(|seq| *seq >= sent.seq)
-            .collect()
-    };
-
-    let log = store.inner.read_all(conversation.id()).await.unwrap();
-    let reads = store.reads.load(Ordering::SeqCst);
-    let last = conversation.inspect().await.unwrap().last_seq;
+    let (conversation, mut watching, sent) =
+        waiting_on_approval(&rig, &runtime, "run: echo followed").await;
     assert_eq!(
-        heard_from(&conversation, sent.seq, last).await,
-        expected(&log)
-    );
-    assert_eq!(
-        store.reads.load(Ordering::SeqCst),
-        reads,
+        follow_counting_reads(&store, &conversation, sent.seq).await,
+        0,
         "mid-turn: from memory"
     );
 
     // Denied, the turn ends; a follow just after is still served from memory.
-    let call = conversation.inspect().await.unwrap().pending[0]
-        .call
-        .id
-        .clone();
-    conversation.resolve(call, Decision::Deny).await.unwrap();
-    watching.reach(StateName::Idle).await;
-    let log = store.inner.read_all(conversation.id()).await.unwrap();
-    let reads = store.reads.load(Ordering::SeqCst);
-    let last = conversation.inspect().await.unwrap().last_seq;
+    deny_and_rest(&conversation, &mut watching).await;
     assert_eq!(
-        heard_from(&conversation, sent.seq, last).await,
-        expected(&log)
-    );
-    assert_eq!(
-        store.reads.load(Ordering::SeqCst),
-        reads,
+        follow_counting_reads(&store, &conversation, sent.seq).await,
+        0,
         "just after: from memory"
     );
     runtime.shutdown().await;
@@ -344,43 +357,19 @@ async fn an_idle_check_between_turns_lets_go_of_the_turns_events() {
             ..rig.runtime_config(store.clone())
         })
         .await;
-    let mut config = config();
-    config.tools.insert("bash".to_owned(), ToolPolicy::Approve);
-    let conversation = runtime.create(rig.cwd(), config).await.unwrap();
-    let mut watching = watch(&conversation).await;
-    let sent = conversation
-        .send("run: echo kept", Vec::new())
-        .await
-        .unwrap();
-    watching.reach(StateName::AwaitingInput).await;
+    let (conversation, mut watching, sent) =
+        waiting_on_approval(&rig, &runtime, "run: echo kept").await;
     // Many idle checks pass while the turn waits on its approval.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let reads = store.reads.load(Ordering::SeqCst);
-    let last = conversation.inspect().await.unwrap().last_seq;
-    heard_from(&conversation, sent.seq, last).await;
-    assert_eq!(store.reads.load(Ordering::SeqCst), reads, "kept mid-turn");
+    assert_eq!(
+        follow_counting_reads(&store, &conversation, sent.seq).await,
+        0,
+        "kept mid-turn"
+    );
 
-    let call = conversation.inspect().await.unwrap().pending[0]
-        .call
-        .id
-        .clone();
-    conversation.resolve(call, Decision::Deny).await.unwrap();
-    watching.reach(StateName::Idle).await;
-    let last = conversation.inspect().await.unwrap().last_seq;
-    let log = store.inner.read_all(conversation.id()).await.unwrap();
-    let expected: Vec<Seq> = log
-        .iter()
-        .map(|event| event.seq)
-        .filter(|seq| *seq >= sent.seq)
-        .collect();
+    deny_and_rest(&conversation, &mut watching).await;
     let read_from_log = tokio::time::timeout(PATIENCE, async {
-        loop {
-            let reads = store.reads.load(Ordering::SeqCst);
-            let heard = heard_from(&conversation, sent.seq, last).await;
-            assert_eq!(heard, expected);
-            if store.reads.load(Ordering::SeqCst) > reads {
-                return;
-            }
+        while follow_counting_reads(&store, &conversation, sent.seq).await == 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })
