@@ -867,10 +867,19 @@ pub fn is_secret(name: &str) -> bool {
 }
 
 /// This process's environment without its secrets ([`is_secret`]).
+///
+/// Read once, at the first call: keel never changes its own environment
+/// (nothing in it calls `set_var`), so every tool call would otherwise
+/// list and filter the same variables again (docs/sandbox.md).
 pub fn tool_environment() -> Vec<(OsString, OsString)> {
-    std::env::vars_os()
-        .filter(|(name, _)| name.to_str().is_some_and(|name| !is_secret(name)))
-        .collect()
+    static ENVIRONMENT: std::sync::OnceLock<Vec<(OsString, OsString)>> = std::sync::OnceLock::new();
+    ENVIRONMENT
+        .get_or_init(|| {
+            std::env::vars_os()
+                .filter(|(name, _)| name.to_str().is_some_and(|name| !is_secret(name)))
+                .collect()
+        })
+        .clone()
 }
 
 const EACCES: u32 = 13;

@@ -55,7 +55,7 @@ use tokio::io::Interest;
 use tokio::net::unix::pipe;
 
 use crate::sandbox::{self, Confinement, SandboxError};
-use protocol::{Reply, Request, MAX_MESSAGE};
+use protocol::{Reply, MAX_MESSAGE};
 pub use serve::{serve, serve_stdin};
 
 /// How long a spawner may take to say it is ready, and to answer a spawn.
@@ -518,13 +518,12 @@ impl Helper {
     }
 
     async fn spawn(self: &Arc<Helper>, launch: &Launch<'_>) -> Result<Launched, SpawnError> {
-        let request = Request::Spawn {
-            cwd: launch.cwd.as_os_str().to_owned(),
-            argv: launch.argv.to_vec(),
-            env: launch.env.to_vec(),
-            confinement: launch.confinement.cloned(),
-        }
-        .encode();
+        let request = protocol::encode_spawn(
+            launch.cwd.as_os_str(),
+            launch.argv,
+            launch.env,
+            launch.confinement,
+        );
         if request.len() > MAX_MESSAGE {
             return Err(SpawnError::TooLarge);
         }

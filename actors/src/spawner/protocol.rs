@@ -87,43 +87,20 @@ pub(crate) enum Reply {
 
 impl Request {
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::new();
         match self {
             Request::Spawn {
                 cwd,
                 argv,
                 env,
                 confinement,
-            } => {
-                field(
-                    &mut out,
-                    if confinement.is_some() {
-                        b"spawn-confined"
-                    } else {
-                        b"spawn"
-                    },
-                );
-                field(&mut out, cwd.as_bytes());
-                if let Some(confinement) = confinement {
-                    encode_confinement(&mut out, confinement);
-                }
-                field(&mut out, argv.len().to_string().as_bytes());
-                for arg in argv {
-                    field(&mut out, arg.as_bytes());
-                }
-                for (name, value) in env {
-                    let mut entry = name.as_bytes().to_vec();
-                    entry.push(b'=');
-                    entry.extend_from_slice(value.as_bytes());
-                    field(&mut out, &entry);
-                }
-            }
+            } => encode_spawn(cwd, argv, env, confinement.as_ref()),
             Request::Lease { millis } => {
+                let mut out = Vec::new();
                 field(&mut out, b"lease");
                 field(&mut out, millis.to_string().as_bytes());
+                out
             }
         }
-        out
     }
 
     pub(crate) fn decode(bytes: &[u8]) -> Option<Request> {
@@ -164,6 +141,45 @@ impl Request {
             _ => None,
         }
     }
+}
+
+/// A [`Request::Spawn`] encoded from borrowed parts: the runtime encodes
+/// each call's request without copying its environment first.
+pub(crate) fn encode_spawn(
+    cwd: &OsStr,
+    argv: &[OsString],
+    env: &[(OsString, OsString)],
+    confinement: Option<&Confinement>,
+) -> Vec<u8> {
+    let size = cwd.len()
+        + argv.iter().map(|arg| arg.len() + 1).sum::<usize>()
+        + env
+            .iter()
+            .map(|(name, value)| name.len() + value.len() + 2)
+            .sum::<usize>();
+    let mut out = Vec::with_capacity(size + 64);
+    field(
+        &mut out,
+        if confinement.is_some() {
+            b"spawn-confined"
+        } else {
+            b"spawn"
+        },
+    );
+    field(&mut out, cwd.as_bytes());
+    if let Some(confinement) = confinement {
+        encode_confinement(&mut out, confinement);
+    }
+    field(&mut out, argv.len().to_string().as_bytes());
+    for arg in argv {
+        field(&mut out, arg.as_bytes());
+    }
+    for (name, value) in env {
+        out.extend_from_slice(name.as_bytes());
+        out.push(b'=');
+        field(&mut out, value.as_bytes());
+    }
+    out
 }
 
 fn encode_confinement(out: &mut Vec<u8>, confinement: &Confinement) {

@@ -234,8 +234,10 @@ async fn run_command(input: &BashInput, ctx: &ToolContext) -> ToolOutcome {
     let mut sink = Sink::new(ctx.output.clone());
     let mut stdout_text = Utf8Decoder::default();
     let mut stderr_text = Utf8Decoder::default();
-    let mut stdout_buf = vec![0_u8; READ_BYTES];
-    let mut stderr_buf = vec![0_u8; READ_BYTES];
+    // Read into spare capacity (`read_buf`): a zeroed buffer would cost a
+    // 32 KiB `memset` per pipe per call, for output that is mostly a line.
+    let mut stdout_buf = Vec::with_capacity(READ_BYTES);
+    let mut stderr_buf = Vec::with_capacity(READ_BYTES);
     let mut stdout_open = true;
     let mut stderr_open = true;
     let mut status: Option<io::Result<ExitStatus>> = None;
@@ -247,9 +249,10 @@ async fn run_command(input: &BashInput, ctx: &ToolContext) -> ToolOutcome {
 
     while status.is_none() || stdout_open || stderr_open {
         tokio::select! {
-            read = stdout.read(&mut stdout_buf), if stdout_open => match read {
+            read = stdout.read_buf(&mut stdout_buf), if stdout_open => match read {
                 Ok(n_read) if n_read > 0 => {
-                    sink.push(&stdout_text.decode(stdout_buf.get(..n_read).unwrap_or_default()));
+                    sink.push(&stdout_text.decode(&stdout_buf));
+                    stdout_buf.clear();
                 }
                 // End of file, or a read error, which only a closed pipe gives.
                 _ => {
@@ -257,9 +260,10 @@ async fn run_command(input: &BashInput, ctx: &ToolContext) -> ToolOutcome {
                     sink.push(&stdout_text.finish());
                 }
             },
-            read = stderr.read(&mut stderr_buf), if stderr_open => match read {
+            read = stderr.read_buf(&mut stderr_buf), if stderr_open => match read {
                 Ok(n_read) if n_read > 0 => {
-                    sink.push(&stderr_text.decode(stderr_buf.get(..n_read).unwrap_or_default()));
+                    sink.push(&stderr_text.decode(&stderr_buf));
+                    stderr_buf.clear();
                 }
                 _ => {
                     stderr_open = false;
