@@ -33,8 +33,12 @@ use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
-/// The filter when `RUST_LOG` is unset or empty.
-pub const DEFAULT_FILTER: &str = "info,keel=info";
+/// The filter when `RUST_LOG` is unset or empty. ractor's own spans (an
+/// `Actor` span around every actor's start and loop, entered at each poll)
+/// are left out: keel's spans already name the conversation, turn, request
+/// and tool, and ractor's cost about 3% of the daemon's work per tool turn
+/// (docs/benchmarks.md, "Work per turn counted by instructions").
+pub const DEFAULT_FILTER: &str = "info,keel=info,ractor=warn";
 
 /// How log lines are written to stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
