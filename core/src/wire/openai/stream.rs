@@ -7,6 +7,10 @@
 //! usage to `usage.rs`, so what is left here is the order of the response's
 //! parts and the liberal reading of how the servers end a stream.
 
+use std::borrow::Cow;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::calls::parse_fragment;
@@ -104,6 +108,86 @@ impl Decoder {
         });
     }
 
+    /// A chunk read as a `Value`: any shape a server may send.
+    fn feed_value(&mut self, event: &str, data: &str) -> Result<Vec<StreamDelta>, LlmFailure> {
+        let chunk: Value = match serde_json::from_str(data) {
+            Ok(chunk @ Value::Object(_)) => chunk,
+            Ok(_) => return self.fail(retryable("malformed stream chunk: not a JSON object")),
+            Err(error) => return self.fail(retryable(format!("malformed stream chunk: {error}"))),
+        };
+        if let Some(error) = error_of(&chunk, event) {
+            return self.fail(stream_failure(&error));
+        }
+
+        self.note_metadata(&chunk);
+        if let Some(usage) = chunk.get("usage").filter(|usage| usage.is_object()) {
+            self.usage = Some(parse_usage(usage));
+        }
+        let mut out = Vec::new();
+        let choices = chunk.get("choices").and_then(Value::as_array);
+        for choice in choices.into_iter().flatten() {
+            // keel asks for one choice; anything else is not its answer.
+            if choice.get("index").and_then(Value::as_u64).unwrap_or(0) != 0 {
+                continue;
+            }
+            if let Some(delta) = choice.get("delta") {
+                self.apply_delta(delta, &mut out);
+            }
+            if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+                self.finish_reason = Some(reason.to_owned());
+            }
+        }
+        Ok(out)
+    }
+
+    /// A chunk of the plain shape, read as [`Decoder::feed_value`] would
+    /// read it.
+    fn apply_plain(&mut self, chunk: PlainChunk<'_>) -> Vec<StreamDelta> {
+        if let Some(model) = chunk.model.filter(|model| !model.is_empty()) {
+            self.model = Some(model.into_owned());
+        }
+        if self.response_id.is_none() {
+            self.response_id = chunk.id.filter(|id| !id.is_empty()).map(Cow::into_owned);
+        }
+        if self.created.is_none() {
+            self.created = chunk.created;
+        }
+        if let Some(usage) = chunk.usage.filter(Value::is_object) {
+            self.usage = Some(parse_usage(&usage));
+        }
+        let mut out = Vec::new();
+        for choice in chunk.choices.into_iter().flatten() {
+            if choice.index.unwrap_or(0) != 0 {
+                continue;
+            }
+            if let Some(delta) = choice.delta {
+                let reasoning = delta
+                    .reasoning_content
+                    .or(delta.reasoning)
+                    .filter(|text| !text.is_empty());
+                if let Some(text) = reasoning {
+                    self.push_thinking(&text, &mut out);
+                }
+                if let Some(text) = delta.content {
+                    self.push_text(&text, &mut out);
+                }
+                if let Some(refusal) = delta.refusal.filter(|refusal| !refusal.is_empty()) {
+                    self.refused = true;
+                    self.push_text(&refusal, &mut out);
+                }
+                if let Some(Value::Array(fragments)) = delta.tool_calls {
+                    for fragment in &fragments {
+                        self.apply_fragment(parse_fragment(fragment), &mut out);
+                    }
+                }
+            }
+            if let Some(reason) = choice.finish_reason {
+                self.finish_reason = Some(reason.into_owned());
+            }
+        }
+        out
+    }
+
     fn stop_reason(&self, has_tool_calls: bool) -> StopReason {
         // A response cut off at max_tokens says so even with tool calls in
         // it: the last call's arguments may be incomplete, and none may run.
@@ -129,6 +213,60 @@ impl Decoder {
     }
 }
 
+/// A chunk whose every field keel reads has the type it expects: the
+/// common case, read straight from the text. A field of another type (say
+/// `content` as a list of parts) fails this reading, and the chunk is read
+/// as a `Value` instead. Strings borrow from the chunk unless escaped.
+#[derive(Deserialize)]
+struct PlainChunk<'a> {
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(default)]
+    created: Option<u64>,
+    #[serde(borrow, default)]
+    object: Option<Cow<'a, str>>,
+    /// Present and not `null`: an error, read as a `Value`.
+    #[serde(borrow, default)]
+    error: Option<&'a RawValue>,
+    #[serde(default)]
+    usage: Option<Value>,
+    #[serde(borrow, default)]
+    choices: Option<Vec<PlainChoice<'a>>>,
+}
+
+impl PlainChunk<'_> {
+    /// Not an error of any kind `error_of` knows.
+    fn is_plain(&self) -> bool {
+        self.error.is_none() && self.object.as_deref() != Some("error")
+    }
+}
+
+#[derive(Deserialize)]
+struct PlainChoice<'a> {
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(borrow, default)]
+    delta: Option<PlainDelta<'a>>,
+    #[serde(borrow, default)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct PlainDelta<'a> {
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    refusal: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning: Option<Cow<'a, str>>,
+    #[serde(default)]
+    tool_calls: Option<Value>,
+}
+
 impl StreamDecoder for Decoder {
     fn feed(&mut self, event: SseEvent<'_>) -> Result<Vec<StreamDelta>, LlmFailure> {
         if let Some(failure) = &self.failure {
@@ -142,34 +280,17 @@ impl StreamDecoder for Decoder {
             self.done = true;
             return Ok(Vec::new());
         }
-        let chunk: Value = match serde_json::from_str(data) {
-            Ok(chunk @ Value::Object(_)) => chunk,
-            Ok(_) => return self.fail(retryable("malformed stream chunk: not a JSON object")),
-            Err(error) => return self.fail(retryable(format!("malformed stream chunk: {error}"))),
-        };
-        if let Some(error) = error_of(&chunk, event.event) {
-            return self.fail(stream_failure(&error));
-        }
-
-        self.note_metadata(&chunk);
-        if let Some(usage) = chunk.get("usage").filter(|usage| usage.is_object()) {
-            self.usage = Some(parse_usage(usage));
-        }
-        let mut out = Vec::new();
-        let choices = chunk.get("choices").and_then(Value::as_array);
-        for choice in choices.into_iter().flatten() {
-            // keel asks for one choice; anything else is not its answer.
-            if choice.get("index").and_then(Value::as_u64).unwrap_or(0) != 0 {
-                continue;
-            }
-            if let Some(delta) = choice.get("delta") {
-                self.apply_delta(delta, &mut out);
-            }
-            if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
-                self.finish_reason = Some(reason.to_owned());
+        // Most chunks have the plain shape: read them without building a
+        // `Value` (a map and a string per key). Anything else, an error
+        // among them, is read as a `Value`, with the same outcome.
+        if event.event != "error" && data.starts_with('{') {
+            if let Ok(chunk) = serde_json::from_str::<PlainChunk<'_>>(data) {
+                if chunk.is_plain() {
+                    return Ok(self.apply_plain(chunk));
+                }
             }
         }
-        Ok(out)
+        self.feed_value(event.event, data)
     }
 
     fn is_complete(&self) -> bool {
@@ -374,5 +495,63 @@ mod tests {
                 "delta": { "reasoning_content": "hmm", "reasoning": "hmm", "content": "" } }] })],
         );
         assert_eq!(deltas, vec![StreamDelta::Thinking { text: "hmm".into() }]);
+    }
+
+    /// Whatever shape a chunk has, reading it on the plain path (when it
+    /// fits) gives what reading it as a `Value` gives: the same deltas, the
+    /// same failure, the same response.
+    #[test]
+    fn the_plain_reading_agrees_with_the_value_reading() {
+        let streams: Vec<Vec<&str>> = vec![
+            vec![
+                r#"{"id":"c1","model":"m2","created":7,"choices":[{"index":0,"delta":{"role":"assistant","content":null,"refusal":null}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"content":"Hé \"quoted\" \u00e9"}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"reasoning_content":"","reasoning":"thinks"}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"reasoning_content":null,"reasoning":"more"}}]}"#,
+                r#"{"choices":[{"index":1,"delta":{"content":"other choice"}}]}"#,
+                r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"t1","function":{"name":"bash","arguments":"{\"command\":"}}]}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"ls\"}"}}]},"finish_reason":"tool_calls"}]}"#,
+                r#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":4}}}"#,
+                "[DONE]",
+            ],
+            vec![
+                r#"{"choices":[{"index":0,"delta":{"content":[{"type":"text","text":"parts"}]}}]}"#,
+                r#"{"choices":[{"index":"0","delta":{"content":"index as text"}}]}"#,
+                r#"{"choices":{"index":0},"model":5,"created":-1}"#,
+                r#"{"choices":[{"index":0,"delta":"not an object","finish_reason":3}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"refusal":"no","tool_calls":{"index":0}}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"content":"a"}}],"choices":[{"index":0,"delta":{"content":"b"}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":null,"error":null}"#,
+            ],
+            vec![r#"[null, null, 5]"#],
+            vec![
+                r#"{"choices":[{"index":0,"delta":{"content":"x"}}]}"#,
+                r#"{"error":{"message":"overloaded","type":"overloaded_error"}}"#,
+            ],
+            vec![r#"{"object":"error","message":"bad"}"#],
+            vec![r#"{"error":"plain text error"}"#],
+            vec![r#"{"choices":[{"index":0,"delta":{"content":"cut"}}]}"#],
+        ];
+        // The first stream is all of the plain shape: it is read that way.
+        for data in streams[0].iter().filter(|data| **data != "[DONE]") {
+            let chunk = serde_json::from_str::<PlainChunk<'_>>(data);
+            assert!(chunk.is_ok_and(|chunk| chunk.is_plain()), "{data}");
+        }
+        for stream in streams {
+            let mut plain = Decoder::new("m");
+            let mut valued = Decoder::new("m");
+            for data in &stream {
+                let fed = plain.feed(SseEvent { event: "", data });
+                let read = if *data == "[DONE]" {
+                    valued.feed(SseEvent { event: "", data })
+                } else {
+                    valued.feed_value("", data)
+                };
+                assert_eq!(fed, read, "{data}");
+            }
+            let plain = Box::new(plain).finish();
+            let valued = Box::new(valued).finish();
+            assert_eq!(format!("{plain:?}"), format!("{valued:?}"), "{stream:?}");
+        }
     }
 }
