@@ -338,17 +338,18 @@ enum Layers {
 ///    rights that change something (`AccessFs::from_write`), with the
 ///    signal and abstract-socket scopes for a process;
 /// 3. the network's (processes only): TCP to the allowed ports, built once
-///    per policy ([`network_layer`]), taken on last (a layer taken on
-///    copies every rule of the layers before it).
+///    per policy ([`network_layer`]).
 ///
-/// So reading goes wherever the second layer allows, and writing only
-/// where both do; the costly second layer is shared by every call with the
-/// same hidden paths, the third is a handful of rules.
+/// So reading goes wherever the first layer allows, and writing only
+/// where both do; the costly first layer is shared by every call with the
+/// same hidden paths, the second is a handful of rules. They are taken on
+/// fewest rules first ([`in_order_of_size`]): a layer taken on copies
+/// every rule of the layers before it.
 struct Restrictions {
     layers: Layers,
-    network: Option<RulesetCreated>,
-    reach: RulesetCreated,
-    write: RulesetCreated,
+    network: Option<Layer>,
+    reach: Layer,
+    write: Layer,
     /// The network policy the kernel's own rules enforce: for a list of
     /// hosts, everything, inside a network namespace of the call's own.
     network_access: NetworkAccess,
@@ -436,6 +437,7 @@ impl Restrictions {
         let mut write = ruleset
             .create()
             .map_err(|error| unsupported(format!("Landlock: {error}")))?;
+        let mut write_rules = 0;
         for path in writable.iter().chain([&PathBuf::from("/dev/null")]) {
             let access = if path.is_dir() {
                 AccessFs::from_write(ABI_NEEDED)
@@ -451,6 +453,7 @@ impl Restrictions {
                 .map_err(|error| {
                     unsupported(format!("Landlock rule for {}: {error}", path.display()))
                 })?;
+            write_rules += 1;
         }
         // The filters are built (once) here, not on the confining thread.
         if layers == Layers::Process {
@@ -461,7 +464,11 @@ impl Restrictions {
             layers,
             network,
             reach,
-            write,
+            write: Layer {
+                ruleset: write,
+                rules: write_rules,
+                what: "filesystem write",
+            },
             network_access,
             egress: egress.filter(|_| layers == Layers::Process),
         })
@@ -486,19 +493,11 @@ impl Restrictions {
         // namespace of its own (see the module docs).
         let own_pids = self.layers == Layers::Process
             && nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWPID).is_ok();
-        // The network layer last: a layer taken on copies the rules of
-        // every layer before it, and the network's can be 65,534.
-        for (layer, what) in [
-            (Some(self.reach), "filesystem"),
-            (Some(self.write), "filesystem write"),
-            (self.network, "network"),
-        ] {
-            if let Some(layer) = layer {
-                layer
-                    .restrict_self()
-                    .map_err(|error| unsupported(format!("Landlock {what}: {error}")))
-                    .and_then(|status| fully(status, what))?;
-            }
+        for Layer { ruleset, what, .. } in in_order_of_size(self.write, self.reach, self.network) {
+            ruleset
+                .restrict_self()
+                .map_err(|error| unsupported(format!("Landlock {what}: {error}")))
+                .and_then(|status| fully(status, what))?;
         }
         if self.layers == Layers::Process {
             for filter in process_filters(&self.network_access, !own_pids)?.iter() {
@@ -508,6 +507,30 @@ impl Restrictions {
         }
         Ok(listeners)
     }
+}
+
+/// One Landlock layer, ready to be taken on, and how many rules it holds.
+struct Layer {
+    ruleset: RulesetCreated,
+    rules: usize,
+    /// What it restricts, for an error.
+    what: &'static str,
+}
+
+/// The layers in the order to take them on: fewest rules first. Taking a
+/// layer on makes a new domain holding a copy of every rule of the domain
+/// before it, so each layer's rules are copied once per layer after it;
+/// the layers intersect, so their order changes nothing else. With the
+/// large layer last (the reach layer's few hundred rules where `/tmp` is
+/// busy; the network's 65,534 for "every port but the daemon's") its rules
+/// are copied once instead of once per later layer.
+fn in_order_of_size(write: Layer, reach: Layer, network: Option<Layer>) -> Vec<Layer> {
+    let mut layers: Vec<Layer> = [Some(write), Some(reach), network]
+        .into_iter()
+        .flatten()
+        .collect();
+    layers.sort_by_key(|layer| layer.rules);
+    layers
 }
 
 /// Refuse a Landlock layer that did not take in full.
@@ -526,19 +549,24 @@ fn fully(status: landlock::RestrictionStatus, what: &str) -> Result<(), SandboxE
 /// spawn, so a layer is built once and each confined thread restricts
 /// itself with a copy of its descriptor.
 type NetworkKey = (NetworkAccess, Vec<u16>);
-static NETWORK_LAYERS: LazyLock<Mutex<HashMap<NetworkKey, RulesetCreated>>> =
+static NETWORK_LAYERS: LazyLock<Mutex<HashMap<NetworkKey, (RulesetCreated, usize)>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// The network layer for `network` with `blocked` ports never allowed.
-fn network_layer(network: &NetworkAccess, blocked: &[u16]) -> Result<RulesetCreated, SandboxError> {
+fn network_layer(network: &NetworkAccess, blocked: &[u16]) -> Result<Layer, SandboxError> {
     let unsupported = |what: String| SandboxError::Unsupported { what };
     let key = (network.clone(), blocked.to_vec());
     let mut layers = NETWORK_LAYERS
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
-    if let Some(layer) = layers.get(&key) {
+    if let Some((layer, rules)) = layers.get(&key) {
         return layer
             .try_clone()
+            .map(|ruleset| Layer {
+                ruleset,
+                rules: *rules,
+                what: "network",
+            })
             .map_err(|error| unsupported(format!("Landlock network: {error}")));
     }
     let handled = match network {
@@ -560,7 +588,9 @@ fn network_layer(network: &NetworkAccess, blocked: &[u16]) -> Result<RulesetCrea
         // Not used: a list of hosts is enforced as `All` in a namespace.
         NetworkAccess::Hosts(_) => Vec::new(),
     };
+    let mut rules = 0;
     for port in ports.into_iter().filter(|port| !blocked.contains(port)) {
+        rules += 1;
         created = created
             .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
             .map_err(|error| unsupported(format!("Landlock rule for port {port}: {error}")))?;
@@ -568,8 +598,12 @@ fn network_layer(network: &NetworkAccess, blocked: &[u16]) -> Result<RulesetCrea
     let copy = created
         .try_clone()
         .map_err(|error| unsupported(format!("Landlock network: {error}")))?;
-    layers.insert(key, created);
-    Ok(copy)
+    layers.insert(key, (created, rules));
+    Ok(Layer {
+        ruleset: copy,
+        rules,
+        what: "network",
+    })
 }
 
 /// Paths resolved lately, and when: a confined spawn resolves its hidden
@@ -603,7 +637,7 @@ const READ_RULES_FRESH: Duration = Duration::from_secs(1);
 
 /// The reach layers built lately, by their hidden paths, with when each
 /// was listed.
-type ReachLayers = HashMap<Vec<PathBuf>, (Instant, RulesetCreated)>;
+type ReachLayers = HashMap<Vec<PathBuf>, (Instant, RulesetCreated, usize)>;
 static REACH_LAYERS: LazyLock<Mutex<ReachLayers>> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// The layer of what may be reached at all with `hidden` hidden: every
@@ -612,18 +646,23 @@ static REACH_LAYERS: LazyLock<Mutex<ReachLayers>> = LazyLock::new(|| Mutex::new(
 /// [`READ_RULES_FRESH`] ago. A path listed but gone by the time it is
 /// opened (another process's temporary file beside a hidden path's
 /// ancestor) is left out, which allows less.
-fn reach_layer(hidden: Vec<PathBuf>) -> Result<RulesetCreated, SandboxError> {
+fn reach_layer(hidden: Vec<PathBuf>) -> Result<Layer, SandboxError> {
     let unsupported = |what: String| SandboxError::Unsupported { what };
     let mut layers = REACH_LAYERS.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some((listed, layer)) = layers.get(&hidden) {
+    if let Some((listed, layer, rules)) = layers.get(&hidden) {
         if listed.elapsed() < READ_RULES_FRESH {
             return layer
                 .try_clone()
+                .map(|ruleset| Layer {
+                    ruleset,
+                    rules: *rules,
+                    what: "filesystem",
+                })
                 .map_err(|error| unsupported(format!("Landlock: {error}")));
         }
     }
     let listed = Instant::now();
-    let mut created = Ruleset::default()
+    let created = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
         .handle_access(AccessFs::from_all(ABI_NEEDED))
         .and_then(|ruleset| ruleset.create())
@@ -631,23 +670,29 @@ fn reach_layer(hidden: Vec<PathBuf>) -> Result<RulesetCreated, SandboxError> {
     let mut paths = readable(Path::new("/"), &hidden);
     let device = AccessFs::from_file(ABI_NEEDED);
     paths.extend(DEVICES.iter().map(|path| (PathBuf::from(path), device)));
-    created = allow_reaching(created, paths)?;
+    let (created, rules) = allow_reaching(created, paths)?;
     let copy = created
         .try_clone()
         .map_err(|error| unsupported(format!("Landlock: {error}")))?;
     // Old listings go; a handful of hidden sets is all a runtime has.
-    layers.retain(|_, (at, _)| at.elapsed() < READ_RULES_FRESH);
-    layers.insert(hidden, (listed, created));
-    Ok(copy)
+    layers.retain(|_, (at, _, _)| at.elapsed() < READ_RULES_FRESH);
+    layers.insert(hidden, (listed, created, rules));
+    Ok(Layer {
+        ruleset: copy,
+        rules,
+        what: "filesystem",
+    })
 }
 
-/// Add a rule allowing what each of `paths` allows. A path listed a
-/// moment ago may be gone (another process's temporary file beside a
-/// hidden path's ancestor): it is left out, which allows less.
+/// Add a rule allowing what each of `paths` allows; how many were added.
+/// A path listed a moment ago may be gone (another process's temporary
+/// file beside a hidden path's ancestor): it is left out, which allows
+/// less.
 fn allow_reaching(
     mut created: RulesetCreated,
     paths: Vec<(PathBuf, landlock::BitFlags<AccessFs>)>,
-) -> Result<RulesetCreated, SandboxError> {
+) -> Result<(RulesetCreated, usize), SandboxError> {
+    let mut rules = 0;
     for (path, access) in paths {
         let Ok(fd) = PathFd::new(&path) else {
             continue;
@@ -657,8 +702,9 @@ fn allow_reaching(
             .map_err(|error| SandboxError::Unsupported {
                 what: format!("Landlock rule for {}: {error}", path.display()),
             })?;
+        rules += 1;
     }
-    Ok(created)
+    Ok((created, rules))
 }
 
 /// Every path beneath `root` that may be reached, with what may be done
@@ -927,6 +973,41 @@ mod tests {
             (PathBuf::from("/nonexistent/keel-sandbox-test"), read),
             (PathBuf::from("/"), read),
         ];
-        assert!(allow_reaching(created, paths).is_ok());
+        let (_, rules) = allow_reaching(created, paths).unwrap();
+        assert_eq!(rules, 1);
+    }
+
+    fn layer(rules: usize, what: &'static str) -> Layer {
+        let ruleset = Ruleset::default()
+            .handle_access(AccessFs::from_all(ABI::V1))
+            .and_then(|ruleset| ruleset.create())
+            .unwrap();
+        Layer {
+            ruleset,
+            rules,
+            what,
+        }
+    }
+
+    /// The layers are taken on fewest rules first, so the large one's rules
+    /// are copied once: the reach layer last under `off` (no port rule),
+    /// the network's last under "every port but the daemon's".
+    #[test]
+    fn layers_are_taken_on_fewest_rules_first() {
+        let order = |layers: Vec<Layer>| layers.iter().map(|layer| layer.what).collect::<Vec<_>>();
+        let off = in_order_of_size(
+            layer(3, "filesystem write"),
+            layer(240, "filesystem"),
+            Some(layer(0, "network")),
+        );
+        assert_eq!(order(off), ["network", "filesystem write", "filesystem"]);
+        let all = in_order_of_size(
+            layer(3, "filesystem write"),
+            layer(240, "filesystem"),
+            Some(layer(65_534, "network")),
+        );
+        assert_eq!(order(all), ["filesystem write", "filesystem", "network"]);
+        let files = in_order_of_size(layer(3, "filesystem write"), layer(240, "filesystem"), None);
+        assert_eq!(order(files), ["filesystem write", "filesystem"]);
     }
 }
