@@ -4,11 +4,12 @@
 CPU time on a shared machine moves by 20-50% from one run to the next, so a
 change worth 5% cannot be seen in `keel bench` alone. Instructions retired
 in user space do not move with the neighbours: this script runs `keel
-serve` under valgrind's callgrind twice, once with no turns and once with
-`--turns` client-shaped turns (docs/bench.md, "Client-shaped tool turns":
+serve` under valgrind's callgrind, creates the conversations, zeroes the
+counts, runs `--turns` client-shaped turns (docs/bench.md, "Client-shaped tool turns":
 each turn sends over a new connection, then follows from the message's seq
 over another, snapshot first, to the turn's end, on OpenAI's wire to keel's
-fake provider, running `bash`), and prints the difference per turn. Work in
+fake provider (`--wire anthropic` for Anthropic's), running `bash`), dumps
+the counts and prints them per turn. Work in
 the kernel (system calls, the network, the disk) is not counted; `keel
 bench` measures all of it.
 
@@ -59,8 +60,9 @@ def wait_for_port(port, deadline):
 
 
 class Daemon:
-    def __init__(self, port):
+    def __init__(self, port, provider):
         self.port = port
+        self.provider = provider
         self.headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 
     def request(self, method, path, body=None):
@@ -74,7 +76,7 @@ class Daemon:
         return json.loads(data)
 
     def create(self):
-        return self.request("POST", "/v1/conversations", {"cwd": tempfile.gettempdir(), "provider": "openai"})["id"]
+        return self.request("POST", "/v1/conversations", {"cwd": tempfile.gettempdir(), "provider": self.provider})["id"]
 
     def turn(self, conversation):
         """One client-shaped turn: send on a new connection, then follow
@@ -98,9 +100,10 @@ class Daemon:
         conn.close()
 
 
-def counted_run(keel, turns, conversations, workdir):
-    """Start a fake provider and a daemon under callgrind, do `turns` turns
-    over `conversations` conversations, stop the daemon; its callgrind file."""
+def counted_run(keel, turns, conversations, provider, workdir):
+    """Start a fake provider and a daemon under callgrind, create
+    `conversations` conversations, zero the counts, do `turns` turns over
+    them, dump the counts and stop the daemon; the dump's file."""
     mock_port, port = free_port(), free_port()
     data_dir = os.path.join(workdir, f"data-{turns}")
     out = os.path.join(workdir, f"callgrind-{turns}.out")
@@ -127,17 +130,30 @@ def counted_run(keel, turns, conversations, workdir):
     try:
         wait_for_port(mock_port, time.monotonic() + 30)
         wait_for_port(port, time.monotonic() + 120)
-        client = Daemon(port)
+        client = Daemon(port, provider)
         ids = [client.create() for _ in range(conversations)]
+        control(daemon.pid, "-z")
         for index in range(turns):
             client.turn(ids[index % conversations])
+        control(daemon.pid, "-d")
     finally:
         daemon.terminate()
         daemon.wait(timeout=120)
         mock.terminate()
         mock.wait(timeout=30)
         log.close()
-    return out
+    dumps = sorted(
+        (name for name in os.listdir(workdir) if name.startswith(os.path.basename(out) + ".")),
+        key=lambda name: int(name.rsplit(".", 1)[1]),
+    )
+    if not dumps:
+        sys.exit("callgrind wrote no dump")
+    return os.path.join(workdir, dumps[-1])
+
+
+def control(pid, command):
+    """Tell the callgrind run `pid` to zero (`-z`) or dump (`-d`) its counts."""
+    subprocess.run(["callgrind_control", command, str(pid)], capture_output=True, check=True)
 
 
 def summary(path):
@@ -171,23 +187,29 @@ def main():
     parser.add_argument("--turns", type=int, default=60, help="turns counted (default: %(default)s)")
     parser.add_argument("--conversations", type=int, default=20, help="conversations they are spread over, round robin (default: %(default)s)")
     parser.add_argument("--top", type=int, default=0, help="also print the functions that spent the most, per turn")
+    parser.add_argument(
+        "--wire",
+        choices=["openai", "anthropic"],
+        default="openai",
+        help="the wire the conversations talk to the fake provider (default: %(default)s)",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is needed: apt install valgrind")
     keel = os.path.abspath(args.keel)
     with tempfile.TemporaryDirectory(prefix="keel-instructions-") as workdir:
-        idle = counted_run(keel, 0, args.conversations, workdir)
-        busy = counted_run(keel, args.turns, args.conversations, workdir)
-        per_turn = (summary(busy) - summary(idle)) / args.turns
+        # keel's fake provider speaks Anthropic's wire as `mock`.
+        provider = "openai" if args.wire == "openai" else "mock"
+        counted = counted_run(keel, args.turns, args.conversations, provider, workdir)
+        per_turn = summary(counted) / args.turns
         print(
             f"{per_turn / 1e6:.3f} M instructions per client-shaped tool turn "
-            f"({args.turns} turns over {args.conversations} conversations, user space of the daemon)"
+            f"({args.turns} turns over {args.conversations} conversations, {args.wire} wire, user space of the daemon)"
         )
         if args.top:
-            before, after = by_function(idle), by_function(busy)
-            spent = {name: (after.get(name, 0) - before.get(name, 0)) / args.turns for name in set(before) | set(after)}
+            spent = by_function(counted)
             for name, count in sorted(spent.items(), key=lambda item: -item[1])[: args.top]:
-                print(f"{count:>12,.0f}  {name[:140]}")
+                print(f"{count / args.turns:>12,.0f}  {name[:140]}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
 //! the stream early, and event types, block types and delta types keel does
 //! not know are skipped, as Anthropic's versioning policy asks.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -309,6 +310,24 @@ impl Decoder {
         if name == "ping" || !(name.is_empty() || KNOWN_EVENTS.contains(&name)) {
             return Ok(Vec::new());
         }
+        // Most events are text or tool-input deltas: read those without
+        // building a `Value` (a map and a string per key). Any other shape
+        // is read as a `Value`, with the same outcome.
+        if name.is_empty() || name == "content_block_delta" {
+            if let Ok(plain) = serde_json::from_str::<PlainBlockDelta<'_>>(event.data) {
+                if plain.kind.as_deref().unwrap_or(name) == "content_block_delta" {
+                    let delta = plain.delta;
+                    let kind = delta.kind.as_deref().unwrap_or("");
+                    return self.apply_block_delta(plain.index, kind, |key| match key {
+                        "text" => delta.text.as_deref(),
+                        "thinking" => delta.thinking.as_deref(),
+                        "signature" => delta.signature.as_deref(),
+                        "partial_json" => delta.partial_json.as_deref(),
+                        _ => None,
+                    });
+                }
+            }
+        }
         let data: Value = serde_json::from_str(event.data)
             .map_err(|err| malformed(format_args!("{name}: {err}")))?;
         let kind = data.get("type").and_then(Value::as_str).unwrap_or(name);
@@ -407,6 +426,19 @@ impl Decoder {
             .get("delta")
             .ok_or_else(|| malformed("content_block_delta without a delta"))?;
         let kind = delta.get("type").and_then(Value::as_str).unwrap_or("");
+        self.apply_block_delta(index, kind, |key| delta.get(key).and_then(Value::as_str))
+    }
+
+    /// A `content_block_delta` of type `kind` for block `index`, whose
+    /// string fields `field` gives (`None`: missing, or not a string).
+    fn apply_block_delta<'a>(
+        &mut self,
+        index: u64,
+        kind: &str,
+        field: impl Fn(&str) -> Option<&'a str>,
+    ) -> Result<Vec<StreamDelta>, LlmFailure> {
+        let required =
+            |key: &str| field(key).ok_or_else(|| malformed(format_args!("{kind} without {key}")));
         let slot = self.blocks.get_mut(&index).ok_or_else(|| {
             malformed(format_args!(
                 "{kind} for content block {index}, which was never started"
@@ -420,25 +452,25 @@ impl Decoder {
         let delta = match (kind, &mut slot.block) {
             (_, Block::Skipped) => None,
             ("text_delta", Block::Text { text }) => {
-                let piece = required_str(delta, "text", kind)?;
+                let piece = required("text")?;
                 text.push_str(piece);
                 Some(StreamDelta::Text {
                     text: piece.to_owned(),
                 })
             }
             ("thinking_delta", Block::Thinking { text, .. }) => {
-                let piece = required_str(delta, "thinking", kind)?;
+                let piece = required("thinking")?;
                 text.push_str(piece);
                 Some(StreamDelta::Thinking {
                     text: piece.to_owned(),
                 })
             }
             ("signature_delta", Block::Thinking { signature, .. }) => {
-                signature.push_str(required_str(delta, "signature", kind)?);
+                signature.push_str(required("signature")?);
                 None
             }
             ("input_json_delta", Block::ToolUse { id, json, .. }) => {
-                let piece = required_str(delta, "partial_json", kind)?;
+                let piece = required("partial_json")?;
                 json.push_str(piece);
                 Some(StreamDelta::ToolInput {
                     id: id.clone(),
@@ -593,6 +625,33 @@ impl StreamDecoder for Decoder {
         }
         self.into_response()
     }
+}
+
+/// A `content_block_delta` whose every field keel reads has the type it
+/// expects, read straight from the text; strings borrow from it unless
+/// escaped. A field of another type fails this reading, and the event is
+/// read as a `Value` instead.
+#[derive(serde::Deserialize)]
+struct PlainBlockDelta<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    index: u64,
+    #[serde(borrow)]
+    delta: PlainDeltaBody<'a>,
+}
+
+#[derive(serde::Deserialize)]
+struct PlainDeltaBody<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    thinking: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    signature: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    partial_json: Option<Cow<'a, str>>,
 }
 
 /// Event types of the Messages stream. Named events outside this list are
@@ -1225,5 +1284,92 @@ mod tests {
                 hash: "feed".to_owned()
             })
         );
+    }
+
+    /// A delta read on the plain path (when it fits) gives what reading it
+    /// as a `Value` gives. Each event's twin repeats its `index` key, which
+    /// the plain reading refuses (a duplicate field) and the `Value`
+    /// reading takes, so the twins go the `Value` way.
+    #[test]
+    fn the_plain_reading_of_a_delta_agrees_with_the_value_reading() {
+        let block_start = |index: u32, block: &str| {
+            format!(r#"{{"type":"content_block_start","index":{index},"content_block":{block}}}"#)
+        };
+        let streams: Vec<Vec<(&str, String)>> = vec![
+            vec![
+                (START.0, START.1.to_owned()),
+                ("content_block_start", block_start(0, r#"{"type":"text","text":""}"#)),
+                ("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hé \"quoted\" \u00e9"}}"#.to_owned()),
+                ("", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":" more"}}"#.to_owned()),
+                ("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"citations_delta","citation":{}}}"#.to_owned()),
+                ("content_block_stop", r#"{"type":"content_block_stop","index":0}"#.to_owned()),
+                ("content_block_start", block_start(1, r#"{"type":"thinking","thinking":""}"#)),
+                ("content_block_delta", r#"{"type":"content_block_delta","index":1,"delta":{"type":"thinking_delta","thinking":"hm"}}"#.to_owned()),
+                ("content_block_delta", r#"{"type":"content_block_delta","index":1,"delta":{"type":"signature_delta","signature":"sig"}}"#.to_owned()),
+                ("content_block_stop", r#"{"type":"content_block_stop","index":1}"#.to_owned()),
+                ("content_block_start", block_start(2, r#"{"type":"tool_use","id":"t1","name":"bash","input":{}}"#)),
+                ("content_block_delta", r#"{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"{\"command\":"}}"#.to_owned()),
+                ("content_block_delta", r#"{"type":"content_block_delta","index":2,"delta":{"type":"input_json_delta","partial_json":"\"ls\"}"}}"#.to_owned()),
+                ("content_block_stop", r#"{"type":"content_block_stop","index":2}"#.to_owned()),
+                ("message_delta", r#"{"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":9}}"#.to_owned()),
+                (STOP.0, STOP.1.to_owned()),
+            ],
+            vec![
+                (START.0, START.1.to_owned()),
+                ("content_block_start", block_start(0, r#"{"type":"text","text":""}"#)),
+                ("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta"}}"#.to_owned()),
+            ],
+            vec![
+                (START.0, START.1.to_owned()),
+                ("content_block_delta", r#"{"type":"content_block_delta","index":4,"delta":{"type":"text_delta","text":"x"}}"#.to_owned()),
+            ],
+            vec![
+                (START.0, START.1.to_owned()),
+                ("content_block_start", block_start(0, r#"{"type":"text","text":""}"#)),
+                ("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{}"}}"#.to_owned()),
+            ],
+            vec![
+                (START.0, START.1.to_owned()),
+                ("content_block_start", block_start(0, r#"{"type":"text","text":""}"#)),
+                ("content_block_stop", r#"{"type":"content_block_stop","index":0}"#.to_owned()),
+                ("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"late"}}"#.to_owned()),
+            ],
+        ];
+        let twin = |data: &str| match data.find(r#""index":"#) {
+            Some(at) if data.contains("content_block_delta") => {
+                let end = at + data[at..].find(',').unwrap();
+                format!("{{{},{}", &data[at..end], &data[1..])
+            }
+            _ => data.to_owned(),
+        };
+        // The first stream's deltas are read the plain way; their twins not.
+        for (_, data) in streams[0]
+            .iter()
+            .filter(|(_, data)| data.contains("content_block_delta"))
+        {
+            assert!(
+                serde_json::from_str::<PlainBlockDelta<'_>>(data).is_ok(),
+                "{data}"
+            );
+            assert!(
+                serde_json::from_str::<PlainBlockDelta<'_>>(&twin(data)).is_err(),
+                "{data}"
+            );
+        }
+        for stream in streams {
+            let mut plain = Decoder::new("m");
+            let mut valued = Decoder::new("m");
+            for (event, data) in &stream {
+                let fed = plain.feed(SseEvent { event, data });
+                let read = valued.feed(SseEvent {
+                    event,
+                    data: &twin(data),
+                });
+                assert_eq!(fed, read, "{data}");
+            }
+            let plain = Box::new(plain).finish();
+            let valued = Box::new(valued).finish();
+            assert_eq!(format!("{plain:?}"), format!("{valued:?}"), "{stream:?}");
+        }
     }
 }
