@@ -521,8 +521,12 @@ fn keel_drill_crash_drills_a_running_daemon_at_addr() {
 /// is killed and cannot stop the daemon itself (the OOM killer, say).
 #[test]
 fn a_daemon_started_by_keel_bench_dies_with_it() {
+    // Killed, the bench cannot remove its temporary directory: it makes it
+    // in one of the test's own, which goes when the test ends.
+    let temp = tempfile::tempdir().unwrap();
     let mut bench = Command::new(keel_bin())
         .args(["bench", "--quick", "--json"])
+        .env("TMPDIR", temp.path())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
