@@ -29,39 +29,57 @@ impl Decoder {
         Err(failure)
     }
 
-    fn note_metadata(&mut self, chunk: &Value) {
-        if let Some(model) = chunk.get("model").and_then(Value::as_str) {
-            if !model.is_empty() {
-                self.model = Some(model.to_owned());
-            }
+    /// What a chunk says beside its choices: the model, the response's id
+    /// and creation time, and the usage so far.
+    fn note_metadata(
+        &mut self,
+        model: Option<&str>,
+        id: Option<&str>,
+        created: Option<u64>,
+        usage: Option<&Value>,
+    ) {
+        if let Some(model) = model.filter(|model| !model.is_empty()) {
+            self.model = Some(model.to_owned());
         }
         if self.response_id.is_none() {
-            self.response_id = chunk
-                .get("id")
-                .and_then(Value::as_str)
-                .filter(|id| !id.is_empty())
-                .map(str::to_owned);
+            self.response_id = id.filter(|id| !id.is_empty()).map(str::to_owned);
         }
         if self.created.is_none() {
-            self.created = chunk.get("created").and_then(Value::as_u64);
+            self.created = created;
+        }
+        if let Some(usage) = usage.filter(|usage| usage.is_object()) {
+            self.usage = Some(parse_usage(usage));
         }
     }
 
-    fn apply_delta(&mut self, delta: &Value, out: &mut Vec<StreamDelta>) {
-        // DeepSeek, SGLang and llama.cpp say `reasoning_content`; vLLM,
-        // Ollama and OpenRouter say `reasoning`. A server in transition may
-        // send both with the same text, so only the first is taken.
-        let reasoning = ["reasoning_content", "reasoning"]
-            .iter()
-            .find_map(|key| delta.get(key).and_then(Value::as_str))
-            .filter(|text| !text.is_empty());
-        if let Some(text) = reasoning {
+    /// One choice of a chunk; keel asks for one choice, so any other index
+    /// is not its answer.
+    fn apply_choice(
+        &mut self,
+        index: Option<u64>,
+        delta: Option<Delta<'_>>,
+        finish_reason: Option<&str>,
+        out: &mut Vec<StreamDelta>,
+    ) {
+        if index.unwrap_or(0) != 0 {
+            return;
+        }
+        if let Some(delta) = delta {
+            self.apply_delta(delta, out);
+        }
+        if let Some(reason) = finish_reason {
+            self.finish_reason = Some(reason.to_owned());
+        }
+    }
+
+    fn apply_delta(&mut self, delta: Delta<'_>, out: &mut Vec<StreamDelta>) {
+        if let Some(text) = delta.reasoning.filter(|text| !text.is_empty()) {
             self.push_thinking(text, out);
         }
-        match delta.get("content") {
-            Some(Value::String(text)) => self.push_text(text, out),
+        match delta.content {
+            Content::Text(text) => self.push_text(text, out),
             // A few servers (Mistral) send content as typed parts.
-            Some(Value::Array(parts)) => {
+            Content::Parts(parts) => {
                 for part in parts {
                     if part.get("type").and_then(Value::as_str) == Some("text") {
                         if let Some(text) = part.get("text").and_then(Value::as_str) {
@@ -70,18 +88,14 @@ impl Decoder {
                     }
                 }
             }
-            _ => {}
+            Content::None => {}
         }
-        if let Some(refusal) = delta.get("refusal").and_then(Value::as_str) {
-            if !refusal.is_empty() {
-                self.refused = true;
-                self.push_text(refusal, out);
-            }
+        if let Some(refusal) = delta.refusal.filter(|refusal| !refusal.is_empty()) {
+            self.refused = true;
+            self.push_text(refusal, out);
         }
-        if let Some(fragments) = delta.get("tool_calls").and_then(Value::as_array) {
-            for fragment in fragments {
-                self.apply_fragment(parse_fragment(fragment), out);
-            }
+        for fragment in delta.tool_calls {
+            self.apply_fragment(parse_fragment(fragment), out);
         }
     }
 
@@ -119,23 +133,21 @@ impl Decoder {
             return self.fail(stream_failure(&error));
         }
 
-        self.note_metadata(&chunk);
-        if let Some(usage) = chunk.get("usage").filter(|usage| usage.is_object()) {
-            self.usage = Some(parse_usage(usage));
-        }
+        self.note_metadata(
+            chunk.get("model").and_then(Value::as_str),
+            chunk.get("id").and_then(Value::as_str),
+            chunk.get("created").and_then(Value::as_u64),
+            chunk.get("usage"),
+        );
         let mut out = Vec::new();
         let choices = chunk.get("choices").and_then(Value::as_array);
         for choice in choices.into_iter().flatten() {
-            // keel asks for one choice; anything else is not its answer.
-            if choice.get("index").and_then(Value::as_u64).unwrap_or(0) != 0 {
-                continue;
-            }
-            if let Some(delta) = choice.get("delta") {
-                self.apply_delta(delta, &mut out);
-            }
-            if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
-                self.finish_reason = Some(reason.to_owned());
-            }
+            self.apply_choice(
+                choice.get("index").and_then(Value::as_u64),
+                choice.get("delta").map(Delta::of_value),
+                choice.get("finish_reason").and_then(Value::as_str),
+                &mut out,
+            );
         }
         Ok(out)
     }
@@ -143,47 +155,20 @@ impl Decoder {
     /// A chunk of the plain shape, read as [`Decoder::feed_value`] would
     /// read it.
     fn apply_plain(&mut self, chunk: PlainChunk<'_>) -> Vec<StreamDelta> {
-        if let Some(model) = chunk.model.filter(|model| !model.is_empty()) {
-            self.model = Some(model.into_owned());
-        }
-        if self.response_id.is_none() {
-            self.response_id = chunk.id.filter(|id| !id.is_empty()).map(Cow::into_owned);
-        }
-        if self.created.is_none() {
-            self.created = chunk.created;
-        }
-        if let Some(usage) = chunk.usage.filter(Value::is_object) {
-            self.usage = Some(parse_usage(&usage));
-        }
+        self.note_metadata(
+            chunk.model.as_deref(),
+            chunk.id.as_deref(),
+            chunk.created,
+            chunk.usage.as_ref(),
+        );
         let mut out = Vec::new();
-        for choice in chunk.choices.into_iter().flatten() {
-            if choice.index.unwrap_or(0) != 0 {
-                continue;
-            }
-            if let Some(delta) = choice.delta {
-                let reasoning = delta
-                    .reasoning_content
-                    .or(delta.reasoning)
-                    .filter(|text| !text.is_empty());
-                if let Some(text) = reasoning {
-                    self.push_thinking(&text, &mut out);
-                }
-                if let Some(text) = delta.content {
-                    self.push_text(&text, &mut out);
-                }
-                if let Some(refusal) = delta.refusal.filter(|refusal| !refusal.is_empty()) {
-                    self.refused = true;
-                    self.push_text(&refusal, &mut out);
-                }
-                if let Some(Value::Array(fragments)) = delta.tool_calls {
-                    for fragment in &fragments {
-                        self.apply_fragment(parse_fragment(fragment), &mut out);
-                    }
-                }
-            }
-            if let Some(reason) = choice.finish_reason {
-                self.finish_reason = Some(reason.into_owned());
-            }
+        for choice in chunk.choices.iter().flatten() {
+            self.apply_choice(
+                choice.index,
+                choice.delta.as_ref().map(PlainDelta::parts),
+                choice.finish_reason.as_deref(),
+                &mut out,
+            );
         }
         out
     }
@@ -209,6 +194,43 @@ impl Decoder {
             // "tool_calls" (or the deprecated "function_call") with no call
             // assembled is a reason keel cannot act on.
             Some(_) => StopReason::Other,
+        }
+    }
+}
+
+/// What keel reads of a choice's `delta`, from either reading of a chunk.
+struct Delta<'a> {
+    /// DeepSeek, SGLang and llama.cpp say `reasoning_content`; vLLM,
+    /// Ollama and OpenRouter say `reasoning`. A server in transition may
+    /// send both with the same text, so only the first is taken.
+    reasoning: Option<&'a str>,
+    content: Content<'a>,
+    refusal: Option<&'a str>,
+    tool_calls: &'a [Value],
+}
+
+enum Content<'a> {
+    None,
+    Text(&'a str),
+    /// Typed parts (Mistral); only those of type `text` are text.
+    Parts(&'a [Value]),
+}
+
+impl<'a> Delta<'a> {
+    fn of_value(delta: &'a Value) -> Delta<'a> {
+        let text = |key: &str| delta.get(key).and_then(Value::as_str);
+        Delta {
+            reasoning: text("reasoning_content").or_else(|| text("reasoning")),
+            content: match delta.get("content") {
+                Some(Value::String(text)) => Content::Text(text),
+                Some(Value::Array(parts)) => Content::Parts(parts),
+                _ => Content::None,
+            },
+            refusal: text("refusal"),
+            tool_calls: delta
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .map_or(&[], Vec::as_slice),
         }
     }
 }
@@ -265,6 +287,23 @@ struct PlainDelta<'a> {
     reasoning: Option<Cow<'a, str>>,
     #[serde(default)]
     tool_calls: Option<Value>,
+}
+
+impl PlainDelta<'_> {
+    fn parts(&self) -> Delta<'_> {
+        Delta {
+            reasoning: self
+                .reasoning_content
+                .as_deref()
+                .or(self.reasoning.as_deref()),
+            content: self.content.as_deref().map_or(Content::None, Content::Text),
+            refusal: self.refusal.as_deref(),
+            tool_calls: match &self.tool_calls {
+                Some(Value::Array(fragments)) => fragments,
+                _ => &[],
+            },
+        }
+    }
 }
 
 impl StreamDecoder for Decoder {
