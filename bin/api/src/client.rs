@@ -90,13 +90,22 @@ impl Client {
     }
 
     fn with_hint(addr: &str, token: Option<String>, token_hint: String) -> Client {
+        Client::built(addr, token, token_hint, crate::http::client_builder())
+    }
+
+    fn built(
+        addr: &str,
+        token: Option<String>,
+        token_hint: String,
+        builder: reqwest::ClientBuilder,
+    ) -> Client {
         let addr = addr.trim().trim_end_matches('/').to_owned();
         let base = if addr.starts_with("http://") || addr.starts_with("https://") {
             addr.clone()
         } else {
             format!("http://{addr}")
         };
-        let http = crate::http::client_builder()
+        let http = builder
             .connect_timeout(CONNECT_TIMEOUT)
             .build()
             // Building fails only without a TLS backend or a resolver,
@@ -112,11 +121,18 @@ impl Client {
         }
     }
 
-    /// The same daemon and token through a connection pool of its own: its
-    /// first request opens a new connection, as a client in another
-    /// process would.
-    pub fn fresh(&self) -> Client {
-        Client::with_hint(&self.addr, self.token.clone(), self.token_hint.clone())
+    /// The same daemon and token through a client that keeps no
+    /// connection: each request opens one of its own, closed once its
+    /// response is read, as a client that opens a connection per request
+    /// (or a process per request) does. Build it once and use it for
+    /// many requests: building a client reads the system's certificates.
+    pub fn unpooled(&self) -> Client {
+        Client::built(
+            &self.addr,
+            self.token.clone(),
+            self.token_hint.clone(),
+            crate::http::client_builder().pool_max_idle_per_host(0),
+        )
     }
 
     /// The daemon the environment names, as `keel serve` reads it:
@@ -638,6 +654,66 @@ mod tests {
     fn the_debug_form_never_shows_the_token() {
         let client = Client::new("127.0.0.1:1", Some("secret-token".to_owned()));
         assert!(!format!("{client:?}").contains("secret-token"));
+    }
+
+    /// A server that answers every request of every connection with a
+    /// healthy `/healthz` and keeps the connection open; it counts the
+    /// connections it accepted.
+    async fn counting_server() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut request = Vec::new();
+                    let mut buffer = [0_u8; 1024];
+                    while let Ok(read) = socket.read(&mut buffer).await {
+                        if read == 0 {
+                            return;
+                        }
+                        request.extend_from_slice(&buffer[..read]);
+                        while let Some(end) = request.windows(4).position(|w| w == b"\r\n\r\n") {
+                            request.drain(..end + 4);
+                            let body = r#"{"status":"ok"}"#;
+                            let response = format!(
+                                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                                 content-length: {}\r\n\r\n{body}",
+                                body.len()
+                            );
+                            if socket.write_all(response.as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    #[tokio::test]
+    async fn an_unpooled_client_opens_a_connection_per_request() {
+        use std::sync::atomic::Ordering;
+        let (addr, accepted) = counting_server().await;
+        let pooled = Client::new(&addr, None);
+        for _ in 0..3 {
+            assert_eq!(pooled.health().await.unwrap().status, "ok");
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "a client reuses its connection"
+        );
+        let unpooled = pooled.unpooled();
+        for _ in 0..3 {
+            assert_eq!(unpooled.health().await.unwrap().status, "ok");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 4);
     }
 
     #[tokio::test]

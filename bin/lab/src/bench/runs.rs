@@ -346,10 +346,13 @@ pub(super) async fn shaped_run(
         };
         ids.push(client.create(&request).await?.id);
     }
+    // One client that keeps no connection: every send and every stream
+    // opens its own.
+    let unpooled = client.unpooled();
     let measuring = Measuring::start(pid)?;
     let mut working = JoinSet::new();
     for id in ids {
-        let client = client.clone();
+        let client = unpooled.clone();
         working.spawn(async move {
             let mut latencies = Vec::with_capacity(each);
             for _ in 0..each {
@@ -392,12 +395,13 @@ pub(super) async fn crowded_run(
     Ok(run)
 }
 
-/// One client-shaped turn: a new connection sends, another follows from
+/// One client-shaped turn through `client`, which keeps no connection
+/// ([`Client::unpooled`]): a new connection sends, another follows from
 /// the message on (its snapshot first) to the turn's end.
 pub(super) async fn shaped_turn(client: &Client, id: &str) -> anyhow::Result<Duration> {
     let started = Instant::now();
-    let accepted = client.fresh().send_text(id, "run: true").await?;
-    let mut events = client.fresh().events(id, Some(accepted.seq));
+    let accepted = client.send_text(id, "run: true").await?;
+    let mut events = client.events(id, Some(accepted.seq));
     let ended = tokio::time::timeout(TURN_LIMIT, async {
         loop {
             match events.next().await? {
