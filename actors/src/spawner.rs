@@ -308,15 +308,22 @@ struct Pipes {
     stderr: pipe::Receiver,
 }
 
+/// Three new pipes. Our ends are made non-blocking here and handed to
+/// tokio as they are: `from_owned_fd` would first ask the kernel whether
+/// each is a pipe and what its flags are, two system calls per pipe that
+/// tell nothing new. The child's ends stay blocking.
 fn pipes() -> io::Result<Pipes> {
     let (stdin_read, stdin_write) = rustix::pipe::pipe_with(PipeFlags::CLOEXEC)?;
     let (stdout_read, stdout_write) = rustix::pipe::pipe_with(PipeFlags::CLOEXEC)?;
     let (stderr_read, stderr_write) = rustix::pipe::pipe_with(PipeFlags::CLOEXEC)?;
+    for ours in [&stdin_write, &stdout_read, &stderr_read] {
+        rustix::io::ioctl_fionbio(ours, true)?;
+    }
     Ok(Pipes {
         child: [stdin_read, stdout_write, stderr_write],
-        stdin: pipe::Sender::from_owned_fd(stdin_write)?,
-        stdout: pipe::Receiver::from_owned_fd(stdout_read)?,
-        stderr: pipe::Receiver::from_owned_fd(stderr_read)?,
+        stdin: pipe::Sender::from_owned_fd_unchecked(stdin_write)?,
+        stdout: pipe::Receiver::from_owned_fd_unchecked(stdout_read)?,
+        stderr: pipe::Receiver::from_owned_fd_unchecked(stderr_read)?,
     })
 }
 
@@ -683,5 +690,30 @@ impl Drop for HelperChild {
             }
         }
         // Then `replies` closes: the release.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+
+    fn non_blocking(fd: impl AsFd) -> bool {
+        let flags = fcntl(fd, FcntlArg::F_GETFL).expect("the flags of our own pipe");
+        OFlag::from_bits_truncate(flags).contains(OFlag::O_NONBLOCK)
+    }
+
+    /// tokio takes our ends as they are, so they must be non-blocking
+    /// (a blocking read would hold a worker thread); the child's must
+    /// stay blocking, as a program expects of its stdio.
+    #[tokio::test]
+    async fn our_ends_of_the_pipes_are_non_blocking_and_the_childs_are_not() {
+        let pipes = pipes().expect("three pipes");
+        for child in &pipes.child {
+            assert!(!non_blocking(child));
+        }
+        assert!(non_blocking(&pipes.stdin));
+        assert!(non_blocking(&pipes.stdout));
+        assert!(non_blocking(&pipes.stderr));
     }
 }
