@@ -700,6 +700,7 @@ fn hibernate(state: &mut ConversationState) {
     state.conversation = None;
     state.sync_turn_span();
     state.forget_recent();
+    state.encoded = Arc::default();
     state.hibernated = true;
     tracing::debug!(parent: &state.span, "hibernated");
 }

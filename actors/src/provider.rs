@@ -46,9 +46,10 @@ mod failure;
 mod read;
 
 use std::fmt;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use keel_core::wire::{anthropic, openai, PromptRequest, StreamDecoder};
+use keel_core::wire::{anthropic, openai, EncodedHistory, PromptRequest, StreamDecoder};
 use keel_core::{AssistantResponse, LlmFailure, ProviderKind, StreamDelta};
 use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_TYPE};
 
@@ -253,7 +254,26 @@ impl ProviderClient {
     where
         F: FnMut(StreamDelta) + Send,
     {
-        let exchange = self.exchange(provider, request, on_delta);
+        self.stream_reusing(provider, request, None, limit, on_delta)
+            .await
+    }
+
+    /// [`ProviderClient::stream`], the body encoded reusing the JSON an
+    /// earlier request from the same history kept in `reuse`, with the
+    /// history's count of edits (`keel_core::wire::EncodedHistory` says
+    /// when that is right).
+    pub async fn stream_reusing<F>(
+        &self,
+        provider: ProviderKind,
+        request: &PromptRequest<'_>,
+        reuse: Option<(&Mutex<EncodedHistory>, u64)>,
+        limit: Option<Duration>,
+        on_delta: F,
+    ) -> Result<AssistantResponse, LlmFailure>
+    where
+        F: FnMut(StreamDelta) + Send,
+    {
+        let exchange = self.exchange(provider, request, reuse, on_delta);
         match limit {
             None => exchange.await,
             Some(limit) => tokio::time::timeout(limit, exchange)
@@ -271,21 +291,30 @@ impl ProviderClient {
         &self,
         provider: ProviderKind,
         request: &PromptRequest<'_>,
+        reuse: Option<(&Mutex<EncodedHistory>, u64)>,
         on_delta: F,
     ) -> Result<AssistantResponse, LlmFailure>
     where
         F: FnMut(StreamDelta) + Send,
     {
         let target = self.target(provider)?;
-        let (body, decoder): (_, Box<dyn StreamDecoder>) = match target.format {
-            Format::Anthropic => (
-                anthropic::encode_request_bytes(request),
-                Box::new(anthropic::Decoder::new(request.model)),
+        let encode = match target.format {
+            Format::Anthropic => anthropic::encode_request_reusing,
+            Format::OpenAi => openai::encode_request_reusing,
+        };
+        // Encoded before anything is awaited: the lock is never held
+        // across an await.
+        let body = match reuse {
+            Some((history, edits)) => encode(
+                request,
+                edits,
+                &mut history.lock().unwrap_or_else(PoisonError::into_inner),
             ),
-            Format::OpenAi => (
-                openai::encode_request_bytes(request),
-                Box::new(openai::Decoder::new(request.model)),
-            ),
+            None => encode(request, 0, &mut EncodedHistory::default()),
+        };
+        let decoder: Box<dyn StreamDecoder> = match target.format {
+            Format::Anthropic => Box::new(anthropic::Decoder::new(request.model)),
+            Format::OpenAi => Box::new(openai::Decoder::new(request.model)),
         };
         let body =
             body.map_err(|error| failure::permanent(format!("cannot build the request: {error}")))?;

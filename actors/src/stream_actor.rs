@@ -17,14 +17,14 @@
 //! that report.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tracing::Instrument;
 
 use keel_core::message::{ContentBlock, ImageRef, Message, StopReason};
-use keel_core::wire::{ImageData, PromptRequest, ToolSpec, ToolSpecs};
+use keel_core::wire::{EncodedHistory, ImageData, PromptRequest, ToolSpec, ToolSpecs};
 use keel_core::ProviderKind;
 use keel_core::{AssistantResponse, Generation, LlmFailure, ModelRef};
 
@@ -53,6 +53,10 @@ pub(crate) struct StreamRequest {
     pub(crate) conversation: keel_core::ConversationId,
     pub(crate) max_tokens: u32,
     pub(crate) timeout_ms: u64,
+    /// Where the JSON of the history as earlier requests sent it is kept,
+    /// and the history's count of edits (`WorkingSet::history_edits`):
+    /// `None` for a request of other messages (a summary's transcript).
+    pub(crate) reuse: Option<(Arc<Mutex<EncodedHistory>>, u64)>,
 }
 
 pub(crate) struct StreamArgs {
@@ -146,14 +150,23 @@ async fn run(args: StreamArgs) -> Result<AssistantResponse, LlmFailure> {
         request.tools = Arc::new(tools.into());
     }
     let provider = request.model.provider;
-    let images = load_images(&shared, provider, &mut request.messages, |hash, reason| {
-        let _ = report.cast(ConversationMsg::ImageOmitted {
-            generation,
-            hash,
-            reason,
-        });
-    })
-    .await?;
+    let (images, referenced) =
+        load_images(&shared, provider, &mut request.messages, |hash, reason| {
+            let _ = report.cast(ConversationMsg::ImageOmitted {
+                generation,
+                hash,
+                reason,
+            });
+        })
+        .await?;
+    // How an image is sent may depend on the request (how many it holds),
+    // and one left out changes this request's messages alone: a history
+    // with images is encoded afresh.
+    let reuse = request
+        .reuse
+        .as_ref()
+        .filter(|_| !referenced)
+        .map(|(history, edits)| (&**history, *edits));
     let prompt = PromptRequest {
         model: &request.model.model,
         system: request.system.as_deref(),
@@ -168,7 +181,7 @@ async fn run(args: StreamArgs) -> Result<AssistantResponse, LlmFailure> {
     let mut first = true;
     let result = shared
         .provider
-        .stream(provider, &prompt, limit, |delta| {
+        .stream_reusing(provider, &prompt, reuse, limit, |delta| {
             if std::mem::take(&mut first) {
                 metrics::llm_first_token(provider, sent.elapsed());
             }
@@ -235,7 +248,7 @@ async fn load_images(
     provider: ProviderKind,
     messages: &mut Arc<Vec<Message>>,
     mut omitted: impl FnMut(String, String),
-) -> Result<BTreeMap<String, ImageData>, LlmFailure> {
+) -> Result<(BTreeMap<String, ImageData>, bool), LlmFailure> {
     let refs: Vec<ImageRef> = messages
         .iter()
         .flat_map(|message| &message.content)
@@ -246,6 +259,7 @@ async fn load_images(
         })
         .cloned()
         .collect();
+    let referenced = !refs.is_empty();
     let limits = ImageLimits::for_request(provider, refs.len());
     let mut images = BTreeMap::new();
     // Hash to the note that stands in for the image.
@@ -269,7 +283,7 @@ async fn load_images(
     if !notes.is_empty() {
         replace_images(Arc::make_mut(messages).as_mut_slice(), &notes);
     }
-    Ok(images)
+    Ok((images, referenced))
 }
 
 /// Every image block of `messages` whose hash has a note becomes that note;

@@ -34,7 +34,7 @@ use crate::time::Timestamp;
 /// whenever the same events would give a different working set, or one
 /// with other fields: checkpoints (`codec::checkpoint`) written by another
 /// version are then ignored and the log replayed.
-pub const REDUCER_VERSION: u32 = 8;
+pub const REDUCER_VERSION: u32 = 9;
 
 /// How many of the latest resolutions the working set keeps on record
 /// (`WorkingSet::resolved`).
@@ -63,6 +63,14 @@ pub struct WorkingSet {
     /// in the log a compaction cuts (`compaction.rs`).
     #[serde(default)]
     pub message_seqs: Vec<Seq>,
+    /// How many times a message already in `messages` was changed other
+    /// than by appending to the last one (an approval that edited a call,
+    /// a compaction, a rewind). While it stands still, the history only
+    /// grows at its end, so a request may reuse the encoding of every
+    /// message but the last that an earlier request sent
+    /// (`wire::EncodedHistory`).
+    #[serde(default)]
+    pub history_edits: u64,
     pub last_seq: Seq,
     pub last_activity: Timestamp,
     /// Number of the latest turn started; 0 before the first.
@@ -223,6 +231,7 @@ impl WorkingSet {
             forked_from: forked_from.clone(),
             messages: Arc::default(),
             message_seqs: Vec::new(),
+            history_edits: 0,
             last_seq: 1,
             last_activity: event.at,
             turn: 0,
@@ -532,6 +541,7 @@ impl WorkingSet {
                     tokens_after,
                     summarised: summary.is_some(),
                 });
+                self.history_edits += 1;
                 compact(
                     Arc::make_mut(&mut self.messages),
                     &mut self.message_seqs,
@@ -550,6 +560,7 @@ impl WorkingSet {
                 // but what a damaged log might hold.
                 self.messages = Arc::new(messages.into_owned());
                 self.message_seqs = message_seqs.into_owned();
+                self.history_edits += 1;
                 self.current_turn = None;
                 self.open_calls.clear();
                 self.pending.clear();
@@ -585,6 +596,7 @@ impl WorkingSet {
             });
         if let Some(call) = block {
             call.input = input.clone();
+            self.history_edits += 1;
         }
     }
 

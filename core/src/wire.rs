@@ -6,7 +6,10 @@
 
 pub mod anthropic;
 pub mod classify;
+mod encoded;
 pub mod openai;
+
+pub use encoded::EncodedHistory;
 
 use std::collections::BTreeMap;
 use std::ops::Deref;
@@ -41,8 +44,9 @@ pub struct ToolSpecs {
     openai: OnceLock<Box<RawValue>>,
 }
 
-/// Which wire a [`ToolSpecs`] keeps an encoding for.
-#[derive(Debug, Clone, Copy)]
+/// Which wire a [`ToolSpecs`] (or an [`EncodedHistory`]) keeps an
+/// encoding for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ToolsWire {
     Anthropic,
     OpenAi,

@@ -1609,6 +1609,62 @@ proptest! {
         })?;
     }
 
+    /// The history only grows at its end unless `history_edits` counts the
+    /// change: every message before the last one stays as it was, and none
+    /// goes. A request reuses the JSON of those messages on that promise
+    /// (`wire::EncodedHistory`), and does so here: after every step, a
+    /// request encoded with the encodings kept from the requests before is
+    /// the request encoded afresh, on both wires.
+    #[test]
+    fn the_history_changes_only_at_its_end_unless_counted(setup in setup(), moves in moves(2)) {
+        let mut openai = keel_core::wire::EncodedHistory::default();
+        let mut anthropic = keel_core::wire::EncodedHistory::default();
+        let tools = keel_core::wire::ToolSpecs::default();
+        let images = BTreeMap::new();
+        run(&setup, &moves, |driver, performed| {
+            let after = &driver.state.working;
+            if let Some(p) = performed {
+                let before = &p.replaced.as_ref().unwrap_or(&p.before).working;
+                if after.history_edits == before.history_edits {
+                    let kept = before.messages.len().saturating_sub(1);
+                    prop_assert!(after.messages.len() >= before.messages.len());
+                    prop_assert_eq!(&after.messages[..kept], &before.messages[..kept]);
+                } else {
+                    prop_assert!(after.history_edits > before.history_edits);
+                }
+            }
+            let has_images = after.messages.iter().flat_map(|message| &message.content).any(
+                |block| match block {
+                    ContentBlock::Image { .. } => true,
+                    ContentBlock::ToolResult { result } => !result.images.is_empty(),
+                    _ => false,
+                },
+            );
+            if has_images {
+                // The runtime reuses nothing for a history with images.
+                return Ok(());
+            }
+            let request = keel_core::wire::PromptRequest {
+                model: "gpt-4o",
+                system: after.config.system.as_deref(),
+                messages: &after.messages,
+                tools: &tools,
+                max_tokens: 1024,
+                images: &images,
+            };
+            let edits = after.history_edits;
+            prop_assert_eq!(
+                keel_core::wire::openai::encode_request_reusing(&request, edits, &mut openai),
+                keel_core::wire::openai::encode_request_bytes(&request)
+            );
+            prop_assert_eq!(
+                keel_core::wire::anthropic::encode_request_reusing(&request, edits, &mut anthropic),
+                keel_core::wire::anthropic::encode_request_bytes(&request)
+            );
+            Ok(())
+        })?;
+    }
+
     /// Completed and Failed are terminal: every input, a restart included,
     /// leaves the conversation as it is and appends nothing; the only effect
     /// ever asked for is `Stop` in answer to `Input::Stop`.

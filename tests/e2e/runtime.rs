@@ -1711,3 +1711,79 @@ async fn runtime_host_killed_mid_tool_leaves_no_process_behind() {
     drop(conversation);
     runtime.shutdown().await;
 }
+
+/// The JSON of the history is kept from one request to the next
+/// (`keel_core::wire::EncodedHistory`): after turns with tools, an approval
+/// that edited its call and a compaction (both count as edits of the
+/// history), the last request sends exactly the messages a fresh encoding
+/// of the conversation's history makes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime_a_request_reusing_the_historys_json_sends_what_a_fresh_encoding_sends() {
+    let rig = Rig::new();
+    let runtime = rig.runtime(rig.store(BackendKind::Redb)).await;
+    let mut config = config();
+    config.tools.insert("bash".to_owned(), ToolPolicy::Approve);
+    let conversation = runtime.create(rig.cwd(), config.clone()).await.unwrap();
+    let mut subscription = watch(&conversation).await;
+    let mut requests = 0;
+    for (text, decision) in [
+        (
+            "run: echo one",
+            Decision::Edit {
+                input: json!({ "command": "echo edited" }),
+            },
+        ),
+        ("run: echo two", Decision::Approve),
+    ] {
+        conversation.send(text, Vec::new()).await.unwrap();
+        subscription.reach(StateName::AwaitingInput).await;
+        let call = conversation.inspect().await.unwrap().pending[0]
+            .call
+            .id
+            .clone();
+        conversation.resolve(call, decision).await.unwrap();
+        subscription.reach(StateName::Idle).await;
+        requests += 2;
+    }
+    conversation.compact().await.unwrap();
+    subscription
+        .through(StateName::Compacting, StateName::Idle)
+        .await;
+    requests += 1;
+    conversation.send("hello", Vec::new()).await.unwrap();
+    subscription
+        .through(StateName::Streaming, StateName::Idle)
+        .await;
+    requests += 1;
+
+    let recorded = rig.mock.wait_ended(requests).await;
+    let sent = &recorded.last().expect("a request")["body"]["messages"];
+    let inspection = conversation.inspect().await.unwrap();
+    assert!(
+        inspection.last_compaction.is_some(),
+        "the history was compacted"
+    );
+    // The request went out before the answer joined the history.
+    let history = &inspection.messages[..inspection.messages.len() - 1];
+    let tools = keel_actors::core::wire::ToolSpecs::default();
+    let images = std::collections::BTreeMap::new();
+    let fresh = keel_actors::core::wire::anthropic::encode_request(
+        &keel_actors::core::wire::PromptRequest {
+            model: &config.primary.model,
+            system: config.system.as_deref(),
+            messages: history,
+            tools: &tools,
+            max_tokens: config.max_tokens,
+            images: &images,
+        },
+    )
+    .unwrap();
+    assert_eq!(sent, &fresh["messages"]);
+    // The request after the edited call ran sent the call as it ran.
+    let after_edit = recorded[1]["body"]["messages"].to_string();
+    assert!(
+        after_edit.contains(r#""input":{"command":"echo edited"}"#),
+        "{after_edit}"
+    );
+    runtime.shutdown().await;
+}

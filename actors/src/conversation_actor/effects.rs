@@ -389,6 +389,7 @@ async fn start_stream(
                 conversation: state.id.clone(),
                 max_tokens: working.config.max_tokens,
                 timeout_ms,
+                reuse: None,
             }
         }
         None => StreamRequest {
@@ -407,6 +408,7 @@ async fn start_stream(
                 .collect(),
             max_tokens: working.config.max_tokens,
             timeout_ms,
+            reuse: Some((state.encoded.clone(), working.history_edits)),
         },
     };
     let span = chat_span(state, generation, &request);

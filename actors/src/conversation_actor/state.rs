@@ -13,6 +13,7 @@ use keel_core::event::Event;
 use keel_core::ids::{ConversationId, Seq, ToolCallId};
 use keel_core::state::{Conversation, StateName};
 use keel_core::time::Timestamp;
+use keel_core::wire::EncodedHistory;
 use keel_core::{ChildPendingCall, Generation, Timer};
 
 use crate::mailbox::Mailbox;
@@ -94,6 +95,10 @@ pub(crate) struct ConversationState {
     /// instead of the log (docs/requirements.md, "A follower of a turn in
     /// progress is served from memory").
     pub(crate) recent: VecDeque<Arc<Event>>,
+    /// The JSON of the history as the last request sent it, which the
+    /// next request reuses (`keel_core::wire::EncodedHistory`); released
+    /// with the working set when the conversation hibernates.
+    pub(crate) encoded: Arc<std::sync::Mutex<EncodedHistory>>,
     /// Last, so that it drops after `shared`.
     pub(crate) _alive: Alive,
 }
@@ -138,6 +143,7 @@ impl ConversationState {
             turn_span: None,
             span,
             recent: VecDeque::new(),
+            encoded: Arc::default(),
             _alive: shared.alive(),
             shared,
         };

@@ -17,6 +17,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use super::encoded::{self, EncodedHistory};
 use super::{classify, EncodeError, ImageData, PromptRequest, SseEvent, StreamDecoder, ToolsWire};
 use crate::config::ProviderKind;
 use crate::ids::ToolCallId;
@@ -43,9 +44,54 @@ pub fn encode_request(request: &PromptRequest) -> Result<Value, EncodeError> {
 /// serialised straight from the request's messages, with no JSON tree in
 /// between (a request carries the whole history, every turn).
 pub fn encode_request_bytes(request: &PromptRequest) -> Result<Vec<u8>, EncodeError> {
-    serde_json::to_vec(&Body::of(request)?).map_err(|error| EncodeError::Json {
-        reason: error.to_string(),
-    })
+    encode_request_reusing(request, 0, &mut EncodedHistory::default())
+}
+
+/// [`encode_request_bytes`], reusing the JSON of the messages an earlier
+/// request from the same history sent (`history` and `edits` as
+/// [`EncodedHistory`] says): the same bytes, with only the messages added
+/// since encoded.
+pub fn encode_request_reusing(
+    request: &PromptRequest,
+    edits: u64,
+    history: &mut EncodedHistory,
+) -> Result<Vec<u8>, EncodeError> {
+    let elements = history.update(
+        ToolsWire::Anthropic,
+        edits,
+        request.messages,
+        |message, out| match encode_message(message, request.images)? {
+            Some(message) => encoded::element(&message, out),
+            None => Ok(()),
+        },
+    )?;
+    let head = Head {
+        model: request.model,
+        max_tokens: request.max_tokens,
+        system: request.system.filter(|system| !system.is_empty()),
+    };
+    let tail = Tail {
+        tools: offered_tools(request)?,
+        stream: true,
+    };
+    encoded::body(&head, b"", elements, &tail)
+}
+
+/// The fields of [`Body`] before `messages`.
+#[derive(Serialize)]
+struct Head<'a> {
+    model: &'a str,
+    max_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system: Option<&'a str>,
+}
+
+/// The fields of [`Body`] after `messages`.
+#[derive(Serialize)]
+struct Tail<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a RawValue>,
+    stream: bool,
 }
 
 /// The request body, borrowing everything from the [`PromptRequest`].
@@ -124,26 +170,30 @@ impl<'a> Body<'a> {
                 messages.push(encoded);
             }
         }
-        let tools = request.tools.encoded(ToolsWire::Anthropic, |specs| {
-            let tools: Vec<WireTool> = specs
-                .iter()
-                .map(|tool| WireTool {
-                    name: &tool.name,
-                    description: &tool.description,
-                    input_schema: &tool.input_schema,
-                })
-                .collect();
-            serde_json::value::to_raw_value(&tools)
-        })?;
         Ok(Body {
             model: request.model,
             max_tokens: request.max_tokens,
             system: request.system.filter(|system| !system.is_empty()),
             messages,
-            tools,
+            tools: offered_tools(request)?,
             stream: true,
         })
     }
+}
+
+/// The `tools` array, encoded once per [`ToolSpecs`](super::ToolSpecs).
+fn offered_tools<'a>(request: &PromptRequest<'a>) -> Result<Option<&'a RawValue>, EncodeError> {
+    request.tools.encoded(ToolsWire::Anthropic, |specs| {
+        let tools: Vec<WireTool> = specs
+            .iter()
+            .map(|tool| WireTool {
+                name: &tool.name,
+                description: &tool.description,
+                input_schema: &tool.input_schema,
+            })
+            .collect();
+        serde_json::value::to_raw_value(&tools)
+    })
 }
 
 fn encode_message<'a>(

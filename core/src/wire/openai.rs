@@ -30,7 +30,7 @@ mod request;
 mod stream;
 mod usage;
 
-pub use request::{encode_request, encode_request_bytes};
+pub use request::{encode_request, encode_request_bytes, encode_request_reusing};
 
 use std::collections::BTreeMap;
 

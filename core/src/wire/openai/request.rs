@@ -16,6 +16,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::message::{ContentBlock, ImageRef, Message, Role, ToolResult};
+use crate::wire::encoded::{self, EncodedHistory};
 use crate::wire::{EncodeError, ImageData, PromptRequest, ToolsWire};
 
 /// Texts of one message, when a server wants a single string, are joined by
@@ -44,9 +45,71 @@ pub fn encode_request(request: &PromptRequest<'_>) -> Result<Value, EncodeError>
 /// Serialised straight from the request's messages, with no JSON tree in
 /// between: a request carries the whole history, every turn.
 pub fn encode_request_bytes(request: &PromptRequest<'_>) -> Result<Vec<u8>, EncodeError> {
-    serde_json::to_vec(&Body::of(request)?).map_err(|error| EncodeError::Json {
-        reason: error.to_string(),
-    })
+    encode_request_reusing(request, 0, &mut EncodedHistory::default())
+}
+
+/// [`encode_request_bytes`], reusing the JSON of the messages an earlier
+/// request from the same history sent (`history` and `edits` as
+/// [`EncodedHistory`] says): the same bytes, with only the messages added
+/// since encoded.
+pub fn encode_request_reusing(
+    request: &PromptRequest<'_>,
+    edits: u64,
+    history: &mut EncodedHistory,
+) -> Result<Vec<u8>, EncodeError> {
+    let mut leading = Vec::new();
+    if let Some(system) = request.system.filter(|system| !system.is_empty()) {
+        encoded::element(&WireMessage::System { content: system }, &mut leading)?;
+    }
+    let elements = history.update(
+        ToolsWire::OpenAi,
+        edits,
+        request.messages,
+        |message, out| {
+            let mut wire = Vec::with_capacity(1);
+            match message.role {
+                Role::User => encode_user(message, request.images, &mut wire)?,
+                Role::Assistant => wire.push(encode_assistant(message)),
+            }
+            for message in &wire {
+                encoded::element(message, out)?;
+            }
+            Ok(())
+        },
+    )?;
+    let (max_tokens, max_completion_tokens) = max_tokens_fields(request);
+    let head = Head {
+        model: request.model,
+        max_tokens,
+        max_completion_tokens,
+        stream: true,
+        stream_options: StreamOptions {
+            include_usage: true,
+        },
+    };
+    let tail = Tail {
+        tools: offered_tools(request)?,
+    };
+    encoded::body(&head, &leading, elements, &tail)
+}
+
+/// The fields of [`Body`] before `messages`.
+#[derive(Serialize)]
+struct Head<'a> {
+    model: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_completion_tokens: Option<u32>,
+    stream: bool,
+    stream_options: StreamOptions,
+}
+
+/// The fields of [`Body`] after `messages`.
+#[derive(Serialize)]
+struct Tail<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a RawValue>,
 }
 
 /// The request body, borrowing from the [`PromptRequest`] where it can.
@@ -151,33 +214,47 @@ impl<'a> Body<'a> {
                 Role::Assistant => messages.push(encode_assistant(message)),
             }
         }
-        let completion = max_tokens_field(request.model) == "max_completion_tokens";
-        let tools = request.tools.encoded(ToolsWire::OpenAi, |specs| {
-            let tools: Vec<WireTool> = specs
-                .iter()
-                .map(|tool| WireTool {
-                    kind: "function",
-                    function: WireToolFunction {
-                        name: &tool.name,
-                        description: &tool.description,
-                        parameters: &tool.input_schema,
-                    },
-                })
-                .collect();
-            serde_json::value::to_raw_value(&tools)
-        })?;
+        let (max_tokens, max_completion_tokens) = max_tokens_fields(request);
         Ok(Body {
             model: request.model,
-            max_tokens: (!completion).then_some(request.max_tokens),
-            max_completion_tokens: completion.then_some(request.max_tokens),
+            max_tokens,
+            max_completion_tokens,
             stream: true,
             stream_options: StreamOptions {
                 include_usage: true,
             },
             messages,
-            tools,
+            tools: offered_tools(request)?,
         })
     }
+}
+
+/// The output cap, as `max_tokens` or `max_completion_tokens`
+/// ([`max_tokens_field`]).
+fn max_tokens_fields(request: &PromptRequest<'_>) -> (Option<u32>, Option<u32>) {
+    let completion = max_tokens_field(request.model) == "max_completion_tokens";
+    (
+        (!completion).then_some(request.max_tokens),
+        completion.then_some(request.max_tokens),
+    )
+}
+
+/// The `tools` array, encoded once per [`ToolSpecs`](crate::wire::ToolSpecs).
+fn offered_tools<'a>(request: &PromptRequest<'a>) -> Result<Option<&'a RawValue>, EncodeError> {
+    request.tools.encoded(ToolsWire::OpenAi, |specs| {
+        let tools: Vec<WireTool> = specs
+            .iter()
+            .map(|tool| WireTool {
+                kind: "function",
+                function: WireToolFunction {
+                    name: &tool.name,
+                    description: &tool.description,
+                    parameters: &tool.input_schema,
+                },
+            })
+            .collect();
+        serde_json::value::to_raw_value(&tools)
+    })
 }
 
 /// `texts` as one string: borrowed when there is just one.
