@@ -1619,7 +1619,11 @@ proptest! {
     fn the_history_changes_only_at_its_end_unless_counted(setup in setup(), moves in moves(2)) {
         let mut openai = keel_core::wire::EncodedHistory::default();
         let mut anthropic = keel_core::wire::EncodedHistory::default();
-        let tools = keel_core::wire::ToolSpecs::default();
+        let tools = keel_core::wire::ToolSpecs::new(vec![keel_core::wire::ToolSpec {
+            name: "bash".to_owned(),
+            description: "Runs a command.".to_owned(),
+            input_schema: json!({ "type": "object" }),
+        }]);
         let images = BTreeMap::new();
         run(&setup, &moves, |driver, performed| {
             let after = &driver.state.working;
@@ -1646,20 +1650,28 @@ proptest! {
             }
             let request = keel_core::wire::PromptRequest {
                 model: "gpt-4o",
-                system: after.config.system.as_deref(),
+                system: after.config.system.as_deref().or(Some("Be brief.")),
                 messages: &after.messages,
                 tools: &tools,
                 max_tokens: 1024,
                 images: &images,
             };
             let edits = after.history_edits;
+            let reused = keel_core::wire::openai::encode_request_reusing(&request, edits, &mut openai)
+                .expect("encoded");
+            prop_assert_eq!(&reused, &keel_core::wire::openai::encode_request_bytes(&request).expect("encoded"));
+            // The bytes written from parts are the body as a whole.
             prop_assert_eq!(
-                keel_core::wire::openai::encode_request_reusing(&request, edits, &mut openai),
-                keel_core::wire::openai::encode_request_bytes(&request)
+                serde_json::from_slice::<serde_json::Value>(&reused).expect("JSON"),
+                keel_core::wire::openai::encode_request(&request).expect("encoded")
             );
+            let reused =
+                keel_core::wire::anthropic::encode_request_reusing(&request, edits, &mut anthropic)
+                    .expect("encoded");
+            prop_assert_eq!(&reused, &keel_core::wire::anthropic::encode_request_bytes(&request).expect("encoded"));
             prop_assert_eq!(
-                keel_core::wire::anthropic::encode_request_reusing(&request, edits, &mut anthropic),
-                keel_core::wire::anthropic::encode_request_bytes(&request)
+                serde_json::from_slice::<serde_json::Value>(&reused).expect("JSON"),
+                keel_core::wire::anthropic::encode_request(&request).expect("encoded")
             );
             Ok(())
         })?;

@@ -65,19 +65,21 @@ pub fn encode_request_reusing(
             None => Ok(()),
         },
     )?;
-    let head = Head {
-        model: request.model,
-        max_tokens: request.max_tokens,
-        system: request.system.filter(|system| !system.is_empty()),
-    };
-    let tail = Tail {
-        tools: offered_tools(request)?,
-        stream: true,
-    };
-    encoded::body(&head, b"", elements, &tail)
+    encoded::body(&Head::of(request), b"", elements, &Tail::of(request)?)
 }
 
-/// The fields of [`Body`] before `messages`.
+/// The request body, borrowing everything from the [`PromptRequest`]: the
+/// fields before `messages`, `messages`, the fields after. The body sent
+/// is written from the same parts ([`encode_request_reusing`]).
+#[derive(Serialize)]
+struct Body<'a> {
+    #[serde(flatten)]
+    head: Head<'a>,
+    messages: Vec<WireMessage<'a>>,
+    #[serde(flatten)]
+    tail: Tail<'a>,
+}
+
 #[derive(Serialize)]
 struct Head<'a> {
     model: &'a str,
@@ -86,22 +88,8 @@ struct Head<'a> {
     system: Option<&'a str>,
 }
 
-/// The fields of [`Body`] after `messages`.
 #[derive(Serialize)]
 struct Tail<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tools: Option<&'a RawValue>,
-    stream: bool,
-}
-
-/// The request body, borrowing everything from the [`PromptRequest`].
-#[derive(Serialize)]
-struct Body<'a> {
-    model: &'a str,
-    max_tokens: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    system: Option<&'a str>,
-    messages: Vec<WireMessage<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tools: Option<&'a RawValue>,
     stream: bool,
@@ -171,29 +159,42 @@ impl<'a> Body<'a> {
             }
         }
         Ok(Body {
-            model: request.model,
-            max_tokens: request.max_tokens,
-            system: request.system.filter(|system| !system.is_empty()),
+            head: Head::of(request),
             messages,
-            tools: offered_tools(request)?,
-            stream: true,
+            tail: Tail::of(request)?,
         })
     }
 }
 
-/// The `tools` array, encoded once per [`ToolSpecs`](super::ToolSpecs).
-fn offered_tools<'a>(request: &PromptRequest<'a>) -> Result<Option<&'a RawValue>, EncodeError> {
-    request.tools.encoded(ToolsWire::Anthropic, |specs| {
-        let tools: Vec<WireTool> = specs
-            .iter()
-            .map(|tool| WireTool {
-                name: &tool.name,
-                description: &tool.description,
-                input_schema: &tool.input_schema,
-            })
-            .collect();
-        serde_json::value::to_raw_value(&tools)
-    })
+impl<'a> Head<'a> {
+    fn of(request: &PromptRequest<'a>) -> Head<'a> {
+        Head {
+            model: request.model,
+            max_tokens: request.max_tokens,
+            system: request.system.filter(|system| !system.is_empty()),
+        }
+    }
+}
+
+impl<'a> Tail<'a> {
+    /// The `tools` array, encoded once per [`ToolSpecs`](super::ToolSpecs).
+    fn of(request: &PromptRequest<'a>) -> Result<Tail<'a>, EncodeError> {
+        let tools = request.tools.encoded(ToolsWire::Anthropic, |specs| {
+            let tools: Vec<WireTool> = specs
+                .iter()
+                .map(|tool| WireTool {
+                    name: &tool.name,
+                    description: &tool.description,
+                    input_schema: &tool.input_schema,
+                })
+                .collect();
+            serde_json::value::to_raw_value(&tools)
+        })?;
+        Ok(Tail {
+            tools,
+            stream: true,
+        })
+    }
 }
 
 fn encode_message<'a>(

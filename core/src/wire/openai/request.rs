@@ -58,8 +58,8 @@ pub fn encode_request_reusing(
     history: &mut EncodedHistory,
 ) -> Result<Vec<u8>, EncodeError> {
     let mut leading = Vec::new();
-    if let Some(system) = request.system.filter(|system| !system.is_empty()) {
-        encoded::element(&WireMessage::System { content: system }, &mut leading)?;
+    if let Some(system) = system_message(request) {
+        encoded::element(&system, &mut leading)?;
     }
     let elements = history.update(
         ToolsWire::OpenAi,
@@ -67,33 +67,28 @@ pub fn encode_request_reusing(
         request.messages,
         |message, out| {
             let mut wire = Vec::with_capacity(1);
-            match message.role {
-                Role::User => encode_user(message, request.images, &mut wire)?,
-                Role::Assistant => wire.push(encode_assistant(message)),
-            }
+            wire_messages(message, request.images, &mut wire)?;
             for message in &wire {
                 encoded::element(message, out)?;
             }
             Ok(())
         },
     )?;
-    let (max_tokens, max_completion_tokens) = max_tokens_fields(request);
-    let head = Head {
-        model: request.model,
-        max_tokens,
-        max_completion_tokens,
-        stream: true,
-        stream_options: StreamOptions {
-            include_usage: true,
-        },
-    };
-    let tail = Tail {
-        tools: offered_tools(request)?,
-    };
-    encoded::body(&head, &leading, elements, &tail)
+    encoded::body(&Head::of(request), &leading, elements, &Tail::of(request)?)
 }
 
-/// The fields of [`Body`] before `messages`.
+/// The request body, borrowing from the [`PromptRequest`] where it can:
+/// the fields before `messages`, `messages`, the fields after. The body
+/// sent is written from the same parts ([`encode_request_reusing`]).
+#[derive(Serialize)]
+struct Body<'a> {
+    #[serde(flatten)]
+    head: Head<'a>,
+    messages: Vec<WireMessage<'a>>,
+    #[serde(flatten)]
+    tail: Tail<'a>,
+}
+
 #[derive(Serialize)]
 struct Head<'a> {
     model: &'a str,
@@ -105,24 +100,8 @@ struct Head<'a> {
     stream_options: StreamOptions,
 }
 
-/// The fields of [`Body`] after `messages`.
 #[derive(Serialize)]
 struct Tail<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tools: Option<&'a RawValue>,
-}
-
-/// The request body, borrowing from the [`PromptRequest`] where it can.
-#[derive(Serialize)]
-struct Body<'a> {
-    model: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_tokens: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_completion_tokens: Option<u32>,
-    stream: bool,
-    stream_options: StreamOptions,
-    messages: Vec<WireMessage<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tools: Option<&'a RawValue>,
 }
@@ -205,56 +184,78 @@ struct WireToolFunction<'a> {
 impl<'a> Body<'a> {
     fn of(request: &PromptRequest<'a>) -> Result<Body<'a>, EncodeError> {
         let mut messages = Vec::with_capacity(request.messages.len() + 1);
-        if let Some(system) = request.system.filter(|system| !system.is_empty()) {
-            messages.push(WireMessage::System { content: system });
-        }
+        messages.extend(system_message(request));
         for message in request.messages {
-            match message.role {
-                Role::User => encode_user(message, request.images, &mut messages)?,
-                Role::Assistant => messages.push(encode_assistant(message)),
-            }
+            wire_messages(message, request.images, &mut messages)?;
         }
-        let (max_tokens, max_completion_tokens) = max_tokens_fields(request);
         Ok(Body {
-            model: request.model,
-            max_tokens,
-            max_completion_tokens,
-            stream: true,
-            stream_options: StreamOptions {
-                include_usage: true,
-            },
+            head: Head::of(request),
             messages,
-            tools: offered_tools(request)?,
+            tail: Tail::of(request)?,
         })
     }
 }
 
-/// The output cap, as `max_tokens` or `max_completion_tokens`
-/// ([`max_tokens_field`]).
-fn max_tokens_fields(request: &PromptRequest<'_>) -> (Option<u32>, Option<u32>) {
-    let completion = max_tokens_field(request.model) == "max_completion_tokens";
-    (
-        (!completion).then_some(request.max_tokens),
-        completion.then_some(request.max_tokens),
-    )
+impl<'a> Head<'a> {
+    /// The output cap is `max_tokens`, or `max_completion_tokens`
+    /// ([`max_tokens_field`]).
+    fn of(request: &PromptRequest<'a>) -> Head<'a> {
+        let completion = max_tokens_field(request.model) == "max_completion_tokens";
+        Head {
+            model: request.model,
+            max_tokens: (!completion).then_some(request.max_tokens),
+            max_completion_tokens: completion.then_some(request.max_tokens),
+            stream: true,
+            stream_options: StreamOptions {
+                include_usage: true,
+            },
+        }
+    }
 }
 
-/// The `tools` array, encoded once per [`ToolSpecs`](crate::wire::ToolSpecs).
-fn offered_tools<'a>(request: &PromptRequest<'a>) -> Result<Option<&'a RawValue>, EncodeError> {
-    request.tools.encoded(ToolsWire::OpenAi, |specs| {
-        let tools: Vec<WireTool> = specs
-            .iter()
-            .map(|tool| WireTool {
-                kind: "function",
-                function: WireToolFunction {
-                    name: &tool.name,
-                    description: &tool.description,
-                    parameters: &tool.input_schema,
-                },
-            })
-            .collect();
-        serde_json::value::to_raw_value(&tools)
-    })
+impl<'a> Tail<'a> {
+    /// The `tools` array, encoded once per [`ToolSpecs`](crate::wire::ToolSpecs).
+    fn of(request: &PromptRequest<'a>) -> Result<Tail<'a>, EncodeError> {
+        let tools = request.tools.encoded(ToolsWire::OpenAi, |specs| {
+            let tools: Vec<WireTool> = specs
+                .iter()
+                .map(|tool| WireTool {
+                    kind: "function",
+                    function: WireToolFunction {
+                        name: &tool.name,
+                        description: &tool.description,
+                        parameters: &tool.input_schema,
+                    },
+                })
+                .collect();
+            serde_json::value::to_raw_value(&tools)
+        })?;
+        Ok(Tail { tools })
+    }
+}
+
+/// The system prompt's message, first, unless there is none.
+fn system_message<'a>(request: &PromptRequest<'a>) -> Option<WireMessage<'a>> {
+    request
+        .system
+        .filter(|system| !system.is_empty())
+        .map(|system| WireMessage::System { content: system })
+}
+
+/// The wire messages of one of keel's: a user message's tool results and
+/// then the rest of it ([`encode_user`]), or the assistant's message.
+fn wire_messages<'a>(
+    message: &'a Message,
+    images: &'a BTreeMap<String, ImageData>,
+    out: &mut Vec<WireMessage<'a>>,
+) -> Result<(), EncodeError> {
+    match message.role {
+        Role::User => encode_user(message, images, out),
+        Role::Assistant => {
+            out.push(encode_assistant(message));
+            Ok(())
+        }
+    }
 }
 
 /// `texts` as one string: borrowed when there is just one.
