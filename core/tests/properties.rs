@@ -1660,19 +1660,10 @@ proptest! {
             let reused = keel_core::wire::openai::encode_request_reusing(&request, edits, &mut openai)
                 .expect("encoded");
             prop_assert_eq!(&reused, &keel_core::wire::openai::encode_request_bytes(&request).expect("encoded"));
-            // The bytes written from parts are the body as a whole.
-            prop_assert_eq!(
-                serde_json::from_slice::<serde_json::Value>(&reused).expect("JSON"),
-                keel_core::wire::openai::encode_request(&request).expect("encoded")
-            );
             let reused =
                 keel_core::wire::anthropic::encode_request_reusing(&request, edits, &mut anthropic)
                     .expect("encoded");
             prop_assert_eq!(&reused, &keel_core::wire::anthropic::encode_request_bytes(&request).expect("encoded"));
-            prop_assert_eq!(
-                serde_json::from_slice::<serde_json::Value>(&reused).expect("JSON"),
-                keel_core::wire::anthropic::encode_request(&request).expect("encoded")
-            );
             Ok(())
         })?;
     }

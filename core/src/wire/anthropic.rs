@@ -35,7 +35,8 @@ use crate::message::{
 /// message, `tool_result` blocks are moved ahead of the other blocks, as the
 /// API requires; their order among themselves is kept.
 pub fn encode_request(request: &PromptRequest) -> Result<Value, EncodeError> {
-    serde_json::to_value(Body::of(request)?).map_err(|error| EncodeError::Json {
+    let bytes = encode_request_bytes(request)?;
+    serde_json::from_slice(&bytes).map_err(|error| EncodeError::Json {
         reason: error.to_string(),
     })
 }
@@ -68,18 +69,8 @@ pub fn encode_request_reusing(
     encoded::body(&Head::of(request), b"", elements, &Tail::of(request)?)
 }
 
-/// The request body, borrowing everything from the [`PromptRequest`]: the
-/// fields before `messages`, `messages`, the fields after. The body sent
-/// is written from the same parts ([`encode_request_reusing`]).
-#[derive(Serialize)]
-struct Body<'a> {
-    #[serde(flatten)]
-    head: Head<'a>,
-    messages: Vec<WireMessage<'a>>,
-    #[serde(flatten)]
-    tail: Tail<'a>,
-}
-
+/// The fields of the body before `messages`, and after it (`Tail`): the
+/// body is written around the messages' JSON ([`encode_request_reusing`]).
 #[derive(Serialize)]
 struct Head<'a> {
     model: &'a str,
@@ -148,22 +139,6 @@ struct ImageSource<'a> {
     kind: &'static str,
     media_type: &'a str,
     data: &'a str,
-}
-
-impl<'a> Body<'a> {
-    fn of(request: &PromptRequest<'a>) -> Result<Body<'a>, EncodeError> {
-        let mut messages = Vec::with_capacity(request.messages.len());
-        for message in request.messages {
-            if let Some(encoded) = encode_message(message, request.images)? {
-                messages.push(encoded);
-            }
-        }
-        Ok(Body {
-            head: Head::of(request),
-            messages,
-            tail: Tail::of(request)?,
-        })
-    }
 }
 
 impl<'a> Head<'a> {

@@ -1,6 +1,6 @@
 //! The request: the body of `POST /v1/chat/completions`, built from keel's
-//! history through borrowed structs and serialised once, to bytes or (for
-//! tests) to a JSON value.
+//! history through borrowed structs and serialised once, to bytes (read
+//! back as a JSON value for tests).
 //!
 //! Apart from the decoder because nothing is shared: encoding reads keel's
 //! messages and writes the format, decoding reads the format and writes
@@ -35,7 +35,8 @@ const TOOL_ERROR_PREFIX: &str = "Error: ";
 /// and images. Thinking blocks are dropped: Chat Completions has no way to
 /// send reasoning back.
 pub fn encode_request(request: &PromptRequest<'_>) -> Result<Value, EncodeError> {
-    serde_json::to_value(Body::of(request)?).map_err(|error| EncodeError::Json {
+    let bytes = encode_request_bytes(request)?;
+    serde_json::from_slice(&bytes).map_err(|error| EncodeError::Json {
         reason: error.to_string(),
     })
 }
@@ -57,9 +58,10 @@ pub fn encode_request_reusing(
     edits: u64,
     history: &mut EncodedHistory,
 ) -> Result<Vec<u8>, EncodeError> {
+    // The system prompt comes first, as a message.
     let mut leading = Vec::new();
-    if let Some(system) = system_message(request) {
-        encoded::element(&system, &mut leading)?;
+    if let Some(system) = request.system.filter(|system| !system.is_empty()) {
+        encoded::element(&WireMessage::System { content: system }, &mut leading)?;
     }
     let elements = history.update(
         ToolsWire::OpenAi,
@@ -77,18 +79,8 @@ pub fn encode_request_reusing(
     encoded::body(&Head::of(request), &leading, elements, &Tail::of(request)?)
 }
 
-/// The request body, borrowing from the [`PromptRequest`] where it can:
-/// the fields before `messages`, `messages`, the fields after. The body
-/// sent is written from the same parts ([`encode_request_reusing`]).
-#[derive(Serialize)]
-struct Body<'a> {
-    #[serde(flatten)]
-    head: Head<'a>,
-    messages: Vec<WireMessage<'a>>,
-    #[serde(flatten)]
-    tail: Tail<'a>,
-}
-
+/// The fields of the body before `messages`, and after it (`Tail`): the
+/// body is written around the messages' JSON ([`encode_request_reusing`]).
 #[derive(Serialize)]
 struct Head<'a> {
     model: &'a str,
@@ -181,21 +173,6 @@ struct WireToolFunction<'a> {
     parameters: &'a Value,
 }
 
-impl<'a> Body<'a> {
-    fn of(request: &PromptRequest<'a>) -> Result<Body<'a>, EncodeError> {
-        let mut messages = Vec::with_capacity(request.messages.len() + 1);
-        messages.extend(system_message(request));
-        for message in request.messages {
-            wire_messages(message, request.images, &mut messages)?;
-        }
-        Ok(Body {
-            head: Head::of(request),
-            messages,
-            tail: Tail::of(request)?,
-        })
-    }
-}
-
 impl<'a> Head<'a> {
     /// The output cap is `max_tokens`, or `max_completion_tokens`
     /// ([`max_tokens_field`]).
@@ -232,14 +209,6 @@ impl<'a> Tail<'a> {
         })?;
         Ok(Tail { tools })
     }
-}
-
-/// The system prompt's message, first, unless there is none.
-fn system_message<'a>(request: &PromptRequest<'a>) -> Option<WireMessage<'a>> {
-    request
-        .system
-        .filter(|system| !system.is_empty())
-        .map(|system| WireMessage::System { content: system })
 }
 
 /// The wire messages of one of keel's: a user message's tool results and
