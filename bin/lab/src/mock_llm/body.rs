@@ -30,7 +30,8 @@ pub const JSON: &str = "application/json";
 
 enum Piece {
     Data(Bytes),
-    /// The last frame of a plan that ends normally.
+    /// A frame whose sending completes the exchange: the last of a plan
+    /// that ends normally, or one marked so (`PlannedEvent::completes`).
     Last(Bytes),
     Cut,
 }
@@ -64,7 +65,7 @@ async fn send_planned(plan: Plan, sender: mpsc::Sender<Piece>) {
             }
         }
         let bytes = Bytes::from(frame.text);
-        let piece = if ends && index + 1 == count {
+        let piece = if frame.completes || (ends && index + 1 == count) {
             Piece::Last(bytes)
         } else {
             Piece::Data(bytes)
@@ -142,6 +143,37 @@ mod tests {
     /// (it was recorded "disconnected" before, a test failing under load).
     #[tokio::test]
     async fn the_last_frame_taken_completes_the_exchange() {
+        let frames = ["one", "two"].map(|text| PlannedEvent::event(text.to_owned()));
+        let (recorder, taken) = take(frames.to_vec(), 2).await;
+        assert_eq!(taken, ["one", "two"]);
+        let records = recorder.list();
+        assert_eq!(records[0].outcome, ExchangeOutcome::Completed);
+        assert_eq!(records[0].events_sent, 2);
+    }
+
+    /// A client may go as soon as it reads an in-stream error, before the
+    /// `[DONE]` OpenAI sends after it: the exchange completed with the
+    /// error (it was recorded "disconnected" when the client was quick, a
+    /// test failing under load).
+    #[tokio::test]
+    async fn a_frame_marked_completing_completes_the_exchange_before_the_rest() {
+        let mut error = PlannedEvent::event("error".to_owned());
+        error.completes = true;
+        let frames = vec![
+            PlannedEvent::event("delta".to_owned()),
+            error,
+            PlannedEvent::event("[DONE]".to_owned()),
+        ];
+        let (recorder, taken) = take(frames, 2).await;
+        assert_eq!(taken, ["delta", "error"]);
+        let records = recorder.list();
+        assert_eq!(records[0].outcome, ExchangeOutcome::Completed);
+        assert_eq!(records[0].events_sent, 2);
+    }
+
+    /// Answer with `frames`, take `count` of them as a client would, then
+    /// go away before the body's end is polled.
+    async fn take(frames: Vec<PlannedEvent>, count: usize) -> (Recorder, Vec<Bytes>) {
         let recorder = Recorder::default();
         let body = RawValue::from_string("{}".to_owned()).unwrap();
         let exchange = recorder.start(
@@ -151,25 +183,17 @@ mod tests {
             body,
             true,
         );
-        let frames = ["one", "two"].map(|text| PlannedEvent {
-            text: text.to_owned(),
-            is_delta: false,
-        });
-        let response = respond(Plan::whole(frames.to_vec()), exchange, EVENT_STREAM);
+        let response = respond(Plan::whole(frames), exchange, EVENT_STREAM);
         let mut body = response.into_body();
         let mut taken = Vec::new();
-        for _ in 0..2 {
+        for _ in 0..count {
             let frame = poll_fn(|context| Pin::new(&mut body).poll_frame(context))
                 .await
                 .unwrap()
                 .unwrap();
             taken.push(frame.into_data().unwrap());
         }
-        assert_eq!(taken, ["one", "two"]);
-        // The client goes away now, before the body's end is polled.
         drop(body);
-        let records = recorder.list();
-        assert_eq!(records[0].outcome, ExchangeOutcome::Completed);
-        assert_eq!(records[0].events_sent, 2);
+        (recorder, taken)
     }
 }

@@ -14,6 +14,11 @@ pub struct PlannedEvent {
     pub text: String,
     /// A content delta: a slow drip waits before each of these.
     pub is_delta: bool,
+    /// Sending it completes the exchange, though frames may follow: an
+    /// in-stream error, after which a client may go at once (OpenAI's
+    /// `[DONE]` after it is a courtesy nobody need read). The last frame
+    /// of a body that ends completes it too.
+    pub completes: bool,
 }
 
 impl PlannedEvent {
@@ -21,6 +26,7 @@ impl PlannedEvent {
         PlannedEvent {
             text,
             is_delta: false,
+            completes: false,
         }
     }
 
@@ -28,6 +34,7 @@ impl PlannedEvent {
         PlannedEvent {
             text,
             is_delta: true,
+            completes: false,
         }
     }
 }
@@ -103,7 +110,11 @@ pub fn plan(
         }
         Ending::Error(error) => {
             events.truncate(closing);
-            events.extend(error_frames(error));
+            let mut error = error_frames(error);
+            if let Some(first) = error.first_mut() {
+                first.completes = true;
+            }
+            events.extend(error);
             After::End
         }
     };
@@ -175,5 +186,7 @@ mod tests {
         });
         assert_eq!(texts(&error), ["start", "a", "b", "error overloaded_error"]);
         assert_eq!(error.after, After::End);
+        let completing: Vec<bool> = error.frames.iter().map(|frame| frame.completes).collect();
+        assert_eq!(completing, [false, false, false, true]);
     }
 }
