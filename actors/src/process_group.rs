@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::{self, Write};
+use std::io::{self, Read as _, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -414,7 +414,7 @@ fn running_groups(pgids: &[u32]) -> Vec<u32> {
     };
     let mut running: Vec<u32> = entries
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .filter_map(|pid| read_stat(pid).ok())
         .filter_map(|stat| parse_state_and_group(&stat))
         .filter(|(state, pgid)| !matches!(state, 'Z' | 'X') && pgids.contains(pgid))
         .map(|(_, pgid)| pgid)
@@ -479,7 +479,7 @@ fn reap(record: &Record) -> bool {
 /// The start time of process `pid` (field 22 of `/proc/<pid>/stat`, clock
 /// ticks since boot), or `None` if there is no such process.
 fn start_time(pid: u32) -> io::Result<Option<u64>> {
-    let stat = match fs::read_to_string(format!("/proc/{pid}/stat")) {
+    let stat = match read_stat(pid) {
         Ok(stat) => stat,
         Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(error) => return Err(error),
@@ -490,6 +490,30 @@ fn start_time(pid: u32) -> io::Result<Option<u64>> {
             format!("cannot read the start time in /proc/{pid}/stat"),
         )
     })
+}
+
+/// The longest `/proc/<pid>/stat` line: 52 fields of at most 20 digits,
+/// and a command name of at most 64 bytes, with room to spare.
+const STAT_LINE: usize = 2048;
+
+/// `/proc/<pid>/stat`, read in one go. `fs::read_to_string` asks the
+/// file's size first and then reads in growing steps from 32 bytes (a
+/// proc file says it is empty): seven system calls where one read does,
+/// and each spawn records one (`start_time`).
+fn read_stat(pid: u32) -> io::Result<String> {
+    let mut file = fs::File::open(format!("/proc/{pid}/stat"))?;
+    let mut line = [0u8; STAT_LINE];
+    let mut filled = 0;
+    while filled < line.len() {
+        match file.read(&mut line[filled..]) {
+            Ok(0) => break,
+            Ok(read) => filled += read,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    String::from_utf8(line[..filled].to_vec())
+        .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))
 }
 
 /// Field 22 of a `/proc/<pid>/stat` line. Field 2 is the command name in
@@ -517,6 +541,26 @@ mod tests {
         let stat = "4242 (we (ird) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 \
                     1 2 0 0 20 0 1 0 987654 1000 200";
         assert_eq!(parse_start_time(stat), Some(987_654));
+    }
+
+    #[test]
+    fn a_stat_read_in_one_go_is_the_whole_line() {
+        let pid = std::process::id();
+        let whole = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let read = read_stat(pid).unwrap();
+        // The fields that move (times, faults) may differ between the two
+        // reads; the start time and the group do not.
+        assert!(read.ends_with('\n'), "{read:?}");
+        assert_eq!(parse_start_time(&read), parse_start_time(&whole));
+        assert!(parse_start_time(&read).is_some());
+        assert_eq!(
+            parse_state_and_group(&read).map(|(_, group)| group),
+            parse_state_and_group(&whole).map(|(_, group)| group)
+        );
+        assert_eq!(
+            read_stat(u32::MAX).unwrap_err().kind(),
+            io::ErrorKind::NotFound
+        );
     }
 
     #[test]
