@@ -24,14 +24,9 @@ use crate::config::ConversationConfig;
 use crate::ids::Seq;
 use crate::message::{ContentBlock, Message, Role};
 use crate::reducer::WorkingSet;
+use crate::tokens::CHARS_PER_TOKEN;
+pub use crate::tokens::{message_tokens, messages_tokens};
 
-/// Characters counted as one token.
-const CHARS_PER_TOKEN: u64 = 4;
-/// Tokens counted for an image: about what a provider charges for one at
-/// the size keel sends (images are downscaled on the way in).
-const IMAGE_TOKENS: u64 = 1_600;
-/// Tokens counted for each message's framing.
-const MESSAGE_TOKENS: u64 = 4;
 /// The most characters of one tool result a summary request shows: the
 /// summary needs what was found, not every line of it.
 const RESULT_CHARS_IN_TRANSCRIPT: usize = 2_000;
@@ -62,54 +57,6 @@ pub struct Plan {
     pub on_demand: bool,
 }
 
-/// The estimated tokens of one message.
-pub fn message_tokens(message: &Message) -> u64 {
-    let mut chars = 0u64;
-    let mut images = 0u64;
-    for block in &message.content {
-        match block {
-            ContentBlock::Text { text } | ContentBlock::Thinking { text, .. } => {
-                chars += text.len() as u64;
-            }
-            ContentBlock::Image { .. } => images += 1,
-            ContentBlock::ToolUse { call } => {
-                chars += call.name.len() as u64 + json_len(&call.input);
-            }
-            ContentBlock::ToolResult { result } => {
-                chars += result.content.len() as u64;
-                images += result.images.len() as u64;
-            }
-        }
-    }
-    MESSAGE_TOKENS + chars.div_ceil(CHARS_PER_TOKEN) + images * IMAGE_TOKENS
-}
-
-/// The length of `value` as compact JSON, counted without writing it out:
-/// `due` runs before every request over the whole prompt, and building
-/// each tool input's text was most of its cost (BENCHMARKS.md,
-/// "Compaction at 100k tokens").
-fn json_len(value: &serde_json::Value) -> u64 {
-    struct Count(u64);
-    impl std::io::Write for Count {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0 += bytes.len() as u64;
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    // Writing a `Value` to a writer that never fails cannot fail.
-    let _ = serde_json::to_writer(&mut count, value);
-    count.0
-}
-
-/// The estimated tokens of `messages`.
-pub fn messages_tokens(messages: &[Message]) -> u64 {
-    messages.iter().map(message_tokens).sum()
-}
-
 /// The estimated tokens of the system prompt.
 fn system_tokens(config: &ConversationConfig) -> u64 {
     config
@@ -123,7 +70,7 @@ fn system_tokens(config: &ConversationConfig) -> u64 {
 /// is larger (it also counts the tools offered). Compaction resets the
 /// provider's count, which described the prompt before it.
 pub fn prompt_tokens(working: &WorkingSet) -> u64 {
-    let estimate = system_tokens(&working.config) + messages_tokens(&working.messages);
+    let estimate = system_tokens(&working.config) + working.history_tokens();
     estimate.max(working.usage.context_tokens())
 }
 

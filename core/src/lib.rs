@@ -25,6 +25,7 @@ pub mod retry;
 pub mod snapshot;
 pub mod state;
 pub mod time;
+pub mod tokens;
 pub mod transition;
 pub mod wire;
 

@@ -29,6 +29,7 @@ use crate::message::{
     AssistantBlock, ContentBlock, ImageRef, Message, Role, ToolCall, ToolResult, Usage,
 };
 use crate::time::Timestamp;
+use crate::tokens;
 
 /// The version of what [`WorkingSet::apply`] makes of a log. Bump it
 /// whenever the same events would give a different working set, or one
@@ -71,6 +72,14 @@ pub struct WorkingSet {
     /// (`wire::EncodedHistory`).
     #[serde(default)]
     pub history_edits: u64,
+    /// The estimated tokens of every message in `messages` but the last
+    /// (`tokens::message_tokens`): a message is settled once another
+    /// follows it, and changes after that are counted afresh (the changes
+    /// `history_edits` counts). So a request's prompt is counted from this
+    /// and its last message ([`WorkingSet::history_tokens`]) instead of
+    /// the whole history. Not stored: counted when a checkpoint is read.
+    #[serde(skip)]
+    pub settled_tokens: u64,
     pub last_seq: Seq,
     pub last_activity: Timestamp,
     /// Number of the latest turn started; 0 before the first.
@@ -232,6 +241,7 @@ impl WorkingSet {
             messages: Arc::default(),
             message_seqs: Vec::new(),
             history_edits: 0,
+            settled_tokens: 0,
             last_seq: 1,
             last_activity: event.at,
             turn: 0,
@@ -447,6 +457,7 @@ impl WorkingSet {
                         .map(AssistantBlock::into_content)
                         .collect(),
                 };
+                self.settle_last();
                 Arc::make_mut(&mut self.messages).push(Message {
                     role: Role::Assistant,
                     content,
@@ -548,6 +559,7 @@ impl WorkingSet {
                     replaced_messages as usize,
                     summary.as_deref(),
                 );
+                self.count_settled_tokens();
                 // The provider's count described the prompt before.
                 self.usage = Usage::default();
             }
@@ -561,6 +573,7 @@ impl WorkingSet {
                 self.messages = Arc::new(messages.into_owned());
                 self.message_seqs = message_seqs.into_owned();
                 self.history_edits += 1;
+                self.count_settled_tokens();
                 self.current_turn = None;
                 self.open_calls.clear();
                 self.pending.clear();
@@ -597,6 +610,7 @@ impl WorkingSet {
         if let Some(call) = block {
             call.input = input.clone();
             self.history_edits += 1;
+            self.count_settled_tokens();
         }
     }
 
@@ -626,17 +640,40 @@ impl WorkingSet {
     /// Append to the last user message, or start one (from the event at
     /// `seq`): roles must alternate.
     fn push_user_block(&mut self, seq: Seq, block: ContentBlock) {
-        let messages = Arc::make_mut(&mut self.messages);
-        match messages.last_mut() {
-            Some(message) if message.role == Role::User => message.content.push(block),
-            _ => {
-                messages.push(Message {
-                    role: Role::User,
-                    content: vec![block],
-                });
-                self.message_seqs.push(seq);
-            }
+        if let Some(message) = Arc::make_mut(&mut self.messages)
+            .last_mut()
+            .filter(|message| message.role == Role::User)
+        {
+            message.content.push(block);
+            return;
         }
+        self.settle_last();
+        Arc::make_mut(&mut self.messages).push(Message {
+            role: Role::User,
+            content: vec![block],
+        });
+        self.message_seqs.push(seq);
+    }
+
+    /// The last message is about to be followed by another: its tokens
+    /// join the settled ones.
+    fn settle_last(&mut self) {
+        if let Some(last) = self.messages.last() {
+            self.settled_tokens += tokens::message_tokens(last);
+        }
+    }
+
+    /// Count the settled messages' tokens afresh, after a change to a
+    /// message before the last (or a working set read from a checkpoint).
+    pub(crate) fn count_settled_tokens(&mut self) {
+        let settled = self.messages.len().saturating_sub(1);
+        self.settled_tokens = tokens::messages_tokens(&self.messages[..settled]);
+    }
+
+    /// The estimated tokens of the whole history (`tokens.rs`): the
+    /// settled messages' and the last one's.
+    pub fn history_tokens(&self) -> u64 {
+        self.settled_tokens + self.messages.last().map_or(0, tokens::message_tokens)
     }
 }
 

@@ -1614,7 +1614,9 @@ proptest! {
     /// goes. A request reuses the JSON of those messages on that promise
     /// (`wire::EncodedHistory`), and does so here: after every step, a
     /// request encoded with the encodings kept from the requests before is
-    /// the request encoded afresh, on both wires.
+    /// the request encoded afresh, on both wires. The prompt's tokens are
+    /// kept on the same promise (`WorkingSet::settled_tokens`), and equal
+    /// a count afresh after every step.
     #[test]
     fn the_history_changes_only_at_its_end_unless_counted(setup in setup(), moves in moves(2)) {
         let mut openai = keel_core::wire::EncodedHistory::default();
@@ -1637,6 +1639,13 @@ proptest! {
                     prop_assert!(after.history_edits > before.history_edits);
                 }
             }
+            // The settled messages' tokens, kept as the history changes,
+            // are what counting them afresh gives.
+            let settled = after.messages.len().saturating_sub(1);
+            prop_assert_eq!(
+                after.settled_tokens,
+                keel_core::compaction::messages_tokens(&after.messages[..settled])
+            );
             let has_images = after.messages.iter().flat_map(|message| &message.content).any(
                 |block| match block {
                     ContentBlock::Image { .. } => true,

@@ -152,6 +152,7 @@ pub fn decode(bytes: &[u8]) -> Result<WorkingSet, DecodeError> {
         })
         .collect::<Vec<Message>>()
         .into();
+    working.count_settled_tokens();
     Ok(working)
 }
 
@@ -170,6 +171,8 @@ fn without_messages(working: &WorkingSet) -> WorkingSet {
         messages: _,
         message_seqs,
         history_edits,
+        // Counted again from the messages when the checkpoint is read.
+        settled_tokens: _,
         last_seq,
         last_activity,
         turn,
@@ -199,6 +202,7 @@ fn without_messages(working: &WorkingSet) -> WorkingSet {
         messages: Arc::default(),
         message_seqs: message_seqs.clone(),
         history_edits: *history_edits,
+        settled_tokens: 0,
         last_seq: *last_seq,
         last_activity: *last_activity,
         turn: *turn,
