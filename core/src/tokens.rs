@@ -38,8 +38,9 @@ pub fn message_tokens(message: &Message) -> u64 {
 }
 
 /// The length of `value` as compact JSON, counted without writing it out:
-/// `due` runs before every request over the whole prompt, and building
-/// each tool input's text was most of its cost (BENCHMARKS.md,
+/// every message is estimated as it settles, and the whole prompt again
+/// after an edit or when compaction plans its cut; building each tool
+/// input's text was most of the estimate's cost (BENCHMARKS.md,
 /// "Compaction at 100k tokens").
 fn json_len(value: &serde_json::Value) -> u64 {
     struct Count(u64);
