@@ -117,7 +117,7 @@ impl Sizes {
         Sizes {
             text: vec![(1, 300), (100, 10), (10_000, 1)],
             tool: vec![(1, 100), (100, 3), (1_000, 1)],
-            shaped: vec![(1, 100), (10, 20), (100, 3)],
+            shaped: vec![(1, 100), (10, 30), (100, 3)],
             crowded: vec![(10_000, 100)],
             compaction: Some((5, 100_000, 20)),
             mcp: Some(McpSizes {
