@@ -499,21 +499,15 @@ const STAT_LINE: usize = 2048;
 /// `/proc/<pid>/stat`, read in one go. `fs::read_to_string` asks the
 /// file's size first and then reads in growing steps from 32 bytes (a
 /// proc file says it is empty): seven system calls where one read does,
-/// and each spawn records one (`start_time`).
+/// and each spawn records one (`start_time`). Reading through `take`
+/// into a buffer of the longest line asks no size and reads until the
+/// end.
 fn read_stat(pid: u32) -> io::Result<String> {
-    let mut file = fs::File::open(format!("/proc/{pid}/stat"))?;
-    let mut line = [0u8; STAT_LINE];
-    let mut filled = 0;
-    while filled < line.len() {
-        match file.read(&mut line[filled..]) {
-            Ok(0) => break,
-            Ok(read) => filled += read,
-            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
-            Err(error) => return Err(error),
-        }
-    }
-    String::from_utf8(line[..filled].to_vec())
-        .map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))
+    let mut line = Vec::with_capacity(STAT_LINE);
+    fs::File::open(format!("/proc/{pid}/stat"))?
+        .take(STAT_LINE as u64)
+        .read_to_end(&mut line)?;
+    String::from_utf8(line).map_err(|error| io::Error::new(io::ErrorKind::InvalidData, error))
 }
 
 /// Field 22 of a `/proc/<pid>/stat` line. Field 2 is the command name in
